@@ -1,0 +1,104 @@
+"""The Opacus-style optimizer template shared by every training mechanism.
+
+``step()`` is a short fixed sequence -- ``add_noise()``, ``scale_grad()``,
+``apply_update()``, then the accountant hook -- and a mechanism overrides only
+the pieces that differ. Per-example clipping happens one stage earlier, on the
+residuals, through ``clip_residuals()`` (Alg. 1 line 5), because for PNBM and
+MF every example's gradient is ``e_ui * d r_hat_ui / d theta``.
+
+Optimizer state (step counter, noise generator state, last noise scale) lives in
+``self.state`` so it round-trips through ``state_dict()`` into checkpoints.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+import torch
+from torch.optim import Optimizer
+
+from dprec_torch.seeding import make_generator
+
+
+class MechanismOptimizer(Optimizer):
+    """Base class. ``relation`` is the neighbouring relation the mechanism protects."""
+
+    name = "none"
+    relation: str | None = None
+
+    def __init__(self, params: Iterable[torch.Tensor], defaults: dict[str, Any], seed: int = 0) -> None:
+        super().__init__(params, defaults)
+        device = self.param_groups[0]["params"][0].device
+        self.generator = make_generator(int(seed), device)
+        self.state["mechanism"] = {"t": 0, "noise_scale": 0.0, "grad_norm": 0.0, "residual_bound": float("inf")}
+        self.step_hooks: list[Callable[["MechanismOptimizer"], None]] = []
+
+    # ----------------------------------------------------------------- template
+    @property
+    def t(self) -> int:
+        """1-based index of the step about to be taken (Alg. 1/2's t)."""
+        return int(self.state["mechanism"]["t"]) + 1
+
+    def clip_residuals(self, residuals: torch.Tensor) -> torch.Tensor:
+        """Per-example clipping of e_ui; identity unless the mechanism bounds errors."""
+        return residuals
+
+    def add_noise(self) -> None:
+        """Perturb ``p.grad`` in place; no noise by default."""
+
+    def scale_grad(self) -> None:
+        """Rescale ``p.grad`` before the update; no-op by default."""
+
+    def apply_update(self) -> None:
+        """Plain gradient descent with L2 penalty: p <- p - lr (grad + weight_decay p)."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.add_(p.grad + group.get("weight_decay", 0.0) * p, alpha=-group["lr"])
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.state["mechanism"]["grad_norm"] = float(
+            torch.sqrt(sum((p.grad.double() ** 2).sum() for g in self.param_groups for p in g["params"] if p.grad is not None))
+        )
+        self.add_noise()
+        self.scale_grad()
+        self.apply_update()
+        self.state["mechanism"]["t"] += 1
+        for hook in self.step_hooks:
+            hook(self)
+        return loss
+
+    # ----------------------------------------------------------------- reporting
+    def step_size(self) -> float:
+        return float(self.param_groups[0]["lr"])
+
+    def epsilon_spent(self) -> float:
+        """Epsilon spent so far, as this mechanism's analysis states it (inf when non-private)."""
+        return float("inf")
+
+    def privacy_report(self) -> dict[str, Any]:
+        return {"mechanism": self.name, "relation": None, "epsilon": float("inf"), "analysis": "non-private training"}
+
+    # ------------------------------------------------------------ checkpointing
+    def state_dict(self) -> dict[str, Any]:
+        sd = super().state_dict()
+        sd["generator_state"] = self.generator.get_state()
+        return sd
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state_dict = dict(state_dict)
+        gen = state_dict.pop("generator_state", None)
+        super().load_state_dict(state_dict)
+        if gen is not None:
+            self.generator.set_state(gen.cpu() if self.generator.device.type == "cpu" else gen)
+
+
+def laplace_noise(shape: torch.Size, scale: float, generator: torch.Generator, device: torch.device) -> torch.Tensor:
+    """Lap(0, b) with *scale* b (variance 2 b^2), by inverse CDF from one uniform draw."""
+    u = torch.rand(shape, generator=generator, device=device, dtype=torch.float64) - 0.5
+    return (-scale * torch.sign(u) * torch.log1p(-2 * u.abs())).to(torch.float32)

@@ -1,0 +1,29 @@
+"""What a training mechanism needs to know about the run it protects."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from dprec_torch.data.ratings import RatingScale
+
+
+@dataclass
+class TrainingContext:
+    """Facts fixed before training starts, handed to the mechanism's constructor.
+
+    total_steps: K, the number of noisy updates (epochs x steps per epoch).
+    n_ratings: |R^{>0}| (the paper's script-L). max_user_ratings: tau, the per-user cap.
+    entry_bound: callable e_max -> bound on |G_ij(u)| for one example (model-specific).
+    prior_precision: per-parameter H (SGLD's prior correction, Eq. (11)), or None.
+    """
+
+    total_steps: int
+    steps_per_epoch: int
+    n_ratings: int
+    n_users: int
+    scale: RatingScale
+    max_user_ratings: int | None = None
+    entry_bound: object = None
+    prior_precision: list[torch.Tensor | None] = field(default_factory=list)

@@ -1,0 +1,44 @@
+"""``mechanism=none``: non-private MAP training by SGD on Eq. (3)/(4), with the beta trick of Alg. 1."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+
+from dprec_torch.mechanisms.base import MechanismOptimizer
+from dprec_torch.mechanisms.context import TrainingContext
+
+
+class MapSGD(MechanismOptimizer):
+    """S <- S - eta (beta G + lambda S)  (Eq. (4); Alg. 1 line 7 without noise).
+
+    ``beta`` also rescales the initialisation once (Alg. 1 line 1): S^(1) <- beta S^(1).
+    Neighbouring relation: none (non-private).
+    """
+
+    name = "none"
+
+    def __init__(
+        self,
+        params: Iterable[torch.Tensor],
+        context: TrainingContext,
+        lr: float = 0.4,
+        weight_decay: float = 0.005,
+        beta: float = 10.0,
+        seed: int = 0,
+        **unused: Any,
+    ) -> None:
+        params = list(params)
+        super().__init__(params, dict(lr=float(lr), weight_decay=float(weight_decay), beta=float(beta)), seed=seed)
+        self.context = context
+        with torch.no_grad():
+            for p in params:
+                p.mul_(float(beta))  # Alg. 1 line 1
+
+    def apply_update(self) -> None:
+        """Alg. 1 line 7: p <- p - eta (beta G + lambda p)."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.add_(group["beta"] * p.grad + group["weight_decay"] * p, alpha=-group["lr"])

@@ -1,0 +1,29 @@
+"""Evaluate a predictor by cross-validation (``python evaluate.py model=pcc data.fold=all``)
+or a trained run against PCC/COS (``python evaluate.py run=outputs/<date>/<time>``)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import hydra
+from omegaconf import DictConfig, open_dict
+
+from dprec_torch.errors import DprecError
+from dprec_torch.evaluation.cli import evaluate
+
+log = logging.getLogger("evaluate")
+
+
+@hydra.main(config_path="conf", config_name="evaluate", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    try:
+        _, table = evaluate(cfg)
+    except DprecError as err:
+        log.error("%s", err)
+        sys.exit(2)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
