@@ -49,7 +49,7 @@ def evaluate_predictor(cfg: DictConfig) -> tuple[dict[str, Any], str]:
     if is_trainable(cfg.model):
         raise ConfigError(f"model={cfg.model.name} is trained: run train.py, then evaluate.py run=<its run dir>")
     device = resolve_device(cfg.device)
-    dataset = instantiate(cfg.data)
+    dataset = instantiate_node(cfg.data)
     folds = [f.to(device) for f in dataset.folds]
     cv = cross_validate(lambda: instantiate_node(cfg.model), folds, int(cfg.eval.topn), float(cfg.eval.relevance_threshold))
     keys = cv.keys()
@@ -73,7 +73,7 @@ def evaluate_run(run_dir: Path, device: torch.device) -> tuple[dict[str, Any], s
     if not cfg_path.exists():
         raise ConfigError(f"{run_dir} is not a train.py run dir (no config_resolved.json); pass run=<outputs/...>")
     cfg = OmegaConf.create(json.loads(cfg_path.read_text()))
-    dataset = instantiate(cfg.data)
+    dataset = instantiate_node(cfg.data)
     rows, records = [], []
     for fold in dataset.folds:
         ckpt_path = run_dir / f"checkpoint_fold{fold.index}.pt"

@@ -39,8 +39,13 @@ class MechanismOptimizer(Optimizer):
         """1-based index of the step about to be taken (Alg. 1/2's t)."""
         return int(self.state["mechanism"]["t"]) + 1
 
-    def clip_residuals(self, residuals: torch.Tensor) -> torch.Tensor:
-        """Per-example clipping of e_ui; identity unless the mechanism bounds errors."""
+    def clip_residuals(self, residuals: torch.Tensor, batch: Any = None, model: Any = None) -> torch.Tensor:
+        """Per-example clipping, expressed on the residuals e_ui (identity by default).
+
+        Every example's gradient is e_ui * d r_hat_ui / d theta, so clamping e_ui (Alg. 1) or
+        scaling it by min(1, c / ||per-example gradient||) (Gaussian DP-SGD) clips the example.
+        ``batch`` and ``model`` let a mechanism compute per-example gradient norms.
+        """
         return residuals
 
     def add_noise(self) -> None:

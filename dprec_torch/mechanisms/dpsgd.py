@@ -83,7 +83,7 @@ class DPSGDLaplace(MapSGD):
         return self.sampling_ratio * self.context.total_steps * self.sensitivity(t) / self.epsilon
 
     # Alg. 1 line 5
-    def clip_residuals(self, residuals: torch.Tensor) -> torch.Tensor:
+    def clip_residuals(self, residuals: torch.Tensor, batch: Any = None, model: Any = None) -> torch.Tensor:
         bound = self.residual_bound()
         self.state["mechanism"]["residual_bound"] = bound
         return residuals.clamp(-bound, bound)

@@ -16,12 +16,13 @@ from typing import Any
 
 import numpy as np
 import torch
+from hydra.errors import InstantiationException
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from dprec_torch.data.ratings import Fold
 from dprec_torch.device import resolve_device
-from dprec_torch.errors import ConfigError
+from dprec_torch.errors import ConfigError, DprecError
 from dprec_torch.evaluation.cross_validate import score_predictor
 from dprec_torch.io import atomic_write_json
 from dprec_torch.mechanisms.context import TrainingContext
@@ -66,9 +67,19 @@ def _accepted(cls: type, **kwargs: Any) -> dict[str, Any]:
 
 
 def instantiate_node(node: DictConfig, **kwargs: Any) -> Any:
-    """``instantiate`` minus the bookkeeping keys (``name``, ``epochs``) that only the runner reads."""
+    """``instantiate`` minus the bookkeeping keys (``name``, ``epochs``) that only the runner reads.
+
+    A :class:`DprecError` raised by the target is re-raised as is, not wrapped by Hydra,
+    so the CLI prints its one line.
+    """
     data = OmegaConf.to_container(node, resolve=True)
-    return instantiate({k: v for k, v in data.items() if k not in ("name", "epochs")}, **kwargs)
+    try:
+        return instantiate({k: v for k, v in data.items() if k not in ("name", "epochs")}, **kwargs)
+    except InstantiationException as err:
+        cause = err.__cause__
+        if isinstance(cause, DprecError):
+            raise cause from None
+        raise
 
 
 def build_model(cfg: DictConfig, fold: Fold) -> torch.nn.Module:
@@ -137,7 +148,7 @@ def fit_fold(cfg: DictConfig, fold: Fold, device: torch.device) -> dict[str, Any
     """Fit a predictor (optionally wrapped by an output mechanism) on one fold."""
     predictor = instantiate_node(cfg.model)
     mech_target = cfg.mechanism.get("_target_")
-    if mech_target:
+    if mech_target and cfg.mechanism.get("name") != "none":
         mech_cls = get_class(mech_target)
         if not hasattr(mech_cls, "wrap"):
             raise ConfigError(f"mechanism={cfg.mechanism.get('name', mech_target)} trains nn.Module models (pnbm, mf); "
@@ -185,7 +196,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     out = output_dir(cfg)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "config_resolved.json", OmegaConf.to_container(cfg, resolve=True))
-    dataset = instantiate(cfg.data)
+    dataset = instantiate_node(cfg.data)
     trainable = is_trainable(cfg.model)
     folds, baselines = [], []
     for fold in dataset.folds:

@@ -51,7 +51,7 @@ class Trainer:
         if not torch.isfinite(residuals).all():
             raise TrainingDiverged("the training loss became NaN/inf; lower the learning rate (mechanism.lr) "
                                    "-- the last good checkpoint was kept")
-        clipped = self.optimizer.clip_residuals(residuals)
+        clipped = self.optimizer.clip_residuals(residuals, batch, self.model)
         self.model.surrogate_loss(batch, clipped).backward()
         self.optimizer.step()
         if hasattr(self.model, "project_"):

@@ -1,0 +1,34 @@
+"""Small builders shared by the tests (no fixtures with hidden state)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from dprec_torch.data.ratings import Fold, Ratings, RatingScale
+
+CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+
+
+def toy_ratings(rows: list[list[float | None]], lo: float = 1, hi: float = 5) -> Ratings:
+    """Ratings from a small dense table (None = unrated); used for hand-computed checks."""
+    u, i, v = [], [], []
+    for a, row in enumerate(rows):
+        for b, r in enumerate(row):
+            if r is not None:
+                u.append(a), i.append(b), v.append(float(r))
+    return Ratings(torch.tensor(u), torch.tensor(i), torch.tensor(v), len(rows), len(rows[0]), RatingScale(lo, hi))
+
+
+def tiny_fold(seed: int = 0) -> Fold:
+    """The synthetic ``tiny`` preset, fold 1."""
+    from dprec_torch.data.synthetic import load_synthetic
+
+    return load_synthetic(preset="tiny", fold=1, seed=seed).folds[0]
+
+
+def ml100k_available() -> bool:
+    root = os.environ.get("DPREC_DATA")
+    return bool(root) and (Path(root) / "ml-100k" / "u1.base").exists()

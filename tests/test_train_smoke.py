@@ -1,0 +1,107 @@
+"""Compose the real Hydra config, shrink it, run train(): smoke, resume, and bad-input handling."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from dprec_torch.errors import ConfigError, DprecError
+from dprec_torch.training import trainer as trainer_mod
+from dprec_torch.training.run import train
+from tests.helpers import CONF_DIR
+
+ROOT = Path(CONF_DIR).parent
+BASE = ["data=synthetic", "device=cpu", "compare_baselines=false", "tensorboard=false"]
+
+
+def run(tmp_path: Path, *overrides: str) -> dict:
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[*BASE, f"output_dir={tmp_path}", *overrides])
+    return train(cfg)
+
+
+@pytest.mark.parametrize("mechanism,eps", [("none", "inf"), ("dpsgd", "5"), ("sgld", "20")])
+def test_one_epoch_smoke(tmp_path, mechanism, eps):
+    m = run(tmp_path, f"mechanism={mechanism}", f"epsilon={eps}", "mechanism.epochs=1")
+    saved = json.loads((tmp_path / "metrics.json").read_text())
+    assert saved["test_rmse"] == pytest.approx(m["test_rmse"])
+    assert 0 < m["test_rmse"] < 2.5 and m["epochs"] == 1
+    assert {"fold", "test_rmse", "test_mae", "fit_seconds"} <= set(m["folds"][0])
+    assert m["privacy"]["mechanism"].startswith(mechanism)
+    assert (tmp_path / "checkpoint_fold1.pt").exists() and (tmp_path / "config_resolved.json").exists()
+    if mechanism == "sgld":
+        assert m["privacy"]["epsilon"] == pytest.approx(20 / 0.004)
+
+
+def test_nonprivate_pnbm_beats_item_mean(tmp_path):
+    m = run(tmp_path, "mechanism=none", "epsilon=inf", "mechanism.epochs=3", "model.floor_c=1")
+    from dprec_torch.data.synthetic import load_synthetic
+
+    fold = load_synthetic(preset="tiny").folds[0]
+    item_mean = fold.train.item_means()[fold.test.items]
+    base = float(torch.sqrt(((item_mean - fold.test.values) ** 2).mean()))
+    assert m["test_rmse"] < base
+
+
+def test_resume_matches_uninterrupted_run(tmp_path, monkeypatch):
+    args = ["mechanism=dpsgd", "epsilon=2", "mechanism.epochs=3", "mechanism.sampling_ratio=0.5"]
+    full = run(tmp_path / "full", *args)
+
+    original = trainer_mod.Trainer._epoch_metrics
+
+    def killed_in_epoch_3(self, epoch, fold, train_rmse):
+        if epoch == 3:
+            raise KeyboardInterrupt("simulated kill")
+        return original(self, epoch, fold, train_rmse)
+
+    monkeypatch.setattr(trainer_mod.Trainer, "_epoch_metrics", killed_in_epoch_3)
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "killed", *args)
+    monkeypatch.setattr(trainer_mod.Trainer, "_epoch_metrics", original)
+    resumed = run(tmp_path / "killed", *args, "resume=true")
+    assert resumed["test_rmse"] == full["test_rmse"]
+    assert [h["test_rmse"] for h in resumed["history"][1]] == [h["test_rmse"] for h in full["history"][1]]
+
+
+def test_seed_reproducible_and_seed_sensitive(tmp_path):
+    args = ["mechanism=dpsgd", "epsilon=1", "mechanism.epochs=1"]
+    a = run(tmp_path / "a", *args, "seed=1")
+    b = run(tmp_path / "b", *args, "seed=1")
+    c = run(tmp_path / "c", *args, "seed=2")
+    assert a["test_rmse"] == b["test_rmse"] and a["test_rmse"] != c["test_rmse"]
+
+
+@pytest.mark.parametrize("eps", ["0", "-1"])
+def test_nonpositive_epsilon_is_a_config_error(tmp_path, eps):
+    with pytest.raises(ConfigError, match="epsilon must be > 0"):
+        run(tmp_path, f"epsilon={eps}")
+
+
+def test_cli_bad_input_gives_one_line_and_nonzero_exit(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "train.py", "epsilon=-1", *BASE, f"hydra.run.dir={tmp_path}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 2
+    assert "epsilon must be > 0" in proc.stderr + proc.stdout
+    assert "Traceback" not in proc.stderr + proc.stdout
+
+
+def test_cli_missing_custom_file(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "train.py", *BASE, "data=custom", f"data.path={tmp_path}/nope.csv", "model=pcc",
+         f"hydra.run.dir={tmp_path}/run"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 2 and "nope.csv" in proc.stderr + proc.stdout
+    assert "Traceback" not in proc.stderr + proc.stdout
+
+
+def test_dprec_error_is_user_facing():
+    assert issubclass(ConfigError, DprecError)
