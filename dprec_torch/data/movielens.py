@@ -1,0 +1,187 @@
+"""MovieLens ML-100K and ML-1M (Wang & Tang, Sec. 5.1), found locally or downloaded once.
+
+Lookup order for ``<name>``: ``data_dir`` (argument, ``data.data_dir``) or
+``$DPREC_DATA``, then the cache ``$DPREC_CACHE`` (default ``~/.cache/dprec``).
+A folder is accepted when it holds the dataset's ratings file, either as
+``<dir>/<name>/`` or as ``<dir>`` itself. Otherwise the GroupLens zip is
+downloaded (urllib, with a timeout), extracted into a temporary folder inside the
+cache, validated, and only then renamed into place, so a killed download never
+leaves a half-written dataset behind.
+
+Every load validates the documented counts (ML-100K: 100,000 ratings, 943 users,
+1,682 items; ML-1M: 1,000,209 ratings, 6,040 users, 3,706 rated items), so a
+truncated or edited copy fails loudly instead of producing wrong numbers.
+
+Folds: ML-100K uses the official ``u1..u5`` ``.base``/``.test`` files; ML-1M a
+seeded 90/10 hold-out repeated ``n_folds`` times (:mod:`splits`). Both share one
+id space built from the whole ratings file. The rating scale is 1..5.
+MovieLens data is licensed: never copy it into the repository.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import shutil
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from http.client import HTTPException
+from urllib.error import URLError
+from urllib.request import urlopen
+
+import numpy as np
+
+from dprec_torch.data.preprocess import build_dataset
+from dprec_torch.data.ratings import Fold, RatingDataset, RatingScale
+from dprec_torch.data.readers import RawRatings, build_id_space, encode, read_ratings
+from dprec_torch.data.splits import holdout_folds, select_folds
+from dprec_torch.errors import ConfigError, DataError
+
+log = logging.getLogger(__name__)
+
+DOWNLOAD_TIMEOUT_S = 60.0
+MOVIELENS_SCALE = RatingScale(1.0, 5.0)
+
+
+@dataclass(frozen=True)
+class MovieLensSpec:
+    name: str
+    url: str
+    ratings_file: str
+    sep: str
+    n_ratings: int
+    n_users: int
+    n_items: int
+
+
+SPECS: dict[str, MovieLensSpec] = {
+    "ml-100k": MovieLensSpec(
+        "ml-100k", "https://files.grouplens.org/datasets/movielens/ml-100k.zip", "u.data", "\t", 100_000, 943, 1_682
+    ),
+    "ml-1m": MovieLensSpec(
+        "ml-1m", "https://files.grouplens.org/datasets/movielens/ml-1m.zip", "ratings.dat", "::", 1_000_209, 6_040, 3_706
+    ),
+}
+
+
+def _spec(name: str) -> MovieLensSpec:
+    if name not in SPECS:
+        raise ConfigError(f"unknown MovieLens dataset {name!r}: valid names are {', '.join(SPECS)} (or data=custom / data=synthetic)")
+    return SPECS[name]
+
+
+def cache_dir() -> Path:
+    """``$DPREC_CACHE`` or ``~/.cache/dprec``."""
+    return Path(os.environ.get("DPREC_CACHE") or Path.home() / ".cache" / "dprec").expanduser()
+
+
+def _holds(folder: Path, spec: MovieLensSpec) -> bool:
+    return (folder / spec.ratings_file).is_file()
+
+
+def locate_movielens(name: str, data_dir: str | None = None) -> Path:
+    """The folder holding ``name``'s extracted files; downloads into the cache when absent."""
+    spec = _spec(name)
+    roots = [Path(data_dir).expanduser()] if data_dir else []
+    if not data_dir and os.environ.get("DPREC_DATA"):
+        roots.append(Path(os.environ["DPREC_DATA"]).expanduser())
+    roots.append(cache_dir())
+    for root in roots:
+        for folder in (root / name, root):
+            if _holds(folder, spec):
+                return folder
+    return download_movielens(name, [str(r) for r in roots])
+
+
+def download_movielens(name: str, searched: list[str] | None = None) -> Path:
+    """Download, extract and validate ``name`` into the cache; atomic (temp folder + rename)."""
+    spec = _spec(name)
+    dest = cache_dir() / name
+    where = ", ".join(searched or [str(cache_dir())])
+    log.info("%s not found under %s; downloading %s", name, where, spec.url)
+    try:
+        with urlopen(spec.url, timeout=DOWNLOAD_TIMEOUT_S) as resp:
+            payload = resp.read()
+    except (URLError, OSError, ValueError, HTTPException) as err:
+        reason = getattr(err, "reason", err)
+        raise DataError(
+            f"{name} not found (searched {where}) and the download from {spec.url} failed ({reason}); "
+            f"download and unzip it yourself, then set DPREC_DATA to the folder that contains {name}/"
+        ) from None
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{name}.", suffix=".tmp"))
+    try:
+        try:
+            with zipfile.ZipFile(io.BytesIO(payload)) as zf:
+                zf.extractall(tmp)
+        except zipfile.BadZipFile:
+            raise DataError(f"the download from {spec.url} is not a valid zip; retry, or set DPREC_DATA to a local copy") from None
+        folder = tmp / name if _holds(tmp / name, spec) else tmp
+        if not _holds(folder, spec):
+            raise DataError(f"the zip from {spec.url} has no {spec.ratings_file}; set DPREC_DATA to a local copy of {name}")
+        fix = f"the download from {spec.url} is corrupt: retry, or set DPREC_DATA to a local copy"
+        validate_counts(read_ratings(folder / spec.ratings_file, sep=spec.sep, header=False, duplicates="error"), spec, fix)
+        if dest.exists():
+            if _holds(dest, spec):  # a concurrent download won the race; keep theirs
+                return dest
+            raise DataError(f"{dest} exists but has no {spec.ratings_file}: delete that folder and retry")
+        os.replace(folder, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log.info("%s saved to %s", name, dest)
+    return dest
+
+
+def validate_counts(
+    raw: RawRatings, spec: MovieLensSpec, fix: str = "the copy is incomplete or modified: replace it (or delete it to re-download)"
+) -> tuple[np.ndarray, np.ndarray]:
+    """Check the documented numbers of ratings, users and rated items; returns the sorted raw ids."""
+    user_ids, item_ids = build_id_space(raw)
+    got = (len(raw), int(user_ids.shape[0]), int(item_ids.shape[0]))
+    want = (spec.n_ratings, spec.n_users, spec.n_items)
+    if got != want:
+        raise DataError(
+            f"{raw.path}: {got[0]:,} ratings, {got[1]:,} users, {got[2]:,} items, but {spec.name} has "
+            f"{want[0]:,}/{want[1]:,}/{want[2]:,}; {fix}"
+        )
+    return user_ids, item_ids
+
+
+def load_movielens(
+    name: str = "ml-100k",
+    fold: int | str = 1,
+    min_user_ratings: int = 0,
+    max_user_ratings: int | None = None,
+    n_folds: int = 5,
+    test_fraction: float = 0.1,
+    seed: int = 0,
+    data_dir: str | None = None,
+) -> RatingDataset:
+    """Load ML-100K (official folds u1..u5) or ML-1M (seeded hold-outs) with train-side preprocessing."""
+    spec = _spec(name)
+    if name == "ml-100k" and n_folds != 5:
+        raise ConfigError(f"ml-100k has exactly 5 official folds (u1..u5): data.n_folds must be 5, got {n_folds!r}")
+    wanted = select_folds(fold, n_folds)
+    folder = locate_movielens(name, data_dir)
+    raw = read_ratings(folder / spec.ratings_file, sep=spec.sep, header=False, rating_scale=MOVIELENS_SCALE, duplicates="error")
+    user_ids, item_ids = validate_counts(raw, spec)
+    if name == "ml-100k":
+        ref = f"{folder / spec.ratings_file}"
+        folds = []
+        for k in wanted:  # at most 5 official folds
+            parts = [
+                read_ratings(folder / f"u{k}.{ext}", sep="\t", header=False, rating_scale=MOVIELENS_SCALE, duplicates="error")
+                for ext in ("base", "test")
+            ]
+            train, test = (encode(p, user_ids, item_ids, MOVIELENS_SCALE, ref) for p in parts)
+            folds.append(Fold(k, train, test, name=f"u{k}"))
+    else:
+        whole = encode(raw, user_ids, item_ids, MOVIELENS_SCALE)
+        folds = holdout_folds(whole, wanted, test_fraction, seed)
+    report = {"source": str(folder), "n_ratings": len(raw), "duplicates_dropped": 0}
+    return build_dataset(
+        name, folds, user_ids.tolist(), item_ids.tolist(), MOVIELENS_SCALE, min_user_ratings, max_user_ratings, seed, report
+    )
