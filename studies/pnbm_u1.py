@@ -1,0 +1,75 @@
+"""PNBM on ML-100K u1 under none / dpsgd / sgld next to PCC and COS; writes results/pnbm_u1.md.
+
+    DPREC_DATA=../shared/data python studies/pnbm_u1.py [--runs-dir outputs/studies/pnbm_u1]
+
+Each run is ``train(cfg)`` on the real Hydra config (``mechanism=<m> epsilon=<e>``, all other
+keys at their defaults); a run whose ``metrics.json`` already exists is read, not re-run. The
+table is regenerated from those files and spliced into README.md between the pnbm-u1 markers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import time
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+
+from dprec_torch.training.run import train
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNS = [("none", "inf")] + [("dpsgd", e) for e in ("0.5", "1", "2", "5", "10", "20")] + [("sgld", e) for e in ("2", "20", "200")]
+
+
+def run_all(runs_dir: Path) -> list[dict]:
+    out = []
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        for mech, eps in RUNS:
+            run_dir = runs_dir / f"{mech}_eps{eps}"
+            if not (run_dir / "metrics.json").exists():
+                cfg = compose(config_name="config", overrides=[f"mechanism={mech}", f"epsilon={eps}", "tensorboard=false",
+                                                                f"output_dir={run_dir}"])
+                t0 = time.perf_counter()
+                train(cfg)
+                logging.info("%s eps=%s done in %.0fs", mech, eps, time.perf_counter() - t0)
+            out.append({"mechanism": mech, "epsilon_nominal": eps, **json.loads((run_dir / "metrics.json").read_text())})
+    return out
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| mechanism | ε (config) | ε guaranteed (relation) | test RMSE | test MAE | PCC RMSE | COS RMSE | beats PCC & COS |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        p = r["privacy"]
+        eps = p.get("epsilon")
+        guaranteed = "none defended (paper: per-entry)" if eps is None else ("∞" if eps == float("inf") or eps == "inf" else f"{float(eps):g} ({p.get('relation')})")
+        pcc, cos = r["baselines"]["PCC"]["rmse"], r["baselines"]["COS"]["rmse"]
+        beats = "yes" if r["test_rmse"] < min(pcc, cos) else "no"
+        lines.append(f"| {r['mechanism']} | {r['epsilon_nominal']} | {guaranteed} | {r['test_rmse']:.4f} | {r['test_mae']:.4f} | "
+                     f"{pcc:.4f} | {cos:.4f} | {beats} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs-dir", default=str(ROOT / "outputs" / "studies" / "pnbm_u1"))
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    md = table(run_all(Path(args.runs_dir)))
+    (ROOT / "results").mkdir(exist_ok=True)
+    (ROOT / "results" / "pnbm_u1.md").write_text(md + "\n")
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    block = f"<!-- pnbm-u1:start -->\n{md}\n<!-- pnbm-u1:end -->"
+    text = re.sub(r"<!-- pnbm-u1:start -->.*?<!-- pnbm-u1:end -->", lambda _: block, text, flags=re.S)
+    readme.write_text(text)
+    print(md)
+    logging.info("total %.0fs", time.perf_counter() - t0)
+
+
+if __name__ == "__main__":
+    main()
