@@ -105,3 +105,22 @@ def test_cli_missing_custom_file(tmp_path):
 
 def test_dprec_error_is_user_facing():
     assert issubclass(ConfigError, DprecError)
+
+
+def test_nan_stops_run_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
+    from dprec_torch.errors import TrainingDiverged
+    from dprec_torch.models.pnbm import PNBM
+
+    calls = {"n": 0}
+    original = PNBM.batch_predict
+
+    def poisoned(self, batch):
+        calls["n"] += 1
+        out = original(self, batch)
+        return out * float("nan") if calls["n"] == 2 else out
+
+    monkeypatch.setattr(PNBM, "batch_predict", poisoned)
+    with pytest.raises(TrainingDiverged, match="NaN"):
+        run(tmp_path, "mechanism=none", "epsilon=inf", "mechanism.epochs=3")
+    ckpt = torch.load(tmp_path / "checkpoint_fold1.pt", weights_only=False)
+    assert ckpt["epoch"] == 1 and torch.isfinite(ckpt["model"]["S"]).all()
