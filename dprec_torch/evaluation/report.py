@@ -1,0 +1,112 @@
+"""Collect a sweep's ``metrics.json`` files into RMSE-versus-epsilon tables and figures.
+
+``python report.py <sweep dir>`` (or ``build_report(dir)``) walks the directory,
+groups runs by (data, method = mechanism-model, epsilon), and writes
+``report.md``, ``report.csv`` and one ``rmse_vs_epsilon_<data>.png`` per dataset,
+with the non-private PCC and COS lines taken from the runs' own baselines.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Cell:
+    rmse: list[float] = field(default_factory=list)
+    mae: list[float] = field(default_factory=list)
+    eps_guaranteed: set = field(default_factory=set)
+    runs: int = 0
+
+
+def _eps(value: object) -> float:
+    return float("inf") if value in ("inf", "Infinity") else float(value)  # type: ignore[arg-type]
+
+
+def collect(sweep_dir: Path) -> tuple[dict, dict]:
+    """(cells keyed by (data, method, eps), baselines keyed by (data, name) -> list of RMSE)."""
+    cells: dict[tuple[str, str, float], Cell] = defaultdict(Cell)
+    baselines: dict[tuple[str, str], list[float]] = defaultdict(list)
+    files = sorted(Path(sweep_dir).rglob("metrics.json"))
+    if not files:
+        from dprec_torch.errors import ConfigError
+
+        raise ConfigError(f"no metrics.json under {sweep_dir}; pass the sweep's multirun dir")
+    for path in files:
+        m = json.loads(path.read_text())
+        if "epsilon" not in m or "test_rmse" not in m:
+            continue
+        method = f"{m.get('mechanism', 'none')}-{m['model']}"
+        cell = cells[(m["data"], method, _eps(m["epsilon"]))]
+        cell.runs += 1
+        for f in m["folds"]:
+            cell.rmse.append(f["test_rmse"])
+            cell.mae.append(f.get("test_mae", float("nan")))
+        cell.eps_guaranteed.add(str(m.get("privacy", {}).get("epsilon")))
+        for name, b in m.get("baselines", {}).items():
+            baselines[(m["data"], name)].append(b["rmse"])
+    return cells, baselines
+
+
+def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Path:
+    """Write report.md / report.csv / figures into ``out_dir`` (default: the sweep dir)."""
+    sweep_dir = Path(sweep_dir)
+    out = Path(out_dir) if out_dir else sweep_dir
+    out.mkdir(parents=True, exist_ok=True)
+    cells, baselines = collect(sweep_dir)
+    rows = []
+    for (data, method, eps), c in sorted(cells.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
+        rows.append({"data": data, "method": method, "epsilon": eps, "rmse_mean": float(np.mean(c.rmse)),
+                     "rmse_std": float(np.std(c.rmse)), "mae_mean": float(np.nanmean(c.mae)), "n": len(c.rmse),
+                     "epsilon_guaranteed": ";".join(sorted(c.eps_guaranteed))})
+    with open(out / "report.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    lines = ["| data | method | ε | RMSE (mean ± std) | MAE | folds×runs | ε guaranteed |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['data']} | {r['method']} | {r['epsilon']:g} | {r['rmse_mean']:.4f} ± {r['rmse_std']:.4f} | "
+                     f"{r['mae_mean']:.4f} | {r['n']} | {r['epsilon_guaranteed']} |")
+    for (data, name), vals in sorted(baselines.items()):
+        lines.append(f"| {data} | {name} (non-private) | – | {np.mean(vals):.4f} ± {np.std(vals):.4f} | | {len(vals)} | ∞ |")
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    _figures(rows, baselines, out)
+    log.info("report written to %s", out)
+    return out / "report.md"
+
+
+def _figures(rows: list[dict], baselines: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for data in sorted({r["data"] for r in rows}):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for method in sorted({r["method"] for r in rows if r["data"] == data}):
+            pts = [r for r in rows if r["data"] == data and r["method"] == method and math.isfinite(r["epsilon"])]
+            if pts:
+                ax.errorbar([p["epsilon"] for p in pts], [p["rmse_mean"] for p in pts], yerr=[p["rmse_std"] for p in pts],
+                            marker="o", capsize=3, label=method)
+        for (d, name), vals in sorted(baselines.items()):
+            if d == data:
+                ax.axhline(float(np.mean(vals)), linestyle="--", linewidth=1, label=f"{name} (non-private)",
+                           color="gray" if name == "PCC" else "black")
+        ax.set_xscale("log")
+        ax.set_xlabel("ε (as configured)")
+        ax.set_ylabel("test RMSE")
+        ax.set_title(data)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / f"rmse_vs_epsilon_{data}.png", dpi=120)
+        plt.close(fig)

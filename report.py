@@ -1,0 +1,28 @@
+"""Build RMSE-vs-epsilon tables and figures from a sweep: ``python report.py multirun/<date>/<time>``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from dprec_torch.errors import DprecError
+from dprec_torch.evaluation.report import build_report
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("sweep_dir")
+    ap.add_argument("--out", default=None, help="output folder (default: the sweep dir)")
+    args = ap.parse_args()
+    try:
+        path = build_report(args.sweep_dir, args.out)
+    except DprecError as err:
+        logging.error("%s", err)
+        sys.exit(2)
+    print(path.read_text())
+
+
+if __name__ == "__main__":
+    main()
