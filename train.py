@@ -21,7 +21,8 @@ def main(cfg: DictConfig) -> float:
     except DprecError as err:
         log.error("%s", err)
         sys.exit(2)
-    log.info("final: test RMSE %.4f | privacy epsilon %s", metrics.get("test_rmse", float("nan")), metrics["privacy"].get("epsilon"))
+    shown = {k: v for k, v in metrics.items() if k.startswith("test_") and not k.endswith("_std") and isinstance(v, float)}
+    log.info("final: %s | privacy epsilon %s", ", ".join(f"{k} {v:.4f}" for k, v in shown.items()), metrics["privacy"].get("epsilon"))
     print(comparison_table(metrics))
     return float(metrics.get("test_rmse", float("nan")))
 

@@ -219,6 +219,9 @@ def comparison_table(metrics: dict[str, Any]) -> str:
     eps = metrics["privacy"].get("epsilon")
     lines = [f"{'method':<28} {'RMSE':>8} {'MAE':>8}"]
     lines += [f"{n:<28} {r:>8.4f} {a:>8.4f}" for n, r, a in rows if r is not None]
+    topn = {k: v for k, v in metrics.items() if k.startswith("test_") and "@" in k and not k.endswith("_std")}
+    if topn:
+        lines.append("top-N: " + ", ".join(f"{k[5:]} {v:.4f}" for k, v in topn.items()))
     lines.append(f"privacy: {metrics['privacy'].get('mechanism')} | relation={metrics['privacy'].get('relation')} | "
                  f"epsilon={'not established' if eps is None else eps}")
     return "\n".join(lines)
