@@ -7,7 +7,7 @@ import logging
 import sys
 
 import hydra
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig
 
 from dprec_torch.errors import DprecError
 from dprec_torch.evaluation.cli import evaluate

@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from dprec_torch.device import resolve_device

@@ -8,7 +8,6 @@ import logging
 import os
 from pathlib import Path
 
-import torch
 
 from dprec_torch.data.ratings import Fold
 from dprec_torch.evaluation.cross_validate import score_predictor
