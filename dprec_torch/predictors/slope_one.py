@@ -222,7 +222,7 @@ class SlopeOne(BasePredictor):
                 "Eq. (11) holds under substitution for items the user has not rated (every test pair); "
                 "under add/remove of one rating it fails (a co-rater can push a pair over phi_m), so only "
                 "the output-range bound 3*delta_r is defended there. Users below T get the global mean "
-                f"(sensitivity delta_r/|R|), which Eq. (11) covers."
+                "(sensitivity delta_r/|R|), which Eq. (11) covers."
             ),
         }
 
