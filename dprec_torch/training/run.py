@@ -110,7 +110,7 @@ def train_fold(cfg: DictConfig, fold: Fold, out: Path, device: torch.device) -> 
     model = build_model(cfg, fold).to(device)
     model.attach(train)
     ratio = float(cfg.mechanism.get("sampling_ratio", 1.0))
-    unit = "user" if getattr(mech_cls, "relation", None) == "user" else "rating"
+    unit = cfg.mechanism.get("unit") or ("user" if getattr(mech_cls, "relation", None) == "user" else "rating")
     sampler = PoissonBatchSampler(train, model.item_means if hasattr(model, "item_means") else train.item_means(),
                                   ratio, unit, make_generator(int(cfg.seed) + 1, device))
     epochs = int(cfg.mechanism.epochs)

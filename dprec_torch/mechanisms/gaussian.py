@@ -1,0 +1,187 @@
+"""``mechanism=gaussian``: DP-SGD with per-example clipping and Gaussian noise (Abadi et al. 2016).
+
+One step t, on a Poisson sample of units (each unit -- a rating, or a user with all of
+their ratings -- is included independently with probability q = ``sampling_ratio``):
+
+    1. g_x  = sum_{(u,i) in x} e_ui d r_hat_ui / d theta        per-example gradient of unit x
+    2. g_x <- g_x min(1, c / ||g_x||_2)                        clip (c = ``clip_norm``)
+    3. G    = sum_x g_x + N(0, sigma^2 c^2 I)                   noise on EVERY parameter entry
+    4. theta <- theta - lr (G + weight_decay theta)
+
+Step 2 is done on the residuals: g_x is linear in the e_ui of x, so scaling x's
+residuals by min(1, c/||g_x||) scales g_x (``clip_residuals``). The norms ||g_x|| come
+from the model (``model.per_example_grad_norms(batch, residuals, unit)``; closed form
+for MF), so no per-example gradient is ever materialised. G is the SUM, so ``lr`` is a
+per-example step size (as in MapSGD), not Opacus's mean-normalised one.
+
+Privacy. Neighbouring relation: add/remove one unit -- one rating (``unit=rating``) or
+one user's whole profile (``unit=user``). The L2 sensitivity of sum_x g_x is c, so each
+step is the Poisson-subsampled Gaussian mechanism with noise multiplier sigma and rate
+q; T = epochs x round(1/q) steps compose under Opacus's RDP (default) or PRV accountant
+to (eps, delta), ``delta`` the top-level key. Given ``epsilon``, sigma is
+``get_noise_multiplier(epsilon, delta, q, T, accountant)``; given ``noise_multiplier``
+instead, the reported epsilon is the accountant's for that sigma. The weight decay is
+data-independent; model initialisation and the public rating scale are data-independent.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Iterable
+
+import torch
+
+from dprec_torch.errors import ConfigError
+from dprec_torch.mechanisms.base import MechanismOptimizer
+from dprec_torch.mechanisms.context import TrainingContext
+from dprec_torch.privacy.opacus_accounting import ACCOUNTANTS, OpacusAccountant, noise_multiplier_for
+
+log = logging.getLogger(__name__)
+
+UNITS = ("rating", "user")
+
+
+class GaussianDPSGD(MechanismOptimizer):
+    """Gaussian DP-SGD; ``relation`` is per instance (the configured ``unit``).
+
+    The class attribute is ``None`` because the unit is only known from the config: the
+    runner must read ``cfg.mechanism.unit`` (not the class) to pick the batch sampler.
+    """
+
+    name = "gaussian"
+    relation: str | None = None
+
+    def __init__(
+        self,
+        params: Iterable[torch.Tensor],
+        context: TrainingContext,
+        epsilon: float,
+        delta: float = 1e-6,
+        unit: str = "rating",
+        clip_norm: float = 1.0,
+        noise_multiplier: float | None = None,
+        accountant: str = "rdp",
+        lr: float = 0.01,
+        weight_decay: float = 0.0,
+        sampling_ratio: float = 0.01,
+        seed: int = 0,
+        **unused: Any,
+    ) -> None:
+        epsilon, delta, clip_norm = float(epsilon), float(delta), float(clip_norm)
+        if unit not in UNITS:
+            raise ConfigError(f"mechanism.unit must be one of {UNITS}, got '{unit}'")
+        if not clip_norm > 0 or math.isinf(clip_norm):
+            raise ConfigError(f"mechanism.clip_norm (c) must be a finite number > 0, got {clip_norm}")
+        if accountant not in ACCOUNTANTS:
+            raise ConfigError(f"mechanism.accountant must be one of {ACCOUNTANTS}, got '{accountant}'")
+        if not 0 < float(sampling_ratio) <= 1:
+            raise ConfigError(f"mechanism.sampling_ratio (q) must be in (0, 1], got {sampling_ratio}")
+        if not epsilon > 0:
+            raise ConfigError(f"epsilon must be > 0 (epsilon=inf: clipping without noise), got {epsilon}")
+        if noise_multiplier is not None and not float(noise_multiplier) >= 0:
+            raise ConfigError(f"mechanism.noise_multiplier (sigma) must be >= 0, got {noise_multiplier}")
+        private = math.isfinite(epsilon) or (noise_multiplier is not None and float(noise_multiplier) > 0)
+        if private and not 0 < delta < 1:
+            raise ConfigError(f"mechanism=gaussian needs delta in (0, 1), got {delta}")
+        super().__init__(params, dict(lr=float(lr), weight_decay=float(weight_decay)), seed=seed)
+        self.context, self.unit, self.relation = context, unit, unit
+        self.epsilon, self.delta, self.clip_norm = epsilon, delta, clip_norm
+        self.sampling_ratio = min(1.0, float(sampling_ratio))
+        self.accountant_name = accountant
+        n_units = context.n_ratings if unit == "rating" else context.n_users
+        if private and delta >= 1.0 / max(n_units, 1):
+            log.warning("delta=%g is not below 1/#%ss = %g: the (eps, delta) guarantee is weak", delta, unit, 1 / n_units)
+        if noise_multiplier is not None:
+            self.noise_multiplier = float(noise_multiplier)
+        elif math.isfinite(epsilon):
+            self.noise_multiplier = noise_multiplier_for(epsilon, delta, self.sampling_ratio, context.total_steps, accountant)
+        else:
+            self.noise_multiplier = 0.0
+        self.accountant = OpacusAccountant(accountant)
+        self.state["mechanism"]["clipped_fraction"] = 0.0
+
+    # ------------------------------------------------------------- pieces
+    @property
+    def noise_std(self) -> float:
+        """sigma c, the std of the noise added to every entry of the summed gradient."""
+        return self.noise_multiplier * self.clip_norm
+
+    def clip_residuals(self, residuals: torch.Tensor, batch: Any = None, model: Any = None) -> torch.Tensor:
+        """Step 2: e_ui <- e_ui min(1, c / ||g_x||) for the unit x holding (u, i)."""
+        if model is None or not hasattr(model, "per_example_grad_norms"):
+            raise ConfigError(f"mechanism=gaussian needs a model with per_example_grad_norms(); "
+                              f"{type(model).__name__} has none")
+        if self.unit == "user" and batch.n_targets != batch.ind.values().numel():
+            raise ConfigError("mechanism=gaussian unit=user needs user-level batches (every rating of each sampled "
+                              "user), but the runner sampled ratings: it must pick the sampler from mechanism.unit")
+        norms = model.per_example_grad_norms(batch, residuals, self.unit).double()
+        factor = torch.where(norms > self.clip_norm, self.clip_norm / norms.clamp_min(1e-300), torch.ones_like(norms))
+        self.state["mechanism"]["clipped_fraction"] = float((norms > self.clip_norm).double().mean()) if norms.numel() else 0.0
+        self.state["mechanism"]["residual_bound"] = float("inf")
+        if self.unit == "user":
+            factor = factor[batch.rows]
+        return (residuals.double() * factor).to(residuals.dtype)
+
+    def add_noise(self) -> None:
+        """Step 3: G += N(0, (sigma c)^2) on every parameter entry; then notify the accountant."""
+        std = self.noise_std
+        self.state["mechanism"]["noise_scale"] = std
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                if std > 0:
+                    p.grad.add_(torch.randn(p.shape, generator=self.generator, device=p.device, dtype=p.dtype) * std)
+        self.accountant.step(noise_multiplier=self.noise_multiplier, sample_rate=self.sampling_ratio)
+
+    # ---------------------------------------------------------- reporting
+    def planned_epsilon(self) -> float:
+        """The accountant's epsilon after all T = context.total_steps steps."""
+        acc = OpacusAccountant(self.accountant_name)
+        acc.step(self.noise_multiplier, self.sampling_ratio, steps=self.context.total_steps)
+        return acc.get_epsilon(self.delta)
+
+    def epsilon_spent(self) -> float:
+        """The Opacus accountant's epsilon for the steps taken so far (at ``delta``)."""
+        return self.accountant.get_epsilon(self.delta)
+
+    def privacy_report(self) -> dict[str, Any]:
+        eps = self.planned_epsilon()
+        unit_words = "one rating" if self.unit == "rating" else "one user's whole profile"
+        return {
+            "mechanism": f"gaussian DP-SGD (per-example clipping + Gaussian noise, unit={self.unit})",
+            "relation": self.unit,
+            "guarantee": f"(eps, delta)-DP for add/remove of {unit_words}",
+            "sensitivity": {"clip_norm": self.clip_norm, "norm": "L2", "of": f"the summed clipped gradients, per {self.unit}"},
+            "noise": {"distribution": "Gaussian", "noise_multiplier": self.noise_multiplier, "std": self.noise_std},
+            "steps": self.context.total_steps,
+            "steps_taken": self.accountant.steps,
+            "sampling_ratio": self.sampling_ratio,
+            "sampling": f"Poisson over {self.unit}s",
+            "epsilon_nominal": self.epsilon,
+            "epsilon": eps,
+            "epsilon_spent": self.epsilon_spent(),
+            "delta": self.delta if math.isfinite(eps) else None,
+            "accountant": f"opacus {self.accountant_name}",
+            "analysis": (
+                f"Each step releases sum of per-{self.unit} gradients clipped to L2 norm c={self.clip_norm:g} plus "
+                f"N(0, (sigma c)^2) on every parameter, sigma={self.noise_multiplier:.4g}; Poisson sampling rate "
+                f"q={self.sampling_ratio:g}; {self.context.total_steps} steps composed by Opacus's "
+                f"{self.accountant_name.upper()} accountant give eps={eps:.4g} at delta={self.delta:g}."
+                + ("" if math.isfinite(eps) else " sigma = 0: NOT private (clipping only).")
+            ),
+        }
+
+    # -------------------------------------------------------- checkpointing
+    def state_dict(self) -> dict[str, Any]:
+        sd = super().state_dict()
+        sd["accountant"] = self.accountant.state_dict()
+        return sd
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state_dict = dict(state_dict)
+        acc = state_dict.pop("accountant", None)
+        super().load_state_dict(state_dict)
+        if acc is not None:
+            self.accountant.load_state_dict(acc)
