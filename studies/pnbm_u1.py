@@ -21,7 +21,7 @@ from hydra import compose, initialize_config_dir
 from dprec_torch.training.run import train
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNS = [("none", "inf")] + [("dpsgd", e) for e in ("0.5", "1", "2", "5", "10", "20")] + [("sgld", e) for e in ("2", "20", "200")]
+RUNS = [("none", "inf")] + [("dpsgd", e) for e in ("0.1", "0.5", "1", "2", "5", "10", "20")] + [("sgld", e) for e in ("2", "20", "200")]
 
 
 def run_all(runs_dir: Path) -> list[dict]:
