@@ -36,7 +36,9 @@ def test_one_epoch_smoke(tmp_path, mechanism, eps):
     assert m["privacy"]["mechanism"].startswith(mechanism)
     assert (tmp_path / "checkpoint_fold1.pt").exists() and (tmp_path / "config_resolved.json").exists()
     if mechanism == "sgld":
-        assert m["privacy"]["epsilon"] == pytest.approx(20 / 0.004)
+        # eps/rho covers the sample of S; PNBM also releases exact item means, so no whole-model epsilon
+        assert m["privacy"]["epsilon_for_sample_only"] == pytest.approx(20 / 0.004)
+        assert m["privacy"]["epsilon"] is None and "exact training item means" in m["privacy"]["analysis"]
 
 
 def test_nonprivate_pnbm_beats_item_mean(tmp_path):

@@ -17,6 +17,7 @@ class TrainingContext:
     n_ratings: |R^{>0}| (the paper's script-L). max_user_ratings: tau, the per-user cap.
     entry_bound: callable e_max -> bound on |G_ij(u)| for one example (model-specific).
     prior_precision: per-parameter H (SGLD's prior correction, Eq. (11)), or None.
+    model: the module being trained.
     """
 
     total_steps: int
@@ -27,3 +28,4 @@ class TrainingContext:
     max_user_ratings: int | None = None
     entry_bound: object = None
     prior_precision: list[torch.Tensor | None] = field(default_factory=list)
+    model: object = None  # the module being trained (for per-example norms and what it releases)

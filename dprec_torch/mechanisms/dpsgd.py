@@ -48,7 +48,9 @@ from dprec_torch.privacy.accountants import PureDPAccountant
 PER_ENTRY_CAVEAT = (
     "Wang & Tang's Delta F bounds one gradient ENTRY; one rating moves row i of G and the row of every "
     "other item the same user rated, so the whole update's L1 sensitivity is far larger. The printed "
-    "epsilon is the paper's per-entry figure, NOT a rating-level guarantee for the released S."
+    "epsilon is the paper's per-entry figure, NOT a rating-level guarantee for the released S. "
+    "PNBM also releases the exact training item means r_bar_i, which no noise covers (an audit at nominal "
+    "eps=1 finds a lower bound of 6.17; see docs/privacy.md)."
 )
 
 

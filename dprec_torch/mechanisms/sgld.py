@@ -115,10 +115,17 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
         """The delivered eps/rho of the current sample (one release)."""
         return self.delivered_epsilon()
 
+    def releases_exact_statistics(self) -> bool:
+        """True when the model also releases non-private training statistics (PNBM's exact item means)."""
+        model = self.context.model
+        return model is not None and hasattr(model, "item_means") and not getattr(model, "dp_item_means", False)
+
     def privacy_report(self) -> dict[str, Any]:
         k = self.context.total_steps
         m = max(1, int(self.state["mechanism"]["samples_averaged"])) if self.average_samples else 1
-        eps = self.delivered_epsilon() * m
+        eps_sample = self.delivered_epsilon() * m
+        exact_means = self.releases_exact_statistics()
+        eps = None if exact_means else eps_sample
         return {
             "mechanism": "sgld (Wang & Tang Alg. 2, scaled-posterior sampling)",
             "relation": "user",
@@ -131,6 +138,7 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
             "posterior_scale": self.posterior_scale,
             "samples_released": m,
             "epsilon_nominal": self.epsilon,
+            "epsilon_for_sample_only": eps_sample,
             "epsilon": eps,
             "delta": None,
             "accountant": "one exact posterior sample is eps-DP (Wang et al. 2015); temperature rho delivers eps/rho; m averaged samples compose to m*eps/rho",
@@ -138,5 +146,8 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
                 f"Sampling the posterior scaled by eps/(4B) is eps-DP at user level; SGLD at temperature rho={self.rho} "
                 f"samples it raised to 1/rho, so the delivered epsilon is eps/rho = {self.delivered_epsilon():.4g}, not the "
                 f"nominal {self.epsilon:g}. Delta is unquantified (SGLD is only asymptotically exact)."
+                + (" The model also releases exact training item means r_bar_i (Eq. (2)), which no noise covers, "
+                   "so the released model as a whole has NO defended epsilon; the figure above covers the sample "
+                   "of S alone (see mechanism=dpsgd_l1/gaussian for DP item means)." if exact_means else "")
             ),
         }

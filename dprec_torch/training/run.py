@@ -119,7 +119,7 @@ def train_fold(cfg: DictConfig, fold: Fold, out: Path, device: torch.device) -> 
         total_steps=epochs * sampler.steps_per_epoch(), steps_per_epoch=sampler.steps_per_epoch(),
         n_ratings=len(train), n_users=train.n_users, scale=train.scale,
         max_user_ratings=cfg.mechanism.get("max_user_ratings"),
-        entry_bound=getattr(model, "gradient_entry_bound", None), prior_precision=prior,
+        entry_bound=getattr(model, "gradient_entry_bound", None), prior_precision=prior, model=model,
     )
     optimizer = instantiate_node(cfg.mechanism, _convert_="all")(params=model.parameters(), context=context)
     report = optimizer.privacy_report()

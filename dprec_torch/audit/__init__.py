@@ -1,0 +1,1 @@
+"""Empirical privacy auditing: train with and without canaries, turn guesses into a lower bound on epsilon."""

@@ -1,0 +1,265 @@
+"""``mechanism=dpsgd_l1``: clipped-Laplace DP-SGD whose noise is calibrated to the WHOLE update.
+
+Wang & Tang's Alg. 1 calibrates Laplace noise to one gradient entry (see ``dpsgd.py``). Here each
+unit's whole gradient contribution is clipped in L1 and the noise is calibrated to that bound:
+
+    1. G_x   = sum_{(u,i) in x} e_ui d r_hat_ui / d theta          unit x = a user (PNBM: rows and
+                                                                   columns R_u of S) or a rating (MF)
+    2. G_x  <- G_x min(1, c / ||G_x||_1)                           on the residuals of x
+    3. G     = sum_{x in batch} G_x + Lap(c / eps_s) on every entry (PNBM: diag(G) := 0 first)
+    4. theta <- theta - lr (beta G + lambda theta)                 (MapSGD, Alg. 1 line 7)
+
+Privacy (:func:`dprec_torch.privacy.analysis.analyse_dpsgd_l1`). Adding or removing one unit moves
+sum_x G_x by at most c in L1, so step 3 is eps_s-DP on its sample; Poisson(q) sampling of units
+amplifies it to ln(1 + q(e^{eps_s} - 1)); T steps compose. For PNBM the item means r_bar that centre
+every gradient and form the prediction baseline are released first by the Laplace mechanism
+(:mod:`dprec_torch.privacy.item_means`, eps_0 = ``mean_fraction`` x eps). In total
+
+    eps = eps_0 + g T ln(1 + q (e^{eps_s} - 1)),      g = 2 if relation=rating with unit=user, else 1,
+
+and eps_s is solved from the configured eps. ``relation=user`` defends add/remove of one user's
+profile; ``relation=rating`` defends add/remove/change of one rating (a changed profile = two
+user-level steps, g = 2; the item means then use rating-level sensitivity). ``epsilon`` in
+``privacy_report()`` is the defended figure.
+
+PNBM-specific choices: ``init=constant`` starts from S = s0 (1 - I) (data-independent): Eq. (2) is then
+r_bar_i + the user's mean centred rating (shrunk by the floor C), a strong baseline that a noisy
+update must not destroy. Gradient norms come from :mod:`dprec_torch.privacy.pnbm_clipping`
+(per-user pair enumeration, never an M x M matrix per user). Prediction for user u also reads u's
+own training ratings: the guarantee protects u against anyone who sees the model (S, r_bar) and
+other users' predictions, not against someone who sees u's own predictions (joint DP).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+import torch
+
+from dprec_torch.data.ratings import _to_csr
+from dprec_torch.errors import ConfigError
+from dprec_torch.mechanisms.base import laplace_noise
+from dprec_torch.mechanisms.context import TrainingContext
+from dprec_torch.mechanisms.sgd import MapSGD
+from dprec_torch.privacy.accountants import PureDPAccountant
+from dprec_torch.privacy.analysis import analyse_dpsgd_l1, composed_epsilon, laplace_step_epsilon
+from dprec_torch.privacy.item_means import dp_item_means, install_item_means
+from dprec_torch.privacy.pnbm_clipping import DEFAULT_CHUNK_PAIRS, clip_factors, per_user_grad_norms, zero_diagonal_
+
+UNITS = ("user", "rating")
+INITS = ("constant", "random")
+
+
+def bound_model(context: TrainingContext) -> Any:
+    """The model being trained: ``context.model`` if the runner provides it, else the owner of
+    ``context.entry_bound`` (a bound method of the model in ``run.py``)."""
+    model = getattr(context, "model", None)
+    return model if model is not None else getattr(context.entry_bound, "__self__", None)
+
+
+@torch.no_grad()
+def recentre_batch_(batch: Any, model: Any) -> bool:
+    """Make a user-level batch's history x = (r - r_bar) I use the model's CURRENT item means.
+
+    ``PoissonBatchSampler`` caches the full batch (q = 1) when it is built, i.e. before the mechanism
+    replaced r_bar by its DP release; sampled batches are built from the live buffer and pass unchanged.
+    Rebuilds ``batch.x`` in place from the targets (= the history at user level); True if it changed.
+    """
+    x_new = _to_csr(batch.rows, batch.items, batch.values - model.item_means[batch.items],
+                    int(batch.users.numel()), int(batch.x.shape[1]))
+    if x_new.values().shape == batch.x.values().shape and torch.equal(x_new.values(), batch.x.values()):
+        return False
+    batch.x = x_new
+    return True
+
+
+def is_pnbm(model: Any) -> bool:
+    return model is not None and hasattr(model, "S") and hasattr(model, "floor_c")
+
+
+class ClippedLaplaceDPSGD(MapSGD):
+    """Whole-update clipped-Laplace DP-SGD (see the module docstring).
+
+    ``relation`` (class attribute) is the SAMPLING unit the runner reads: users. The defended
+    neighbouring relation is the instance's ``defended_relation``.
+    """
+
+    name = "dpsgd_l1"
+    relation = "user"
+
+    def __init__(
+        self,
+        params: Iterable[torch.Tensor],
+        context: TrainingContext,
+        epsilon: float,
+        clip_norm: float = 1.0,
+        lr: float = 0.01,
+        weight_decay: float = 0.0,
+        beta: float = 1.0,
+        sampling_ratio: float = 1.0,
+        unit: str = "user",
+        relation: str = "user",
+        mean_fraction: float = 0.5,
+        mean_global_fraction: float = 0.25,
+        mean_shrinkage: float = 8.0,
+        init: str = "constant",
+        init_value: float = 1.0,
+        chunk_pairs: int = DEFAULT_CHUNK_PAIRS,
+        seed: int = 0,
+        model: Any = None,
+        **unused: Any,
+    ) -> None:
+        epsilon, clip_norm, q = float(epsilon), float(clip_norm), float(sampling_ratio)
+        if not epsilon > 0:
+            raise ConfigError(f"epsilon must be > 0 (epsilon=inf: clipping without noise), got {epsilon}")
+        if not clip_norm > 0 or math.isinf(clip_norm):
+            raise ConfigError(f"mechanism.clip_norm (c, L1) must be a finite number > 0, got {clip_norm}")
+        if not 0 < q <= 1:
+            raise ConfigError(f"mechanism.sampling_ratio (q) must be in (0, 1], got {sampling_ratio}")
+        if unit not in UNITS:
+            raise ConfigError(f"mechanism.unit must be one of {UNITS}, got '{unit}'")
+        if relation not in UNITS:
+            raise ConfigError(f"mechanism.relation must be one of {UNITS}, got '{relation}'")
+        if init not in INITS:
+            raise ConfigError(f"mechanism.init must be one of {INITS}, got '{init}'")
+        if not 0 <= float(mean_fraction) < 1:
+            raise ConfigError(f"mechanism.mean_fraction must be in [0, 1), got {mean_fraction}")
+        params = list(params)
+        super().__init__(params, context, lr=lr, weight_decay=weight_decay, beta=beta, seed=seed)
+        model = model if model is not None else bound_model(context)
+        self.pnbm = is_pnbm(model)
+        if self.pnbm and unit != "user":
+            raise ConfigError("mechanism=dpsgd_l1 with PNBM needs unit=user: a rating r_uj enters the gradient of every "
+                              "other rating of u through the history, so only a user's whole contribution can be clipped")
+        if unit == "rating" and relation == "user":
+            raise ConfigError("mechanism=dpsgd_l1 unit=rating clips per rating, which cannot defend relation=user")
+        self.epsilon, self.clip_norm, self.sampling_ratio = epsilon, clip_norm, q
+        self.unit, self.defended_relation, self.chunk_pairs = unit, relation, int(chunk_pairs)
+        self.group = 2 if (relation == "rating" and unit == "user") else 1
+        steps = int(context.total_steps)
+        self.mean_release = None
+        self.mean_epsilon = 0.0
+        if self.pnbm:
+            if math.isfinite(epsilon) and float(mean_fraction) > 0:
+                if model.history is None:
+                    raise ConfigError("mechanism=dpsgd_l1 needs the PNBM attached to its training data before the mechanism")
+                self.mean_epsilon = float(mean_fraction) * epsilon
+                self.mean_release = dp_item_means(model.history, relation=relation, noise="laplace",
+                                                  epsilon=self.mean_epsilon, global_fraction=float(mean_global_fraction),
+                                                  shrinkage=float(mean_shrinkage), generator=self.generator)
+                install_item_means(model, self.mean_release)
+            elif math.isfinite(epsilon):
+                raise ConfigError("mechanism.mean_fraction=0 would keep PNBM's exact (non-private) item means")
+            if init == "constant":
+                with torch.no_grad():
+                    model.S.fill_(float(init_value))
+                    model.S.fill_diagonal_(0.0)
+        self.step_epsilon = (math.inf if math.isinf(epsilon)
+                             else laplace_step_epsilon(epsilon, steps, q, self.mean_epsilon, self.group))
+        self.accountant = PureDPAccountant()
+        self.state["mechanism"].update(clipped_fraction=0.0, max_clipped_norm=0.0)
+
+    # ------------------------------------------------------------- pieces
+    @property
+    def noise_scale(self) -> float:
+        """Laplace scale c / eps_s (0 without noise)."""
+        return 0.0 if math.isinf(self.step_epsilon) else self.clip_norm / self.step_epsilon
+
+    def unit_norms(self, residuals: torch.Tensor, batch: Any, model: Any) -> torch.Tensor:
+        """||G_x||_1 per unit of the batch (per batch row for unit=user, per target for unit=rating)."""
+        if self.pnbm:
+            return per_user_grad_norms(model, batch, residuals, p=1, chunk_pairs=self.chunk_pairs)
+        if hasattr(model, "user_factors"):
+            from dprec_torch.privacy.mf_clipping import mf_grad_norms_l1
+
+            return mf_grad_norms_l1(model, batch, residuals, self.unit)
+        raise ConfigError(f"mechanism=dpsgd_l1 has no per-example L1 norm for model {type(model).__name__}")
+
+    def clip_residuals(self, residuals: torch.Tensor, batch: Any = None, model: Any = None) -> torch.Tensor:
+        """Step 2: e_ui <- e_ui min(1, c / ||G_x||_1) for the unit x holding (u, i)."""
+        if batch is None or model is None:
+            raise ConfigError("mechanism=dpsgd_l1 needs the batch and the model to clip per unit")
+        if self.unit == "user" and batch.n_targets != batch.ind.values().numel():
+            raise ConfigError("mechanism=dpsgd_l1 unit=user needs user-level batches (every rating of each sampled user); "
+                              "the runner must sample users (ClippedLaplaceDPSGD.relation = 'user')")
+        if self.pnbm and recentre_batch_(batch, model):  # a batch cached before the DP means were installed
+            residuals = (model.batch_predict(batch) - batch.values).detach()
+        norms = self.unit_norms(residuals, batch, model)
+        factor = clip_factors(norms, self.clip_norm)
+        st = self.state["mechanism"]
+        st["clipped_fraction"] = float((norms > self.clip_norm).double().mean()) if norms.numel() else 0.0
+        st["max_clipped_norm"] = float((norms * factor).max()) if norms.numel() else 0.0
+        st["residual_bound"] = float("inf")
+        if self.unit == "user":
+            factor = factor[batch.rows]
+        return (residuals.double() * factor).to(residuals.dtype)
+
+    def add_noise(self) -> None:
+        """Step 3: diag(G) := 0 (PNBM), then Lap(c/eps_s) on every entry; notify the accountant."""
+        b = self.noise_scale
+        self.state["mechanism"]["noise_scale"] = b
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                if self.pnbm and p.dim() == 2 and p.shape[0] == p.shape[1]:
+                    zero_diagonal_(p.grad)
+                if b > 0:
+                    p.grad.add_(laplace_noise(p.shape, b, self.generator, p.device))
+        if b > 0:
+            self.accountant.step(self.step_epsilon, self.sampling_ratio)
+
+    # ---------------------------------------------------------- reporting
+    def epsilon_spent(self) -> float:
+        """eps_0 + g * sum_t ln(1 + q(e^{eps_s} - 1)) over the steps taken so far."""
+        if math.isinf(self.epsilon):
+            return math.inf
+        return self.mean_epsilon + self.group * self.accountant.get_epsilon()
+
+    def planned_epsilon(self) -> float:
+        if math.isinf(self.epsilon):
+            return math.inf
+        return composed_epsilon(self.step_epsilon, self.sampling_ratio, self.context.total_steps, self.mean_epsilon, self.group)
+
+    def privacy_report(self) -> dict[str, Any]:
+        steps, q = self.context.total_steps, self.sampling_ratio
+        if math.isinf(self.epsilon):
+            return {"mechanism": "dpsgd_l1 (clipping only, epsilon=inf)", "relation": None, "epsilon": math.inf,
+                    "epsilon_nominal": math.inf, "delta": 0.0, "clip_norm": self.clip_norm, "steps": steps,
+                    "sampling_ratio": q, "analysis": "no noise: not private"}
+        a = analyse_dpsgd_l1(self.epsilon, steps, q, self.clip_norm, self.mean_epsilon, self.defended_relation, self.unit)
+        report = a.as_dict()
+        report.update(
+            epsilon=self.planned_epsilon(),
+            epsilon_nominal=self.epsilon,
+            epsilon_spent=self.epsilon_spent(),
+            epsilon_user_level=(self.planned_epsilon() if self.defended_relation == "user" else None),
+            steps=steps,
+            steps_taken=self.accountant.steps,
+            noise_scale=self.noise_scale,
+            accountant="pure-DP: exact Poisson amplification ln(1 + q(e^eps_s - 1)) + basic composition",
+            item_means=self.mean_release.report() if self.mean_release is not None else None,
+            analysis=(
+                f"Each {self.unit}'s whole gradient is clipped to L1 norm c={self.clip_norm:g}; Lap(c/eps_s) with "
+                f"eps_s={self.step_epsilon:.4g} on every entry; Poisson rate q={q:g} over {self.unit}s; "
+                f"{steps} steps" + (f" + item means eps_0={self.mean_epsilon:.4g}" if self.mean_release else "")
+                + f" compose to eps={self.planned_epsilon():.4g} ({self.defended_relation} level)."
+                + (" Predictions for u also read u's own ratings (joint DP)." if self.pnbm else
+                   " MF with fallback=mean predicts unknown users/items from NON-private means (use fallback=model).")
+            ),
+        )
+        return report
+
+    # ------------------------------------------------------ checkpointing
+    def state_dict(self) -> dict[str, Any]:
+        sd = super().state_dict()
+        sd["accountant"] = self.accountant.state_dict()
+        return sd
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state_dict = dict(state_dict)
+        acc = state_dict.pop("accountant", None)
+        super().load_state_dict(state_dict)
+        if acc is not None:
+            self.accountant.load_state_dict(acc)

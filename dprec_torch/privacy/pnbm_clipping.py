@@ -1,0 +1,205 @@
+"""Per-user gradient norms of PNBM's similarity matrix S, without an M x M matrix per user.
+
+PNBM (Eq. (2)) predicts, for target (u, i),
+
+    r_hat_ui = r_bar_i + n_ui / d_ui,   n_ui = sum_j s_ij x_uj,   d_ui = max(C, D_ui),   D_ui = sum_j |s_ij| I_uj
+
+with x_uj = (r_uj - r_bar_j) I_uj. ``surrogate_loss(gradient="exact")`` differentiates this,
+so the gradient of target (u, i) is supported on row i, columns j in R_u:
+
+    d r_hat_ui / d s_ij = x_uj / d_ui - a_ui sign(s_ij) I_uj,   a_ui = [D_ui >= C] n_ui / d_ui^2      (*)
+
+(the second term is the |s| in the denominator; it vanishes where the floor C is active;
+``[D >= C]`` is autograd's convention for ``clamp_min`` at the boundary, and sign(0) = 0).
+User u's whole contribution to the summed gradient is
+
+    G_u = sum_{i in R_u} e_ui d r_hat_ui / dS,    supported on rows i in R_u x columns j in R_u,
+
+and it depends on no other user's data (r_bar and S are fixed during the step). A rating
+r_uj enters the targets' rows through x_uj as well, but only inside G_u. Scaling u's
+residuals by f scales G_u by f, so clipping G_u to norm c is a residual rescaling.
+
+Two ways to get ||G_u||:
+
+* **pair enumeration** (any p): list the Sum_u |R_u|^2 pairs (target (u, i), history j) in
+  bounded chunks (``chunk_pairs``), evaluate (*) times e_ui, accumulate |.| or (.)^2 per user.
+  Different targets of one user have different rows i, so every pair is a distinct entry of G_u.
+* **closed form** (p = 2 only), three sparse x dense products like ``batch_terms``:
+
+      sum_{j != i} (x_uj/d - a sgn_ij)^2 = (||x_u||^2 - x_ui^2)/d^2 - 2 (a/d) (x_u . sgn(S_i)) + a^2 (I_u . |sgn(S_i)|).
+
+The diagonal s_ii is always 0 in the model (``project_`` zeroes it after every update), so its
+gradient entry is discarded; by default it is excluded from the norm and the mechanism must
+then zero the diagonal of the summed gradient before adding noise (``zero_diagonal_``), so the
+released sum is exactly the sum of the clipped off-diagonal G_u.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from dprec_torch.errors import ConfigError
+
+DEFAULT_CHUNK_PAIRS = 1 << 22
+
+
+def _check_pnbm(model: Any) -> None:
+    if not hasattr(model, "S") or not hasattr(model, "floor_c"):
+        raise ConfigError(f"per-user PNBM gradient norms need a PNBM model, got {type(model).__name__}")
+    if getattr(model, "gradient", "exact") != "exact":
+        raise ConfigError(f"per-user clipping needs model.gradient=exact (the released gradient), got '{model.gradient}'")
+
+
+@torch.no_grad()
+def target_terms(model: Any, batch: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(n_ui, d_ui, a_ui) of (*) at every batch target, in float64."""
+    S = model.S.detach().double()
+    x, ind = batch.x.to(torch.float64), batch.ind.to(torch.float64)
+    num = torch.sparse.mm(x, S.T)[batch.rows, batch.items]
+    raw = torch.sparse.mm(ind, S.abs().T)[batch.rows, batch.items]
+    den = raw.clamp_min(model.floor_c)
+    a = torch.where(raw >= model.floor_c, num / (den * den), torch.zeros_like(num))
+    return num, den, a
+
+
+def _history(batch: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    crow = batch.x.crow_indices()
+    return crow, batch.x.col_indices(), batch.x.values().to(torch.float64)
+
+
+def iter_pairs(model: Any, batch: Any, residuals: torch.Tensor, include_diagonal: bool = False,
+               chunk_pairs: int = DEFAULT_CHUNK_PAIRS):
+    """Yield chunks ``(row, i, j, value)`` of the nonzero-support entries of every G_u.
+
+    ``value = e_ui (x_uj/d_ui - a_ui sign(s_ij))`` for target (u, i) and history item j of u;
+    ``row`` is the batch row of u. Chunks hold at most ``max(chunk_pairs, largest profile)`` pairs.
+    """
+    _check_pnbm(model)
+    _, den, a = target_terms(model, batch)
+    e = residuals.detach().to(torch.float64)
+    crow, cols, xv = _history(batch)
+    S = model.S.detach()
+    h = (crow[batch.rows + 1] - crow[batch.rows])  # history length of each target's user
+    ends = torch.cumsum(h, 0)
+    n_t = int(h.numel())
+    start = 0
+    while start < n_t:  # loop over chunks of targets, not over users
+        base = int(ends[start - 1]) if start > 0 else 0
+        stop = int(torch.searchsorted(ends, torch.tensor(base + chunk_pairs, device=ends.device), right=True))
+        stop = max(stop, start + 1)
+        t = torch.repeat_interleave(torch.arange(start, stop, device=h.device), h[start:stop])
+        first = torch.repeat_interleave(ends[start:stop] - h[start:stop] - base, h[start:stop])
+        offset = torch.arange(t.numel(), device=h.device) - first
+        pos = crow[batch.rows[t]] + offset
+        i, j = batch.items[t], cols[pos]
+        val = e[t] * (xv[pos] / den[t] - a[t] * torch.sign(S[i, j]).to(torch.float64))
+        if not include_diagonal:
+            keep = i != j
+            t, i, j, val = t[keep], i[keep], j[keep], val[keep]
+        yield batch.rows[t], i, j, val
+        start = stop
+
+
+@torch.no_grad()
+def per_user_grad_norms(model: Any, batch: Any, residuals: torch.Tensor, p: float = 2, include_diagonal: bool = False,
+                        chunk_pairs: int = DEFAULT_CHUNK_PAIRS, method: str = "auto") -> torch.Tensor:
+    """||G_u||_p for every batch row (user), shape ``[len(batch.users)]``, float64.
+
+    ``method``: ``pairs`` (enumeration, any p), ``closed`` (p = 2 closed form), ``auto`` (closed for p = 2).
+    """
+    if p not in (1, 2):
+        raise ConfigError(f"clipping norm must be 1 or 2, got {p}")
+    if method not in ("auto", "pairs", "closed"):
+        raise ConfigError(f"method must be auto, pairs or closed, got '{method}'")
+    n_rows = int(batch.users.numel())
+    if method == "closed" or (method == "auto" and p == 2):
+        if p != 2:
+            raise ConfigError("the closed form exists for the L2 norm only")
+        return _closed_form_l2(model, batch, residuals, include_diagonal).sqrt()
+    acc = torch.zeros(n_rows, dtype=torch.float64, device=residuals.device)
+    for rows, _, _, val in iter_pairs(model, batch, residuals, include_diagonal, chunk_pairs):
+        acc.index_add_(0, rows, val.abs() if p == 1 else val * val)
+    return acc if p == 1 else acc.sqrt()
+
+
+def _closed_form_l2(model: Any, batch: Any, residuals: torch.Tensor, include_diagonal: bool) -> torch.Tensor:
+    """Sum over u's targets of e_ui^2 sum_j (x_uj/d - a sgn_ij)^2 (see the module docstring)."""
+    _check_pnbm(model)
+    _, den, a = target_terms(model, batch)
+    e = residuals.detach().to(torch.float64)
+    S = model.S.detach().double()
+    sgn = torch.sign(S)
+    x, ind = batch.x.to(torch.float64), batch.ind.to(torch.float64)
+    crow, _, xv = _history(batch)
+    rows_of_entry = torch.repeat_interleave(torch.arange(crow.numel() - 1, device=crow.device), crow[1:] - crow[:-1])
+    xsq = torch.zeros(crow.numel() - 1, dtype=torch.float64, device=xv.device).index_add_(0, rows_of_entry, xv * xv)
+    xs = torch.sparse.mm(x, sgn.T)[batch.rows, batch.items]
+    cnt = torch.sparse.mm(ind, sgn.abs().T)[batch.rows, batch.items]
+    x_self = _self_value(batch)
+    sq = xsq[batch.rows]
+    if not include_diagonal:
+        sq = sq - x_self * x_self
+    per_target = sq / (den * den) - 2 * (a / den) * xs + a * a * cnt
+    out = torch.zeros(crow.numel() - 1, dtype=torch.float64, device=xv.device)
+    return out.index_add_(0, batch.rows, (e * e) * per_target.clamp_min(0))
+
+
+def _self_value(batch: Any) -> torch.Tensor:
+    """x_ui at every target (0 if i is not in u's history)."""
+    crow, cols, xv = _history(batch)
+    n_rows, m = crow.numel() - 1, batch.x.shape[1]
+    rows_of_entry = torch.repeat_interleave(torch.arange(n_rows, device=crow.device), crow[1:] - crow[:-1])
+    hist_key = rows_of_entry * m + cols
+    tgt_key = batch.rows * m + batch.items
+    if hist_key.numel() == 0:
+        return torch.zeros(tgt_key.numel(), dtype=torch.float64, device=xv.device)
+    pos = torch.searchsorted(hist_key, tgt_key).clamp_max(hist_key.numel() - 1)
+    found = hist_key[pos] == tgt_key
+    return torch.where(found, xv[pos], torch.zeros_like(xv[pos]))
+
+
+@torch.no_grad()
+def per_user_gradient(model: Any, batch: Any, residuals: torch.Tensor, include_diagonal: bool = False) -> torch.Tensor:
+    """All G_u as one sparse COO tensor ``[n_rows, M, M]`` (tests and small batches only)."""
+    parts = list(iter_pairs(model, batch, residuals, include_diagonal, chunk_pairs=DEFAULT_CHUNK_PAIRS))
+    rows = torch.cat([p[0] for p in parts]) if parts else torch.zeros(0, dtype=torch.long)
+    i = torch.cat([p[1] for p in parts]) if parts else rows
+    j = torch.cat([p[2] for p in parts]) if parts else rows
+    v = torch.cat([p[3] for p in parts]) if parts else torch.zeros(0, dtype=torch.float64)
+    m = int(model.S.shape[0])
+    return torch.sparse_coo_tensor(torch.stack([rows, i, j]), v, (int(batch.users.numel()), m, m),
+                                   check_invariants=False).coalesce()
+
+
+def clip_factors(norms: torch.Tensor, bound: float) -> torch.Tensor:
+    """min(1, c / ||G_u||) per user (1 where the norm is 0)."""
+    return torch.where(norms > bound, bound / norms.clamp_min(1e-300), torch.ones_like(norms))
+
+
+def clip_user_residuals(model: Any, batch: Any, residuals: torch.Tensor, bound: float, p: float,
+                        chunk_pairs: int = DEFAULT_CHUNK_PAIRS) -> tuple[torch.Tensor, torch.Tensor]:
+    """Residuals scaled so that every ||G_u||_p <= bound; returns (clipped residuals, per-user norms before)."""
+    norms = per_user_grad_norms(model, batch, residuals, p=p, chunk_pairs=chunk_pairs)
+    factor = clip_factors(norms, bound)
+    return (residuals.double() * factor[batch.rows]).to(residuals.dtype), norms
+
+
+@torch.no_grad()
+def zero_diagonal_(grad: torch.Tensor) -> torch.Tensor:
+    """Drop the diagonal of the summed gradient (data-independent; ``project_`` discards it anyway)."""
+    grad.fill_diagonal_(0.0)
+    return grad
+
+
+def per_example_grad_norms(model: Any, batch: Any, residuals: torch.Tensor, unit: str) -> torch.Tensor:
+    """The hook Gaussian DP-SGD calls (``model.per_example_grad_norms(batch, residuals, unit)``), L2, off-diagonal.
+
+    Only ``unit=user`` is meaningful for PNBM: one rating r_uj enters the gradient of every
+    other target of u through the history x_u, so a per-rating norm does not bound it.
+    """
+    if unit != "user":
+        raise ConfigError("PNBM supports per-example clipping with unit=user only: a rating r_uj enters the gradient of "
+                          "every other rating of user u (through the history), so per-rating clipping bounds nothing")
+    return per_user_grad_norms(model, batch, residuals, p=2)
