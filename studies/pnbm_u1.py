@@ -45,7 +45,12 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         p = r["privacy"]
         eps = p.get("epsilon")
-        guaranteed = "none defended (paper: per-entry)" if eps is None else ("∞" if eps == float("inf") or eps == "inf" else f"{float(eps):g} ({p.get('relation')})")
+        if eps is None and "epsilon_for_sample_only" in p:
+            guaranteed = f"none (exact item means; sample of S: {float(p['epsilon_for_sample_only']):g})"
+        elif eps is None:
+            guaranteed = "none defended (paper: per-entry)"
+        else:
+            guaranteed = "∞" if eps in (float("inf"), "inf") else f"{float(eps):g} ({p.get('relation')})"
         pcc, cos = r["baselines"]["PCC"]["rmse"], r["baselines"]["COS"]["rmse"]
         beats = "yes" if r["test_rmse"] < min(pcc, cos) else "no"
         lines.append(f"| {r['mechanism']} | {r['epsilon_nominal']} | {guaranteed} | {r['test_rmse']:.4f} | {r['test_mae']:.4f} | "
