@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dprec_torch.io import atomic_write_json
+
 log = logging.getLogger(__name__)
 
 
@@ -79,7 +81,12 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Pa
                      f"{r['mae_mean']:.4f} | {r['n']} | {r['epsilon_guaranteed']} |")
     for (data, name), vals in sorted(baselines.items()):
         lines.append(f"| {data} | {name} (non-private) | – | {np.mean(vals):.4f} ± {np.std(vals):.4f} | | {len(vals)} | ∞ |")
+    from dprec_torch.privacy.ledger import format_ledger, ledger_report
+
+    ledger = ledger_report(sweep_dir)
+    lines += ["", "## Privacy ledger", "", "```", format_ledger(ledger), "```"]
     (out / "report.md").write_text("\n".join(lines) + "\n")
+    atomic_write_json(out / "ledger.json", ledger)
     _figures(rows, baselines, out)
     log.info("report written to %s", out)
     return out / "report.md"
