@@ -6,6 +6,8 @@ import logging
 import sys
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from dprec_torch.errors import DprecError
@@ -20,6 +22,8 @@ def main(cfg: DictConfig) -> float:
         metrics = train(cfg)
     except DprecError as err:
         log.error("%s", err)
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            return float("nan")  # one failed job (e.g. a diverged run) must not abort the whole sweep
         sys.exit(2)
     shown = {k: v for k, v in metrics.items() if k.startswith("test_") and not k.endswith("_std") and isinstance(v, float)}
     log.info("final: %s | privacy epsilon %s", ", ".join(f"{k} {v:.4f}" for k, v in shown.items()), metrics["privacy"].get("epsilon"))
