@@ -57,7 +57,7 @@ import torch
 
 from dprec_torch.data.ratings import Ratings, dense_rows
 from dprec_torch.errors import ConfigError, DataError
-from dprec_torch.mechanisms.output_perturbation import check_epsilon
+from dprec_torch.privacy.budget import check_epsilon
 from dprec_torch.seeding import make_generator
 
 log = logging.getLogger(__name__)

@@ -26,6 +26,7 @@ import torch
 from dprec_torch.data.ratings import Ratings
 from dprec_torch.errors import ConfigError
 from dprec_torch.predictors.slope_one import top_n_unrated
+from dprec_torch.privacy.budget import check_epsilon
 from dprec_torch.seeding import make_generator
 
 log = logging.getLogger(__name__)
@@ -36,17 +37,6 @@ def laplace_noise(shape: tuple[int, ...], scale: float, generator: torch.Generat
     e1 = torch.empty(shape, dtype=torch.float64, device=device).exponential_(1.0, generator=generator)
     e2 = torch.empty(shape, dtype=torch.float64, device=device).exponential_(1.0, generator=generator)
     return scale * (e1 - e2)
-
-
-def check_epsilon(epsilon: float, what: str) -> float:
-    """epsilon must be a positive number (``inf`` = non-private)."""
-    try:
-        eps = float(epsilon)
-    except (TypeError, ValueError) as err:
-        raise ConfigError(f"{what}: epsilon={epsilon!r} is not a number; pass e.g. epsilon=1 (inf = non-private)") from err
-    if math.isnan(eps) or eps <= 0:
-        raise ConfigError(f"{what}: epsilon={epsilon} must be > 0 (inf = non-private)")
-    return eps
 
 
 class LaplaceOutput:

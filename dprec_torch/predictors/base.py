@@ -57,6 +57,22 @@ class MeanFallback:
         return self.scale.clip(out)
 
 
+def gather_pair_scores(score: "callable", users: torch.Tensor, items: torch.Tensor, n_items: int, block: int) -> torch.Tensor:
+    """``score(user_block) -> [B, M]`` evaluated once per block of distinct users, read at the pairs.
+
+    Out-of-range items give 0; the caller applies its own fallback. Returns float64.
+    """
+    uniq, inv = torch.unique(users, return_inverse=True)
+    ok_i = (items >= 0) & (items < n_items)
+    i = items.clamp(0, n_items - 1)
+    out = torch.empty(users.numel(), dtype=torch.float64, device=users.device)
+    for start in range(0, uniq.numel(), block):
+        scores = score(uniq[start : start + block])
+        sel = (inv >= start) & (inv < start + block)
+        out[sel] = scores[inv[sel] - start, i[sel]].double()
+    return torch.where(ok_i, out, torch.zeros_like(out))
+
+
 class BasePredictor:
     """Shared plumbing: device handling, the fallback, and an empty privacy report."""
 

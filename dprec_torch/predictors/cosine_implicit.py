@@ -34,7 +34,7 @@ import torch
 
 from dprec_torch.data.ratings import Ratings, dense_rows
 from dprec_torch.errors import ConfigError, DataError
-from dprec_torch.predictors.base import BasePredictor
+from dprec_torch.predictors.base import BasePredictor, gather_pair_scores
 from dprec_torch.predictors.slope_one import item_gram, top_n_unrated
 
 log = logging.getLogger(__name__)
@@ -123,14 +123,8 @@ class CosineImplicit(BasePredictor):
         self._check()
         users = torch.as_tensor(users, dtype=torch.long, device=self.sim_.device)
         items = torch.as_tensor(items, dtype=torch.long, device=self.sim_.device)
-        uniq, inv = torch.unique(users, return_inverse=True)
         ok_i = (items >= 0) & (items < self.n_items)
-        i = items.clamp(0, self.n_items - 1)
-        out = torch.empty(users.numel(), dtype=torch.float64, device=users.device)
-        for start in range(0, uniq.numel(), _BLOCK):
-            scores = self.score(uniq[start : start + _BLOCK])
-            sel = (inv >= start) & (inv < start + _BLOCK)
-            out[sel] = scores[inv[sel] - start, i[sel]]
+        out = gather_pair_scores(self.score, users, items, self.n_items, _BLOCK)
         return torch.where(ok_i, out, torch.zeros_like(out))
 
     def predict(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:

@@ -50,6 +50,7 @@ import torch
 
 from dprec_torch.data.ratings import Ratings, RatingScale
 from dprec_torch.errors import ConfigError, DataError
+from dprec_torch.privacy.budget import check_epsilon
 from dprec_torch.predictors.base import BasePredictor
 from dprec_torch.seeding import make_generator
 
@@ -184,12 +185,7 @@ class D2P(BasePredictor):
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__(device)
-        try:
-            self.epsilon = float(epsilon)
-        except (TypeError, ValueError) as err:
-            raise ConfigError(f"d2p: epsilon={epsilon!r} is not a number; use a positive float or inf") from err
-        if not self.epsilon > 0:
-            raise ConfigError(f"d2p: epsilon={epsilon} must be > 0 (inf = non-private)")
+        self.epsilon = check_epsilon(epsilon, "d2p")
         if not 0.0 <= p <= 1.0 or (p_star is not None and not 0.0 <= p_star <= 1.0):
             raise ConfigError(f"d2p: p={p} and p_star={p_star} must lie in [0, 1]")
         if not lam >= 0:

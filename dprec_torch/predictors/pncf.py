@@ -51,6 +51,7 @@ import torch
 
 from dprec_torch.data.ratings import Ratings
 from dprec_torch.errors import ConfigError, DataError
+from dprec_torch.privacy.budget import check_epsilon
 from dprec_torch.predictors.base import BasePredictor
 from dprec_torch.seeding import make_generator
 
@@ -206,12 +207,7 @@ class PNCF(BasePredictor):
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__(device)
-        try:
-            self.epsilon = float(epsilon)
-        except (TypeError, ValueError) as err:
-            raise ConfigError(f"pncf: epsilon={epsilon!r} is not a number; use a positive float or inf") from err
-        if not self.epsilon > 0:
-            raise ConfigError(f"pncf: epsilon={epsilon} must be > 0 (use inf for non-private kNN)")
+        self.epsilon = check_epsilon(epsilon, "pncf")
         if int(k) != k or k < 1:
             raise ConfigError(f"pncf: k={k} must be a positive integer")
         if mode not in ("item", "user"):
@@ -309,7 +305,7 @@ class PNCF(BasePredictor):
 
     def recommend(self, users: torch.Tensor, n: int, batch: int = 256) -> torch.Tensor:
         """Top-n items by predicted rating, excluding the user's training items; -1 pads."""
-        fb = self._check_fitted()
+        self._check_fitted()
         users = torch.as_tensor(users, dtype=torch.long, device=self.device)
         return _topn_by_score(self.predict, users, n, self.train_, batch)
 

@@ -46,7 +46,7 @@ import torch
 
 from dprec_torch.data.ratings import Ratings, dense_rows
 from dprec_torch.errors import ConfigError, DataError
-from dprec_torch.predictors.base import BasePredictor
+from dprec_torch.predictors.base import BasePredictor, gather_pair_scores
 
 log = logging.getLogger(__name__)
 
@@ -170,14 +170,8 @@ class SlopeOne(BasePredictor):
         self._check()
         users = torch.as_tensor(users, dtype=torch.long, device=self.dev_.device)
         items = torch.as_tensor(items, dtype=torch.long, device=self.dev_.device)
-        uniq, inv = torch.unique(users, return_inverse=True)
         ok_i = (items >= 0) & (items < self.n_items)
-        i = items.clamp(0, self.n_items - 1)
-        out = torch.empty(users.numel(), dtype=torch.float64, device=users.device)
-        for start in range(0, uniq.numel(), _BLOCK):
-            scores = self.score(uniq[start : start + _BLOCK])
-            sel = (inv >= start) & (inv < start + _BLOCK)
-            out[sel] = scores[inv[sel] - start, i[sel]]
+        out = gather_pair_scores(self.score, users, items, self.n_items, _BLOCK)
         # an out-of-range item has no co-raters: Eq. (6) reduces to r_bar_i
         u, served = self._users(users)
         fallback = torch.where(served, self.user_means_[u], torch.full_like(out, self.global_mean_))
