@@ -5,7 +5,16 @@ Eq. (2):  r_hat_ui = r_bar_i + sum_{j != i} s_ij (r_uj - r_bar_j) I_uj / max(C, 
 S is an M x M parameter kept symmetric with a zero diagonal (so j = i never
 contributes). The denominator is floored at C, the paper's lower bound on
 |S_i| I_u^- (Sec. 3). At prediction time only each item's top-N_k neighbours
-count. Ratings stay sparse: every product is CSR (users x items) times dense S^T.
+count. Ratings stay sparse. Two formulations compute the same numbers
+(``model.formulation``):
+
+* ``sparse_pair`` -- the sums of Eq. (2) only over the (target (u, i), history j) pairs,
+  sum_u |T_u| |R_u| of them, and the gradient as a scatter onto the co-rated (i, j)
+  (:mod:`dprec_torch.models.pair_kernels`);
+* ``dense`` -- CSR (users x items) times dense S^T, a |B| x M block of which the targets
+  are read (nnz_B M multiply-adds and |B| M memory; good on a GPU for small M);
+* ``auto`` -- ``sparse_pair`` on the CPU; on an accelerator ``dense`` up to
+  ``dense_max_items`` items, else ``sparse_pair``.
 """
 
 from __future__ import annotations
@@ -16,9 +25,11 @@ from torch import nn
 from dprec_torch.data.ratings import Ratings, RatingScale, _to_csr
 from dprec_torch.errors import ConfigError
 from dprec_torch.models.batching import UserBatch
+from dprec_torch.models.pair_kernels import DEFAULT_BUDGET, PairPlan, build_history, build_plan, pair_sums
 from dprec_torch.predictors.base import MeanFallback
 
 GRADIENTS = ("exact", "paper_eq5")
+FORMULATIONS = ("auto", "dense", "sparse_pair")
 
 
 class PNBM(nn.Module):
@@ -32,6 +43,9 @@ class PNBM(nn.Module):
         gradient: ``exact`` (autograd of Eq. (2), including the |s| and the denominator)
             or ``paper_eq5`` (the paper's simplified Eq. (5), which drops sign(s_ij)).
         seed: seeds the initialisation.
+        formulation: ``auto`` | ``dense`` | ``sparse_pair`` (module docstring); same numbers either way.
+        pair_budget: padded pairs per chunk of the sparse-pair kernels (bounds their memory).
+        dense_max_items: ``auto`` picks ``dense`` on an accelerator up to this M (a heuristic, untimed).
     """
 
     task = "rating"
@@ -46,16 +60,25 @@ class PNBM(nn.Module):
         gradient: str = "exact",
         seed: int = 0,
         predict_batch_users: int = 4096,
+        formulation: str = "auto",
+        pair_budget: int = DEFAULT_BUDGET,
+        dense_max_items: int = 4096,
     ) -> None:
         super().__init__()
         if gradient not in GRADIENTS:
             raise ConfigError(f"model.gradient must be one of {GRADIENTS}, got '{gradient}'")
+        if formulation not in FORMULATIONS:
+            raise ConfigError(f"model.formulation must be one of {FORMULATIONS}, got '{formulation}'")
+        if int(pair_budget) <= 0:
+            raise ConfigError(f"model.pair_budget must be > 0, got {pair_budget}")
         if floor_c <= 0:
             raise ConfigError(f"model.floor_c (C) must be > 0, got {floor_c}")
         if n_neighbors <= 0:
             raise ConfigError(f"model.n_neighbors (N_k) must be > 0, got {n_neighbors}")
         self.n_items, self.floor_c, self.n_neighbors = int(n_items), float(floor_c), int(n_neighbors)
         self.gradient, self.predict_batch_users = gradient, int(predict_batch_users)
+        self.formulation, self.pair_budget, self.dense_max_items = formulation, int(pair_budget), int(dense_max_items)
+        self._predict_cache: dict = {}
         gen = torch.Generator().manual_seed(int(seed))
         init = (torch.rand(n_items, n_items, generator=gen) * 2 - 1) * init_scale
         self.S = nn.Parameter(init)
@@ -75,16 +98,66 @@ class PNBM(nn.Module):
         return self
 
     @torch.no_grad()
-    def project_(self) -> None:
-        """Keep S symmetric with a zero diagonal (post-processing of each update)."""
+    def project_(self, block: int = 512) -> None:
+        """Keep S symmetric with a zero diagonal: S <- (S + S^T) / 2, diag(S) <- 0 (post-processing).
+
+        Done in place over pairs of ``block`` x ``block`` tiles (cache-friendly, no M x M temporaries).
+        """
         s = self.S.data
-        s.copy_((s + s.T) / 2)
+        m = s.shape[0]
+        for i in range(0, m, block):
+            for j in range(i, m, block):
+                a, b = s[i : i + block, j : j + block], s[j : j + block, i : i + block]
+                avg = (a + b.T) * 0.5
+                a.copy_(avg)
+                b.copy_(avg.T)
         s.fill_diagonal_(0.0)
+
+    # ---------------------------------------------------------- formulation
+    def resolved_formulation(self, device: torch.device | None = None) -> str:
+        """``dense`` or ``sparse_pair``: ``model.formulation``, with ``auto`` resolved for ``device``."""
+        if self.formulation != "auto":
+            return self.formulation
+        device = self.S.device if device is None else device
+        if device.type == "cpu" or self.n_items > self.dense_max_items:
+            return "sparse_pair"
+        return "dense"
+
+    def pair_plan(self, batch: UserBatch) -> PairPlan | None:
+        """The sparse-pair layout of ``batch`` (cached on the batch; rebuilt if its tensors are replaced).
+
+        None when ``x`` and ``ind`` do not share one sparsity pattern (then the dense path is used).
+        """
+        key = (batch.x, batch.ind, batch.rows, batch.items, self.pair_budget)
+        cached = batch.__dict__.get("_pair_plan")
+        if cached is not None and len(cached[0]) == len(key) and all(a is b for a, b in zip(cached[0][:4], key[:4])) \
+                and cached[0][4] == key[4]:
+            return cached[1]
+        x, ind = batch.x, batch.ind
+        same = torch.equal(x.crow_indices(), ind.crow_indices()) and torch.equal(x.col_indices(), ind.col_indices())
+        plan = None
+        if same:
+            crow = ind.crow_indices()
+            n_rows = crow.numel() - 1
+            rows = torch.repeat_interleave(torch.arange(n_rows, device=crow.device), crow[1:] - crow[:-1])
+            hist = build_history(rows, ind.col_indices(), x.values(), ind.values(), n_rows, self.n_items)
+            plan = build_plan(hist, batch.rows, batch.items, self.pair_budget)
+        batch.__dict__["_pair_plan"] = (key, plan)
+        return plan
+
+    def _sparse_plan(self, batch: UserBatch, S: torch.Tensor) -> PairPlan | None:
+        if self.resolved_formulation(S.device) != "sparse_pair":
+            return None
+        return self.pair_plan(batch)
 
     # --------------------------------------------------------------- training
     def batch_terms(self, batch: UserBatch, S: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Numerator and floored denominator of Eq. (2) at the batch targets."""
+        """Numerator S_i R_u^- and floored denominator max(C, |S_i| I_u^-) of Eq. (2) at the batch targets."""
         S = self.S if S is None else S
+        plan = self._sparse_plan(batch, S)
+        if plan is not None:
+            num, ab, _ = pair_sums(S, plan, self.gradient == "paper_eq5")
+            return num, ab.clamp_min(self.floor_c)
         num = torch.sparse.mm(batch.x, S.T)[batch.rows, batch.items]
         den = torch.sparse.mm(batch.ind, S.abs().T)[batch.rows, batch.items]
         return num, den.clamp_min(self.floor_c)
@@ -105,6 +178,12 @@ class PNBM(nn.Module):
         if self.gradient == "exact":
             num, den = self.batch_terms(batch)
             return (e * (num / den)).sum()
+        plan = self._sparse_plan(batch, self.S)
+        if plan is not None:
+            num, ab, lin = pair_sums(self.S, plan, True)
+            den = ab.detach().clamp_min(self.floor_c)
+            centred = num.detach() / den
+            return (e * (num - centred * lin) / den).sum()
         num = torch.sparse.mm(batch.x, self.S.T)[batch.rows, batch.items]
         lin = torch.sparse.mm(batch.ind, self.S.T)[batch.rows, batch.items]
         with torch.no_grad():
@@ -133,13 +212,37 @@ class PNBM(nn.Module):
     # ------------------------------------------------------------- prediction
     @torch.no_grad()
     def neighbour_matrix(self) -> torch.Tensor:
-        """S restricted to each item's top-N_k neighbours (largest s_ij per row, as the reference code)."""
+        """S restricted to each item's top-N_k neighbours (largest s_ij per row, as the reference code).
+
+        One k-th value per row (``torch.topk``), computed once per version of S and cached, so
+        repeated predictions between two updates (evaluation, top-N) do not re-select.
+        """
         S = self.S.detach()
         k = min(self.n_neighbors, S.shape[1])
         if k >= S.shape[1]:
             return S
-        kth = torch.topk(S, k, dim=1).values[:, -1:]
-        return torch.where(S >= kth, S, torch.zeros_like(S))
+        hit = self._predict_cache.get("neighbours")
+        key = (S.data_ptr(), self.S._version, k, S.dtype, S.device)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        kth = torch.topk(S, k, dim=1, sorted=False).values.min(1, keepdim=True).values
+        out = torch.where(S >= kth, S, torch.zeros_like(S))
+        self._predict_cache["neighbours"] = (key, out)
+        return out
+
+    def _history_tables(self):
+        """Padded history tables of the training users, x = r_uj - r_bar_j with the current means."""
+        hist = self.history
+        assert hist is not None
+        key = (id(hist), self.item_means._version, self.item_means.device, self.S.dtype)
+        hit = self._predict_cache.get("history")
+        if hit is not None and hit[0] == key and hit[2] is hist:
+            return hit[1]
+        dev = self.S.device
+        users, items, vals = hist.users.to(dev), hist.items.to(dev), hist.values.to(dev)
+        tables = build_history(users, items, vals - self.item_means[items], None, hist.n_users, self.n_items)
+        self._predict_cache["history"] = (key, tables, hist)
+        return tables
 
     @torch.no_grad()
     def predict(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
@@ -150,10 +253,16 @@ class PNBM(nn.Module):
         users, items = users.to(dev), items.to(dev)
         hist = self.history
         Sk = self.neighbour_matrix()
-        out = torch.zeros(users.shape, device=dev)
-        uniq, inv = torch.unique(users.clamp(0, hist.n_users - 1), return_inverse=True)
-        row_of = torch.full((hist.n_users,), -1, dtype=torch.long, device=dev)
+        user_c = users.clamp(0, hist.n_users - 1)
         item_c = items.clamp(0, self.n_items - 1)
+        if self.resolved_formulation(dev) == "sparse_pair":
+            plan = build_plan(self._history_tables(), user_c, item_c, self.pair_budget)
+            num, ab, _ = plan.sums(Sk)
+            out = self.item_means[item_c] + num / ab.clamp_min(self.floor_c)
+            return self.fallback_.finish(users, items, out)
+        out = torch.zeros(users.shape, device=dev)
+        uniq, inv = torch.unique(user_c, return_inverse=True)
+        row_of = torch.full((hist.n_users,), -1, dtype=torch.long, device=dev)
         for s in range(0, uniq.numel(), self.predict_batch_users):
             block = uniq[s : s + self.predict_batch_users]
             row_of[block] = torch.arange(block.numel(), device=dev)

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from dprec_torch.data.ratings import Ratings, dense_rows
+from dprec_torch.data.ratings import Ratings
 from dprec_torch.errors import ConfigError
+from dprec_torch.models.pair_kernels import DEFAULT_BUDGET, build_history, build_plan
 from dprec_torch.predictors import similarity
 from dprec_torch.predictors.base import BasePredictor
 
@@ -69,21 +70,18 @@ class ItemKNN(BasePredictor):
         if self.positive_only:
             self.sim_.clamp_min_(0.0)
         self.item_means_ = train.item_means()
-        self.x_csr_ = train.centered_csr(self.item_means_)
-        self.i_csr_ = train.indicator_csr()
+        x = train.values - self.item_means_[train.items]
+        self.history_ = build_history(train.users, train.items, x, None, train.n_users, train.n_items)
         return self
 
     @torch.no_grad()
     def predict(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        """r_bar_i + sum_{N_k(i;u)} s_ij x_uj / sum_{N_k(i;u)} |s_ij| (0 when the sum is 0), then the fallback."""
         fb = self._check_fitted()
         users, items = users.to(self.device), items.to(self.device)
         known = fb.known(users, items)
-        u, i = users.clamp(0, self.x_csr_.shape[0] - 1), items.clamp(0, self.sim_.shape[0] - 1)
-        out = torch.empty(users.shape, dtype=torch.float32, device=self.device)
-        for s in range(0, users.numel(), self.batch_size):
-            uu, ii = u[s : s + self.batch_size], i[s : s + self.batch_size]
-            x_rows = dense_rows(self.x_csr_, uu)
-            rated = dense_rows(self.i_csr_, uu) > 0
-            num, den = neighbourhood_predict(self.sim_[ii], x_rows, rated, self.k)
-            out[s : s + self.batch_size] = self.item_means_[ii] + torch.where(den > 0, num / den.clamp_min(1e-12), torch.zeros_like(num))
+        u, i = users.clamp(0, self.history_.slot.numel() - 1), items.clamp(0, self.sim_.shape[0] - 1)
+        plan = build_plan(self.history_, u, i, max(DEFAULT_BUDGET, self.batch_size))
+        num, den, _ = plan.sums(self.sim_, top_k=self.k)
+        out = self.item_means_[i] + torch.where(den > 0, num / den.clamp_min(1e-12), torch.zeros_like(num))
         return fb.finish(users, items, torch.where(known, out, torch.zeros_like(out)))

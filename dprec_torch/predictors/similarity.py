@@ -1,30 +1,37 @@
 """Item-item similarity from sparse ratings via Gram products (no per-pair loops).
 
 All similarities are sums over co-rating users, so each is a Gram product
-``A^T B`` of two value vectors on the ratings' sparsity pattern. We compute it
-as sparse (items x users) times a dense column block of B, one block of items
-at a time, so peak memory is ``n_users x block`` beyond the ``M x M`` result.
+``G[i, j] = sum_u a_ui b_uj`` of two value vectors on the ratings' sparsity pattern. We
+compute it with the sparse-pair scatter of :mod:`dprec_torch.models.pair_kernels`: every
+(rating (u, i), rated item j) pair adds a_ui b_uj to G[i, j], in cache-friendly chunks,
+one block of rows at a time. The work is sum_u |R_u|^2 multiply-adds (the co-rated pairs),
+not N M^2, and the memory beyond the ``M x M`` results is O(nnz + block).
 """
 
 from __future__ import annotations
 
 import torch
 
-from dprec_torch.data.ratings import Ratings, _to_csr
+from dprec_torch.data.ratings import Ratings
+from dprec_torch.models.pair_kernels import gram_row_blocks
+
+BLOCK_CELLS = 1 << 22  # cells of one dense block of rows while accumulating
 
 
-def gram(ratings: Ratings, a: torch.Tensor, b: torch.Tensor, block: int = 1024) -> torch.Tensor:
-    """G[i, j] = sum_u a_ui * b_uj, where a and b are values aligned with ``ratings``' COO entries."""
-    m, n = ratings.n_items, ratings.n_users
-    a_t = _to_csr(ratings.items, ratings.users, a, m, n)  # items x users
-    out = torch.empty(m, m, dtype=a.dtype, device=a.device)
-    for start in range(0, m, block):
-        stop = min(start + block, m)
-        sel = (ratings.items >= start) & (ratings.items < stop)
-        dense = torch.zeros(n, stop - start, dtype=b.dtype, device=b.device)
-        dense[ratings.users[sel], ratings.items[sel] - start] = b[sel]
-        out[:, start:stop] = torch.sparse.mm(a_t, dense)
-    return out
+def grams(ratings: Ratings, channels: list[tuple[torch.Tensor, torch.Tensor | None]]) -> list[torch.Tensor]:
+    """Dense M x M products G_c[i, j] = sum_u a_ui b_uj for channels (a, b) (b = None: ones), in one sweep."""
+    m = ratings.n_items
+    outs = [torch.empty(m, m, dtype=a.dtype, device=a.device) for a, _ in channels]
+    blocks = gram_row_blocks(ratings.users, ratings.items, channels, ratings.n_users, m, max(1, BLOCK_CELLS // (m + 1)))
+    for start, stop, parts in blocks:
+        for out, part in zip(outs, parts):
+            out[start:stop] = part
+    return outs
+
+
+def gram(ratings: Ratings, a: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """G[i, j] = sum_u a_ui * b_uj, where a and b are values aligned with ``ratings``' COO entries (b = None: ones)."""
+    return grams(ratings, [(a, b)])[0]
 
 
 def pearson(ratings: Ratings, min_support: int = 1, shrinkage: float = 0.0) -> torch.Tensor:
@@ -35,9 +42,7 @@ def pearson(ratings: Ratings, min_support: int = 1, shrinkage: float = 0.0) -> t
     s * n_ij / (n_ij + shrinkage). Diagonal and pairs with < min_support co-raters are 0.
     """
     x = ratings.values - ratings.item_means()[ratings.items]
-    ones = torch.ones_like(x)
-    num = gram(ratings, x, x)
-    sq = gram(ratings, x * x, ones)  # sq[i, j] = sum over co-raters of x_ui^2
+    num, sq = grams(ratings, [(x, x), (x * x, None)])  # sq[i, j] = sum over co-raters of x_ui^2
     den = torch.sqrt(sq * sq.T)
     sim = torch.where(den > 0, num / den.clamp_min(1e-12), torch.zeros_like(num))
     return _finish(ratings, sim, min_support, shrinkage)
@@ -49,9 +54,7 @@ def cosine(ratings: Ratings, min_support: int = 1, shrinkage: float = 0.0) -> to
     s_ij = sum_u r_ui r_uj / sqrt(sum_u r_ui^2 I_uj * sum_u r_uj^2 I_ui).
     """
     r = ratings.values
-    ones = torch.ones_like(r)
-    num = gram(ratings, r, r)
-    sq = gram(ratings, r * r, ones)
+    num, sq = grams(ratings, [(r, r), (r * r, None)])
     den = torch.sqrt(sq * sq.T)
     sim = torch.where(den > 0, num / den.clamp_min(1e-12), torch.zeros_like(num))
     return _finish(ratings, sim, min_support, shrinkage)
@@ -59,8 +62,7 @@ def cosine(ratings: Ratings, min_support: int = 1, shrinkage: float = 0.0) -> to
 
 def _finish(ratings: Ratings, sim: torch.Tensor, min_support: int, shrinkage: float) -> torch.Tensor:
     if min_support > 1 or shrinkage > 0:
-        ones = torch.ones_like(ratings.values)
-        support = gram(ratings, ones, ones)
+        support = gram(ratings, torch.ones_like(ratings.values), None)
         sim = torch.where(support >= min_support, sim, torch.zeros_like(sim))
         if shrinkage > 0:
             sim = sim * support / (support + shrinkage)

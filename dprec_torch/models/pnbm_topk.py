@@ -1,0 +1,408 @@
+"""PNBM with a top-k sparse similarity (``model=pnbm_topk``): S stored as k neighbours per item.
+
+Wang & Tang Eq. (2) with s_ij = 0 outside a fixed support N(i) of k items per item:
+
+    r_hat_ui = r_bar_i + sum_{s < k} v_is x_u,n_is / max(C, sum_{s < k} |v_is| I_u,n_is)
+
+``neighbors`` (M x k, a buffer) holds n_is and ``S_values`` (M x k, the parameter) v_is, so
+memory is O(M k) instead of O(M^2), for catalogues where a dense S does not fit. The
+gradient, the per-entry sensitivity e_max phi / C (Sec. 3) and the mechanisms are those of
+dense PNBM restricted to the support; ``project_`` keeps s_ij = s_ji wherever both (i, j)
+and (j, i) are in the support. An item is never its own neighbour. At prediction time the
+top-N_k selection is dense PNBM's, on S extended by zeros off the support.
+
+The support is chosen once, at ``attach(train)`` (``support``):
+
+* ``pcc`` (default) -- each item's k items of largest shrunk Pearson correlation,
+  pcc_ij n_ij / (n_ij + ``support_shrinkage``) (n_ij co-raters; a non-private item-kNN
+  similarity). On ML-100K and the synthetic ML-1M-size data this support keeps the test
+  RMSE of dense PNBM at k = 200 (docs/performance.md).
+* ``corating`` -- each item's k items with the most co-raters (ties: smaller id).
+* ``random`` -- k distinct random items per item (seeded by ``support_seed``).
+
+``pcc`` and ``corating`` are **not private**: the released neighbour lists depend on the
+training ratings, and no mechanism's epsilon covers that choice (``privacy_caveat`` says so
+and is logged at ``attach``). Use them for non-private runs and the accuracy/memory
+comparison; ``random`` is data-independent, so the mechanism's guarantee is unaffected, at
+a cost in accuracy.
+
+Kernel: the sparse-pair kernel of dense PNBM (:mod:`dprec_torch.models.pair_kernels`), with
+targets grouped by blocks of ``row_block`` items whose rows of S are rebuilt densely from the
+k values (``row_block x (M+1)`` cells, bounded by ``block_budget``). Work per epoch is the
+sum_u |T_u| |R_u| pairs plus O(M^2) zero-filling of those blocks, whatever k is; memory is
+O(M k + nnz + block_budget), never O(M^2).
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+
+import torch
+from torch import nn
+
+from dprec_torch.data.ratings import Ratings, RatingScale
+from dprec_torch.errors import ConfigError
+from dprec_torch.models.batching import UserBatch
+from dprec_torch.models.pair_kernels import (DEFAULT_BUDGET, HistoryTables, PairPlan, build_history, build_plan,
+                                              gram_row_blocks, row_groups)
+from dprec_torch.models.pnbm import GRADIENTS
+from dprec_torch.predictors.base import MeanFallback
+
+log = logging.getLogger(__name__)
+
+SUPPORTS = ("pcc", "corating", "random")
+DATA_DEPENDENT_CAVEAT = (
+    "model=pnbm_topk support={support}: each item's neighbour list is chosen from NON-PRIVATE statistics of the "
+    "training data ({what}); the released lists reveal them and no mechanism's epsilon covers this choice "
+    "(support=random is data-independent)."
+)
+
+
+# ------------------------------------------------------------------ support
+@torch.no_grad()
+def corating_support(train: Ratings, k: int, block_cells: int = 1 << 20) -> torch.Tensor:
+    """Each item's k items with the most co-raters n_ij = sum_u I_ui I_uj (j != i; ties: smaller j).
+
+    Computed by blocks of rows with the pair scatter: memory O(nnz + block_cells + M k).
+    """
+    ones = torch.ones(len(train), device=train.device)
+    blocks = gram_row_blocks(train.users, train.items, [(ones, None)], train.n_users, train.n_items,
+                             max(1, block_cells // (train.n_items + 1)))
+    return _top_k_rows(train.n_items, k, ((s, e, g[0]) for s, e, g in blocks), train.device)
+
+
+@torch.no_grad()
+def pcc_support(train: Ratings, k: int, shrinkage: float = 50.0, block_cells: int = 1 << 20) -> torch.Tensor:
+    """Each item's k items of largest shrunk Pearson correlation (j != i; ties: smaller j).
+
+    score_ij = pcc_ij n_ij / (n_ij + shrinkage), the significance-weighted item similarity of
+    :func:`dprec_torch.predictors.similarity.pearson` (n_ij co-raters), from four Gram
+    products computed by blocks of rows: memory O(nnz + block_cells + M k), never M^2.
+    """
+    x = train.values - train.item_means()[train.items]
+    ones, sq = torch.ones_like(x), x * x
+    channels = [(x, x), (sq, None), (ones, sq), (ones, None)]  # num, sum x_ui^2, sum x_uj^2, n_ij
+    blocks = gram_row_blocks(train.users, train.items, channels, train.n_users, train.n_items,
+                             max(1, block_cells // (train.n_items + 1)))
+
+    def scores():
+        for start, stop, (num, sq_i, sq_j, n) in blocks:
+            den = torch.sqrt(sq_i * sq_j)
+            pcc = torch.where(den > 0, num / den.clamp_min(1e-12), torch.zeros_like(num))
+            yield start, stop, pcc * n / (n + shrinkage) if shrinkage > 0 else pcc
+
+    return _top_k_rows(train.n_items, k, scores(), train.device)
+
+
+def _top_k_rows(m: int, k: int, blocks, device: torch.device) -> torch.Tensor:
+    """Sorted indices of the k largest scores per row, the item itself excluded, ties to the smaller id.
+
+    ``blocks`` yields (start, stop, scores[start:stop]) covering all M rows.
+    """
+    out = torch.empty(m, k, dtype=torch.long, device=device)
+    cols = torch.arange(m, device=device, dtype=torch.float64)[None, :]
+    for start, stop, score in blocks:
+        # tie-break: a tiny decreasing function of the column (well below any score difference)
+        sc = score.double() - cols * 1e-12
+        sc[torch.arange(stop - start, device=device), torch.arange(start, stop, device=device)] = float("-inf")
+        out[start:stop] = torch.topk(sc, k, dim=1).indices
+    return torch.sort(out, dim=1).values
+
+
+@torch.no_grad()
+def random_support(n_items: int, k: int, seed: int, device: torch.device, block: int = 512) -> torch.Tensor:
+    """k distinct random items j != i per item i (data-independent), seeded."""
+    gen = torch.Generator(device="cpu").manual_seed(int(seed))
+    out = torch.empty(n_items, k, dtype=torch.long)
+    for start in range(0, n_items, block):
+        stop = min(start + block, n_items)
+        score = torch.rand(stop - start, n_items, generator=gen)
+        score[torch.arange(stop - start), torch.arange(start, stop)] = -1.0
+        out[start:stop] = torch.topk(score, k, dim=1).indices
+    return torch.sort(out, dim=1).values.to(device)
+
+
+def mirror_index(neighbors: torch.Tensor) -> torch.Tensor:
+    """Flat position of (j, i) for every support entry (i, j), or -1 when (j, i) is not in the support."""
+    m, k = neighbors.shape
+    rows = torch.arange(m, device=neighbors.device)[:, None].expand(m, k)
+    keys = (rows * m + neighbors).reshape(-1)  # sorted: rows ascending, neighbours sorted per row
+    want = (neighbors * m + rows).reshape(-1)
+    pos = torch.searchsorted(keys, want).clamp_max(keys.numel() - 1)
+    return torch.where(keys[pos] == want, pos, torch.full_like(pos, -1))
+
+
+# ------------------------------------------------------------------ kernel
+def _dense_rows(values: torch.Tensor, neighbors: torch.Tensor, a: int, b: int) -> torch.Tensor:
+    """Rows a..b-1 of S as a dense (b - a) x (M + 1) block (zero off the support and in the padding column)."""
+    m = values.shape[0]
+    out = torch.zeros(b - a, m + 1, dtype=values.dtype, device=values.device)
+    out.scatter_(1, neighbors[a:b], values[a:b])
+    return out.view(-1)
+
+
+class TopKPairSums(torch.autograd.Function):
+    """(num, abs, lin) at the plan's targets, differentiable in the M x k values.
+
+    The pair kernel of :mod:`dprec_torch.models.pair_kernels`, reading S from dense blocks of
+    ``row_block`` rows rebuilt from the k values per row (s_ij = 0 off the support).
+    """
+
+    @staticmethod
+    def forward(ctx, values, neighbors, plan, need_lin):  # type: ignore[override]
+        ctx.set_materialize_grads(False)
+        ctx.plan = plan
+        ctx.save_for_backward(values, neighbors)
+        key = (weakref.ref(values), values._version, values.dtype, neighbors._version, neighbors.data_ptr())
+        hit = plan.cached_sums(key, need_lin)
+        if hit is None:
+            out = plan.new_sums(values, need_lin)
+            for a, b, chunks in row_groups(plan):
+                sa = _dense_rows(values, neighbors, a, b)
+                for bk, s, e in chunks:
+                    plan.chunk_sums(sa, bk, s, e, need_lin, None, out)
+            hit = plan.finish_sums(out, key, need_lin)
+        num, ab, lin = hit
+        return num, ab, (lin if lin is not None else torch.zeros_like(num))
+
+    @staticmethod
+    def backward(ctx, g_num, g_abs, g_lin):  # type: ignore[override]
+        values, neighbors = ctx.saved_tensors
+        if g_num is None and g_abs is None and g_lin is None:
+            return None, None, None, None
+        plan: PairPlan = ctx.plan
+        m, k = values.shape
+        gs = [plan.gathered(g, values.dtype) for g in (g_num, g_abs, g_lin)]
+        out = torch.zeros(m, k, dtype=values.dtype, device=values.device)
+        for a, b, chunks in row_groups(plan):
+            sa = _dense_rows(values, neighbors, a, b) if gs[1] is not None else None
+            gd = torch.zeros((b - a) * (m + 1), dtype=values.dtype, device=values.device)
+            for bk, s, e in chunks:
+                plan.chunk_grad(sa, gd, bk, s, e, gs)
+            out[a:b] += gd.view(b - a, m + 1).gather(1, neighbors[a:b])
+        return out, None, None, None
+
+
+# ------------------------------------------------------------------- model
+class PNBMTopK(nn.Module):
+    """Item-item PNBM over a fixed top-k support (module docstring).
+
+    Args:
+        n_items: M.
+        sparse_k: k, neighbours stored per item (memory M k).
+        support: ``pcc`` | ``corating`` (both non-private, flagged) | ``random`` (data-independent).
+        support_shrinkage: the shrinkage of ``pcc``.
+        support_seed: seeds ``random``.
+        floor_c, n_neighbors, init_scale, gradient, seed: as :class:`dprec_torch.models.pnbm.PNBM`;
+            at prediction time each item keeps its top-min(N_k, k) values.
+        block_budget: cells of a dense block of S rows (bounds the kernel's working memory).
+        pair_budget: padded (target, history) pairs per chunk, as :class:`~dprec_torch.models.pnbm.PNBM`.
+    """
+
+    task = "rating"
+    name = "PNBM-topk"
+
+    def __init__(
+        self,
+        n_items: int,
+        sparse_k: int = 200,
+        support: str = "pcc",
+        support_shrinkage: float = 50.0,
+        support_seed: int = 0,
+        floor_c: float = 10.0,
+        n_neighbors: int = 500,
+        init_scale: float = 0.1,
+        gradient: str = "exact",
+        seed: int = 0,
+        block_budget: int = 1 << 20,
+        pair_budget: int = DEFAULT_BUDGET,
+    ) -> None:
+        super().__init__()
+        if gradient not in GRADIENTS:
+            raise ConfigError(f"model.gradient must be one of {GRADIENTS}, got '{gradient}'")
+        if support not in SUPPORTS:
+            raise ConfigError(f"model.support must be one of {SUPPORTS}, got '{support}'")
+        if not 0 < int(sparse_k) < int(n_items):
+            raise ConfigError(f"model.sparse_k must be in [1, M - 1] = [1, {int(n_items) - 1}], got {sparse_k}")
+        if floor_c <= 0:
+            raise ConfigError(f"model.floor_c (C) must be > 0, got {floor_c}")
+        if n_neighbors <= 0:
+            raise ConfigError(f"model.n_neighbors (N_k) must be > 0, got {n_neighbors}")
+        self.n_items, self.k = int(n_items), int(sparse_k)
+        self.support, self.support_seed, self.support_shrinkage = support, int(support_seed), float(support_shrinkage)
+        self.floor_c, self.n_neighbors, self.gradient = float(floor_c), int(n_neighbors), gradient
+        self.block_budget, self.pair_budget = int(block_budget), int(pair_budget)
+        gen = torch.Generator().manual_seed(int(seed))
+        self.S_values = nn.Parameter((torch.rand(self.n_items, self.k, generator=gen) * 2 - 1) * init_scale)
+        self.register_buffer("neighbors", torch.zeros(self.n_items, self.k, dtype=torch.long))
+        self.register_buffer("item_means", torch.zeros(self.n_items))
+        self.register_buffer("mirror", torch.full((self.n_items * self.k,), -1, dtype=torch.long))
+        self.history: Ratings | None = None
+        self.fallback_: MeanFallback | None = None
+        self.privacy_caveat: str | None = None
+        self._predict_cache: dict = {}
+
+    # ---------------------------------------------------------------- set-up
+    def attach(self, train: Ratings) -> "PNBMTopK":
+        """Bind r_bar and the histories; choose the support N(i) (see ``support``) and symmetrise."""
+        if train.n_items != self.n_items:
+            raise ConfigError(f"model has {self.n_items} items but the data has {train.n_items}")
+        dev = self.S_values.device
+        self.history = train
+        self.item_means.copy_(train.item_means().to(dev))
+        self.fallback_ = MeanFallback(train)
+        if self.support == "random":
+            nbrs = random_support(self.n_items, self.k, self.support_seed, dev)
+            self.privacy_caveat = None
+        else:
+            data = train.to(dev)
+            if self.support == "pcc":
+                nbrs = pcc_support(data, self.k, self.support_shrinkage)
+                what = f"shrunk Pearson correlations, shrinkage {self.support_shrinkage:g}"
+            else:
+                nbrs = corating_support(data, self.k)
+                what = "co-rating counts"
+            self.privacy_caveat = DATA_DEPENDENT_CAVEAT.format(support=self.support, what=what)
+            log.warning(self.privacy_caveat)
+        self.neighbors.copy_(nbrs)
+        self.mirror.copy_(mirror_index(self.neighbors))
+        self.project_()
+        return self
+
+    @torch.no_grad()
+    def project_(self) -> None:
+        """s_ij, s_ji <- (s_ij + s_ji) / 2 wherever both are in the support (symmetric S on the support).
+
+        Entries whose mirror is outside the support are left alone. (Averaging them with the
+        implicit zero, i.e. dense PNBM's projection of the zero-extended S, trained worse:
+        +0.03 test RMSE on the synthetic ML-1M-size data, k = 200.)
+        """
+        v = self.S_values.data.view(-1)
+        pos = torch.nonzero(self.mirror >= 0).flatten()
+        v[pos] = (v[pos] + v[self.mirror[pos]]) * 0.5
+
+    def memory_bytes(self) -> int:
+        """Bytes of the model state (values, neighbours, mirror): O(M k)."""
+        return sum(t.numel() * t.element_size() for t in (self.S_values, self.neighbors, self.mirror))
+
+    # --------------------------------------------------------------- training
+    @property
+    def row_block(self) -> int:
+        """Items per dense block of S rows: block_budget // (M + 1) (at least 1)."""
+        return max(1, self.block_budget // (self.n_items + 1))
+
+    def pair_plan(self, batch: UserBatch) -> PairPlan:
+        """The pair layout of ``batch`` grouped by row blocks (cached on the batch)."""
+        key = (batch.x, batch.ind, batch.rows, batch.items, self.pair_budget, self.row_block)
+        cached = batch.__dict__.get("_topk_plan")
+        if cached is not None and all(a is b for a, b in zip(cached[0][:4], key[:4])) and cached[0][4:] == key[4:]:
+            return cached[1]
+        x, ind = batch.x, batch.ind
+        crow = x.crow_indices()
+        if not (torch.equal(crow, ind.crow_indices()) and torch.equal(x.col_indices(), ind.col_indices())):
+            raise ValueError("PNBMTopK needs batch.x and batch.ind on one sparsity pattern (as make_batch builds them)")
+        n_rows = crow.numel() - 1
+        rows = torch.repeat_interleave(torch.arange(n_rows, device=crow.device), crow[1:] - crow[:-1])
+        hist = build_history(rows, x.col_indices(), x.values(), ind.values(), n_rows, self.n_items)
+        plan = build_plan(hist, batch.rows, batch.items, self.pair_budget, self.row_block)
+        batch.__dict__["_topk_plan"] = (key, plan)
+        return plan
+
+    def _sums(self, batch: UserBatch, values: torch.Tensor):
+        return TopKPairSums.apply(values, self.neighbors, self.pair_plan(batch), self.gradient == "paper_eq5")
+
+    def batch_terms(self, batch: UserBatch, S: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Numerator and floored denominator of Eq. (2) at the batch targets (``S`` = M x k values)."""
+        num, ab, _ = self._sums(batch, self.S_values if S is None else S)
+        return num, ab.clamp_min(self.floor_c)
+
+    def batch_predict(self, batch: UserBatch) -> torch.Tensor:
+        """r_hat at the batch targets (Eq. (2) on the support, differentiable in the values)."""
+        num, den = self.batch_terms(batch)
+        return self.item_means[batch.items] + num / den
+
+    def surrogate_loss(self, batch: UserBatch, residuals: torch.Tensor) -> torch.Tensor:
+        """Scalar whose gradient is G = sum e_ui d r_hat_ui / dv (exact, or the paper's Eq. (5))."""
+        e = residuals.detach()
+        num, ab, lin = self._sums(batch, self.S_values)
+        if self.gradient == "exact":
+            return (e * (num / ab.clamp_min(self.floor_c))).sum()
+        den = ab.detach().clamp_min(self.floor_c)
+        return (e * (num - (num.detach() / den) * lin) / den).sum()
+
+    # ------------------------------------------------------- privacy quantities
+    def gradient_entry_bound(self, residual_bound: float) -> float:
+        """Sec. 3: |G_ij(u)| <= e_max phi / C, as for dense PNBM."""
+        return residual_bound * self.scale.span / self.floor_c
+
+    @torch.no_grad()
+    def sgld_prior_precision(self, train: Ratings, batch_ratings: float) -> list[torch.Tensor]:
+        """H of Sec. 4.2 (Eq. (11)) at the support entries: H_is = 1 - c_i c_j p_i p_j, j = n_is."""
+        big_l = float(len(train))
+        dev = self.S_values.device
+        c = train.item_counts().to(dev, torch.float64) / big_l
+        p = torch.exp((batch_ratings - 1) * torch.log1p(-c.clamp_max(1 - 1e-12)))
+        h = 1 - (c[:, None] * p[:, None]) * (c[self.neighbors] * p[self.neighbors])
+        return [h.to(self.S_values.dtype)]
+
+    # ------------------------------------------------------------- prediction
+    @torch.no_grad()
+    def neighbour_values(self) -> torch.Tensor:
+        """The values dense PNBM's top-N_k selection keeps on the zero-extended S (the rest set to 0).
+
+        Row i of the zero-extended S holds the k values and M - k zeros; the N_k-th largest entry
+        of that row is the N_k-th largest value if N_k <= #(v > 0), else 0 if N_k <= #(v >= 0) + M - k,
+        else a negative value; entries >= it are kept (as ``PNBM.neighbour_matrix``). Cached per version.
+        """
+        v = self.S_values.detach()
+        n_k = self.n_neighbors
+        if n_k >= self.n_items:
+            return v
+        key = (self.S_values._version, v.data_ptr())
+        hit = self._predict_cache.get("values")
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        desc = torch.sort(v, dim=1, descending=True).values
+        pos = (v > 0).sum(1, keepdim=True)
+        zeros = (v == 0).sum(1, keepdim=True) + (self.n_items - self.k)
+        at = lambda r: desc.gather(1, (r - 1).clamp(0, self.k - 1))  # noqa: E731 - r-th largest value (1-based)
+        kth = torch.where(n_k <= pos, at(torch.full_like(pos, n_k)),
+                          torch.where(n_k <= pos + zeros, torch.zeros_like(desc[:, :1]), at(n_k - zeros)))
+        out = torch.where(v >= kth, v, torch.zeros_like(v))
+        self._predict_cache["values"] = (key, out)
+        return out
+
+    def _history_tables(self) -> HistoryTables:
+        """Padded history tables of the training users, x = r_uj - r_bar_j with the current means."""
+        hist = self.history
+        assert hist is not None
+        key = (id(hist), self.item_means._version, self.item_means.device)
+        hit = self._predict_cache.get("history")
+        if hit is not None and hit[0] == key and hit[2] is hist:
+            return hit[1]
+        dev = self.S_values.device
+        users, items, vals = hist.users.to(dev), hist.items.to(dev), hist.values.to(dev)
+        tables = build_history(users, items, vals - self.item_means[items], None, hist.n_users, self.n_items)
+        self._predict_cache["history"] = (key, tables, hist)
+        return tables
+
+    @torch.no_grad()
+    def predict(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        """Eq. (2) on the support (top-N_k values) over each user's full training history, clipped."""
+        if self.history is None or self.fallback_ is None:
+            raise RuntimeError("PNBMTopK.predict called before attach(train)")
+        dev = self.S_values.device
+        users, items = users.to(dev), items.to(dev)
+        u = users.clamp(0, self.history.n_users - 1)
+        i = items.clamp(0, self.n_items - 1)
+        plan = build_plan(self._history_tables(), u, i, self.pair_budget, self.row_block)
+        num, ab, _ = TopKPairSums.apply(self.neighbour_values(), self.neighbors, plan, False)
+        out = self.item_means[i] + num / ab.clamp_min(self.floor_c)
+        return self.fallback_.finish(users, items, out)
+
+    @property
+    def scale(self) -> RatingScale:
+        assert self.history is not None
+        return self.history.scale
+
