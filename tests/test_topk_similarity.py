@@ -193,3 +193,19 @@ class _FittedTopK:
 class TestPNBMTopKContract(PredictorContract):
     def make_predictor(self):
         return _FittedTopK()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_topk_on_cuda_matches_cpu():
+    train = random_ratings(seed=9)
+    grads, preds = [], []
+    for dev in ("cpu", "cuda"):
+        m = PNBMTopK(train.n_items, sparse_k=8, floor_c=0.5, init_scale=1.0, seed=0).to(dev).attach(train.to(dev))
+        b = full_batch(train.to(dev), m.item_means)
+        pred = m.batch_predict(b)
+        m.surrogate_loss(b, (pred - b.values).detach()).backward()
+        grads.append(m.S_values.grad.cpu())
+        preds.append(m.predict(train.users.to(dev), train.items.to(dev)).cpu())
+    assert torch.allclose(grads[0], grads[1], atol=1e-4, rtol=1e-4)
+    assert torch.allclose(preds[0], preds[1], atol=1e-4)

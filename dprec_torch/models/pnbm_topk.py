@@ -45,7 +45,7 @@ from dprec_torch.data.ratings import Ratings, RatingScale
 from dprec_torch.errors import ConfigError
 from dprec_torch.models.batching import UserBatch
 from dprec_torch.models.pair_kernels import (DEFAULT_BUDGET, HistoryTables, PairPlan, build_history, build_plan,
-                                              gram_row_blocks, row_groups)
+                                              gram_row_blocks, row_groups, sign_table)
 from dprec_torch.models.pnbm import GRADIENTS
 from dprec_torch.predictors.base import MeanFallback
 
@@ -176,7 +176,7 @@ class TopKPairSums(torch.autograd.Function):
         gs = [plan.gathered(g, values.dtype) for g in (g_num, g_abs, g_lin)]
         out = torch.zeros(m, k, dtype=values.dtype, device=values.device)
         for a, b, chunks in row_groups(plan):
-            sa = _dense_rows(values, neighbors, a, b) if gs[1] is not None else None
+            sa = sign_table(_dense_rows(values, neighbors, a, b)) if gs[1] is not None else None
             gd = torch.zeros((b - a) * (m + 1), dtype=values.dtype, device=values.device)
             for bk, s, e in chunks:
                 plan.chunk_grad(sa, gd, bk, s, e, gs)
