@@ -101,14 +101,15 @@ def test_non_unit_indicator_weights_and_targets_outside_history():
     b = full_batch(train, models[0].item_means)
     g = torch.Generator().manual_seed(3)
     ind = torch.sparse_csr_tensor(b.ind.crow_indices(), b.ind.col_indices(),
-                                  torch.rand(b.ind.values().numel(), generator=g, dtype=torch.float64) + 0.5, size=b.ind.shape)
+                                  torch.rand(b.ind.values().numel(), generator=g, dtype=torch.float64) + 0.5, size=b.ind.shape,
+                                  check_invariants=False)
     # append a target on an empty row (user 3 has no ratings) and one on an unrated item
     empty_row = int(b.users.numel())
     users = torch.cat([b.users, torch.tensor([3])])
     crow = torch.cat([b.x.crow_indices(), b.x.crow_indices()[-1:]])
     shape = (users.numel(), train.n_items)
-    x = torch.sparse_csr_tensor(crow, b.x.col_indices(), b.x.values().double(), size=shape)
-    ind = torch.sparse_csr_tensor(crow, ind.col_indices(), ind.values(), size=shape)
+    x = torch.sparse_csr_tensor(crow, b.x.col_indices(), b.x.values().double(), size=shape, check_invariants=False)
+    ind = torch.sparse_csr_tensor(crow, ind.col_indices(), ind.values(), size=shape, check_invariants=False)
     rows = torch.cat([b.rows, torch.tensor([empty_row, 0])])
     items = torch.cat([b.items, torch.tensor([5, 7])])
     values = torch.cat([b.values.double(), torch.tensor([3.0, 4.0], dtype=torch.float64)])
