@@ -50,7 +50,7 @@ DATA = {
     "syn-l": ("synthetic", {"preset": "ml-1m", "n_users": 12000, "n_items": 6000, "n_ratings": 2_000_000}),
     "syn-wide": ("synthetic", {"preset": "ml-1m", "n_users": 60000, "n_items": 3706, "n_ratings": 1_000_000}),
 }
-TOPK_K = 200
+TOPK_K = int(os.environ.get("DPREC_BENCH_TOPK_K", "200"))  # k of the top-k S cases
 
 
 def cases_in(group: str) -> list[str]:

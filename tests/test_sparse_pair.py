@@ -200,15 +200,22 @@ def test_mismatched_sparsity_patterns_fall_back_to_dense():
     assert torch.allclose(sparse.batch_terms(b2)[0], dense.batch_terms(b2)[0], rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.skipif(not ml100k_available(), reason="needs DPREC_DATA with ml-100k")
+@pytest.mark.parametrize("backend", ["torch", "numba"])
 @pytest.mark.parametrize("gradient", ["exact", "paper_eq5"])
-def test_ml100k_full_batch(gradient):
-    from dprec_torch.data.movielens import load_movielens
+def test_ml100k_full_batch(gradient, backend):
+    """ML-100K u1 (or, without DPREC_DATA, synthetic data of its size): sparse-pair == dense."""
+    if ml100k_available():
+        from dprec_torch.data.movielens import load_movielens
 
-    fold = load_movielens("ml-100k", fold=1).folds[0]
+        fold = load_movielens("ml-100k", fold=1).folds[0]
+    else:
+        from dprec_torch.data.synthetic import load_synthetic
+
+        fold = load_synthetic(preset="ml-100k", fold=1, seed=0).folds[0]
     models = []
     for form in ("dense", "sparse_pair"):
-        m = PNBM(fold.train.n_items, floor_c=10.0, gradient=gradient, formulation=form, seed=0).attach(fold.train)
+        m = PNBM(fold.train.n_items, floor_c=10.0, gradient=gradient, formulation=form, seed=0,
+                 pair_backend=backend).attach(fold.train)
         with torch.no_grad():
             m.S.mul_(10.0)  # Alg. 1 line 1 (beta = 10): denominators above the floor for most targets
         models.append(m)

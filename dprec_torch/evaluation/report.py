@@ -4,6 +4,9 @@
 groups runs by (data, method = mechanism-model, epsilon), and writes
 ``report.md``, ``report.csv`` and one ``rmse_vs_epsilon_<data>.png`` per dataset,
 with the non-private PCC and COS lines taken from the runs' own baselines.
+For a two-stage study (``study.py``) it also tabulates the configuration chosen per
+(method, epsilon) on the validation split (``selected.yaml``), and the privacy ledger
+covers both stages (``ledger_dir``), including the epsilon spent on tuning.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import csv
 import json
 import logging
 import math
+import shutil
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,8 +64,36 @@ def collect(sweep_dir: Path) -> tuple[dict, dict]:
     return cells, baselines
 
 
-def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Path:
-    """Write report.md / report.csv / figures into ``out_dir`` (default: the sweep dir)."""
+def selection_table(selected_path: Path, ledger: dict) -> list[str]:
+    """Markdown rows: per (method, epsilon) the chosen overrides, validation RMSE and tuning epsilon."""
+    from dprec_torch.study.selection import load_selected
+
+    doc = load_selected(selected_path)
+    meta = doc.get("study", {})
+    tuning = {(t["method"], float(t["epsilon_nominal"])): t for e in ledger["entries"] for t in e.get("tuning", [])}
+    lines = ["", "## Stage 1: configuration chosen per ε on the validation split", "",
+             f"Grid `{meta.get('grid')}`, sweeper `{meta.get('sweeper')}`, validation split carved from the TRAIN side of "
+             f"fold {meta.get('tune_fold')} (`{meta.get('data')}-val`); the chosen configuration is then trained on every fold "
+             f"{meta.get('folds')} and scored on its test split (table above). Wall time: stage 1 "
+             f"{meta.get('stage1_seconds', float('nan')):.0f} s, stage 2 {meta.get('stage2_seconds', float('nan')):.0f} s.", "",
+             "| method | ε | configs tried (failed) | chosen overrides | validation RMSE | ε spent on tuning |",
+             "|---|---|---|---|---|---|"]
+    for method, per_eps in doc.get("selected", {}).items():
+        for eps, c in per_eps.items():
+            t = tuning.get((method, float(eps)))
+            spent = t["statement"] if t else "–"
+            lines.append(f"| {method} | {float(eps):g} | {c['n_configs']} ({c['n_failed']}) | `{' '.join(c['overrides'])}` | "
+                         f"{c['validation_rmse']:.4f} | {spent} |")
+    return lines
+
+
+def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None, ledger_dir: str | Path | None = None,
+                 selected: str | Path | None = None) -> Path:
+    """Write report.md / report.csv / figures into ``out_dir`` (default: the sweep dir).
+
+    ``ledger_dir`` (default ``sweep_dir``) is where the privacy ledger looks for runs (a study's whole
+    folder, so that stage-1 tuning runs are charged); ``selected`` adds the stage-1 choice table.
+    """
     sweep_dir = Path(sweep_dir)
     out = Path(out_dir) if out_dir else sweep_dir
     out.mkdir(parents=True, exist_ok=True)
@@ -79,11 +111,20 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Pa
     for r in rows:
         lines.append(f"| {r['data']} | {r['method']} | {r['epsilon']:g} | {r['rmse_mean']:.4f} ± {r['rmse_std']:.4f} | "
                      f"{r['mae_mean']:.4f} | {r['n']} | {r['epsilon_guaranteed']} |")
+    with open(out / "baselines.csv", "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["data", "method", "rmse_mean", "rmse_std", "n"])
+        for (data, name), vals in sorted(baselines.items()):
+            writer.writerow([data, name, float(np.mean(vals)), float(np.std(vals)), len(vals)])
     for (data, name), vals in sorted(baselines.items()):
         lines.append(f"| {data} | {name} (non-private) | – | {np.mean(vals):.4f} ± {np.std(vals):.4f} | | {len(vals)} | ∞ |")
     from dprec_torch.privacy.ledger import format_ledger, ledger_report
 
-    ledger = ledger_report(sweep_dir)
+    ledger = ledger_report(ledger_dir or sweep_dir)
+    if selected is not None and Path(selected).exists():
+        lines += selection_table(Path(selected), ledger)
+        if Path(selected).resolve() != (out / "selected.yaml").resolve():
+            shutil.copyfile(selected, out / "selected.yaml")
     lines += ["", "## Privacy ledger", "", "```", format_ledger(ledger), "```"]
     (out / "report.md").write_text("\n".join(lines) + "\n")
     atomic_write_json(out / "ledger.json", ledger)

@@ -58,8 +58,11 @@ class MechanismOptimizer(Optimizer):
         """Plain gradient descent with L2 penalty: p <- p - lr (grad + weight_decay p)."""
         for group in self.param_groups:
             for p in group["params"]:
-                if p.grad is not None:
-                    p.add_(p.grad + group.get("weight_decay", 0.0) * p, alpha=-group["lr"])
+                if p.grad is not None:  # in place: no M x M temporaries
+                    wd, lr = group.get("weight_decay", 0.0), group["lr"]
+                    if wd:
+                        p.grad.add_(p, alpha=wd)
+                    p.add_(p.grad, alpha=-lr)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
@@ -67,9 +70,9 @@ class MechanismOptimizer(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self.state["mechanism"]["grad_norm"] = float(
-            torch.sqrt(sum((p.grad.double() ** 2).sum() for g in self.param_groups for p in g["params"] if p.grad is not None))
-        )
+        self.state["mechanism"]["grad_norm"] = float(torch.linalg.vector_norm(torch.stack([
+            torch.linalg.vector_norm(p.grad).double()  # a logged diagnostic: float32 accumulation suffices
+            for g in self.param_groups for p in g["params"] if p.grad is not None] or [torch.zeros((), dtype=torch.float64)])))
         self.add_noise()
         self.scale_grad()
         self.apply_update()
@@ -107,3 +110,29 @@ def laplace_noise(shape: torch.Size, scale: float, generator: torch.Generator, d
     """Lap(0, b) with *scale* b (variance 2 b^2), by inverse CDF from one uniform draw."""
     u = torch.rand(shape, generator=generator, device=device, dtype=torch.float64) - 0.5
     return (-scale * torch.sign(u) * torch.log1p(-2 * u.abs())).to(torch.float32)
+
+
+NOISE_CHUNK = 1 << 16  # float64 draws per chunk on the CPU: 512 KiB, stays in cache
+
+
+def add_laplace_noise_(target: torch.Tensor, scale: float, generator: torch.Generator) -> torch.Tensor:
+    """target += Lap(0, b) entrywise: the same draws, bit for bit, as ``target + laplace_noise(...)``.
+
+    On the CPU the uniforms are drawn and transformed chunk by chunk in a cache-sized float64
+    buffer (the generator's stream is consumed in the same order), instead of five passes over
+    M^2 float64 temporaries; elsewhere it is ``laplace_noise`` in one go.
+    """
+    if target.device.type != "cpu" or not target.is_contiguous():
+        return target.add_(laplace_noise(target.shape, scale, generator, target.device))
+    flat = target.view(-1)
+    n = flat.numel()
+    buf = torch.empty(min(NOISE_CHUNK, n), dtype=torch.float64)
+    sign = torch.empty_like(buf)
+    for s in range(0, n, NOISE_CHUNK):
+        e = min(n, s + NOISE_CHUNK)
+        u, sg = buf[: e - s], sign[: e - s]
+        u.uniform_(-0.5, 0.5, generator=generator)  # = rand - 0.5, the same draws
+        torch.sign(u, out=sg)
+        u.abs_().mul_(-2).log1p_().mul_(sg).mul_(-scale)  # -b sign(u) log(1 - 2|u|)
+        flat[s:e].add_(u.to(target.dtype))
+    return target

@@ -40,7 +40,7 @@ from scipy.stats import binom
 import torch
 
 from dprec_torch.errors import ConfigError
-from dprec_torch.mechanisms.base import laplace_noise
+from dprec_torch.mechanisms.base import add_laplace_noise_, laplace_noise
 from dprec_torch.mechanisms.context import TrainingContext
 from dprec_torch.mechanisms.sgd import MapSGD
 from dprec_torch.privacy.accountants import PureDPAccountant
@@ -188,7 +188,7 @@ class DPSGDLaplace(MapSGD):
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is not None:
-                    p.grad.add_(laplace_noise(p.shape, scale, self.generator, p.device))
+                    add_laplace_noise_(p.grad, scale, self.generator)
         # Theorem 1: eps_t = eps / (K gamma) per step, subsampled with ratio gamma
         self.accountant.step(self.epsilon / (self.context.total_steps * self.sampling_ratio), self.sampling_ratio)
 

@@ -39,7 +39,7 @@ import torch
 
 from dprec_torch.data.ratings import _to_csr
 from dprec_torch.errors import ConfigError
-from dprec_torch.mechanisms.base import laplace_noise
+from dprec_torch.mechanisms.base import add_laplace_noise_
 from dprec_torch.mechanisms.context import TrainingContext
 from dprec_torch.mechanisms.sgd import MapSGD
 from dprec_torch.privacy.accountants import PureDPAccountant
@@ -206,7 +206,7 @@ class ClippedLaplaceDPSGD(MapSGD):
                 if self.pnbm and p.dim() == 2 and p.shape[0] == p.shape[1]:
                     zero_diagonal_(p.grad)
                 if b > 0:
-                    p.grad.add_(laplace_noise(p.shape, b, self.generator, p.device))
+                    add_laplace_noise_(p.grad, b, self.generator)
         if b > 0:
             self.accountant.step(self.step_epsilon, self.sampling_ratio)
 

@@ -40,5 +40,10 @@ class MapSGD(MechanismOptimizer):
         """Alg. 1 line 7: p <- p - eta (beta G + lambda p)."""
         for group in self.param_groups:
             for p in group["params"]:
-                if p.grad is not None:
-                    p.add_(group["beta"] * p.grad + group["weight_decay"] * p, alpha=-group["lr"])
+                if p.grad is not None:  # in place on the gradient buffer: no M x M temporaries
+                    g = p.grad
+                    if group["beta"] != 1.0:
+                        g.mul_(group["beta"])
+                    if group["weight_decay"]:
+                        g.add_(p, alpha=group["weight_decay"])
+                    p.add_(g, alpha=-group["lr"])

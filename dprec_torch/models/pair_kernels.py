@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dprec_torch.models import pair_numba
+
 LENGTH_RATIO = 1.25
 DEFAULT_BUDGET = 1 << 19  # pairs per chunk (2 MiB per float32 chunk tensor)
 
@@ -56,6 +58,10 @@ class HistoryTables:
     w: list[torch.Tensor | None]
     width: list[int]
     length: torch.Tensor
+    csr_ptr: torch.Tensor | None = None  # the same histories as CSR (rows sorted, items ascending), for the numba kernels
+    csr_items: torch.Tensor | None = None
+    csr_x: torch.Tensor | None = None
+    csr_w: torch.Tensor | None = None
 
     @property
     def index_dtype(self) -> torch.dtype:
@@ -105,7 +111,8 @@ def build_history(rows: torch.Tensor, items: torch.Tensor, x: torch.Tensor, w: t
         widths.append(width)
         remap[b] = k
     bucket = torch.where(bucket >= 0, remap[bucket.clamp_min(0)], bucket)
-    return HistoryTables(n_items, bucket, slot, tabs_i, tabs_x, tabs_w, widths, length)
+    ptr = torch.cat([torch.zeros(1, dtype=torch.long, device=dev), torch.cumsum(length, 0)])
+    return HistoryTables(n_items, bucket, slot, tabs_i, tabs_x, tabs_w, widths, length, ptr, items.to(idx_dtype), x, w)
 
 
 @dataclass
@@ -129,7 +136,23 @@ class PairPlan:
     n_padded: int
     row_block: int | None = None
     chunk_block: list[int] = field(default_factory=list)
+    t_rows: torch.Tensor | None = None  # targets' rows and items (target order), for the numba layout
+    t_items: torch.Tensor | None = None
+    backend: str = "auto"  # auto | torch | numba (:mod:`.pair_numba`; CPU only)
     _cache: dict = field(default_factory=dict, repr=False)
+
+    def numba_layout(self):
+        """The :class:`~dprec_torch.models.pair_numba.NumbaLayout` of this plan (built once)."""
+        lay = self._cache.get("numba")
+        if lay is None:
+            h = self.hist
+            lay = pair_numba.build_layout(h.csr_ptr, h.csr_items, h.csr_x, h.csr_w, self.t_rows, self.t_items,
+                                          h.n_items)
+            self._cache["numba"] = lay
+        return lay
+
+    def _numba(self, S: torch.Tensor) -> bool:
+        return self.row_block is None and self.t_rows is not None and pair_numba.use_numba(self.backend, S)
 
     # ------------------------------------------------------------ per chunk
     def _chunk(self, b: int, s: int, e: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -227,6 +250,11 @@ class PairPlan:
         hit = self.cached_sums(key, need_lin)
         if hit is not None:
             return hit
+        if top_k is None and self._numba(S):
+            pair_numba.set_threads(torch.get_num_threads())
+            out = pair_numba.sums(self.numba_layout(), S, need_lin)
+            self._cache["sums"] = (key, need_lin, out)
+            return tuple(t.clone() if t is not None else None for t in out)
         sa = padded_flat(S)
         out = self.new_sums(S, need_lin)
         for b, s, e in self.chunks:
@@ -241,6 +269,9 @@ class PairPlan:
         One scatter (``index_add_``) per chunk onto the flat indices the forward used; the
         |s| channel reads sign(s_ij) (sign(0) = 0, as autograd's d|s|/ds) from an int8 table.
         """
+        if self._numba(S):
+            pair_numba.set_threads(torch.get_num_threads())
+            return pair_numba.grad(self.numba_layout(), S, g_num, g_abs, g_lin)
         m, dt = S.shape[0], S.dtype
         gs = [self.gathered(g, dt) for g in (g_num, g_abs, g_lin)]
         gflat = torch.zeros((m + 1) * (m + 1), dtype=dt, device=S.device)
@@ -261,7 +292,7 @@ def padded_flat(S: torch.Tensor) -> torch.Tensor:
 
 
 def build_plan(hist: HistoryTables, rows: torch.Tensor, items: torch.Tensor, budget: int = DEFAULT_BUDGET,
-               row_block: int | None = None) -> PairPlan:
+               row_block: int | None = None, backend: str = "auto") -> PairPlan:
     """Lay the targets (rows[t], items[t]) out in chunks of at most ``budget`` padded pairs.
 
     Order: (row block of the item, if ``row_block``), length bucket, item, user -- so a chunk
@@ -299,7 +330,7 @@ def build_plan(hist: HistoryTables, rows: torch.Tensor, items: torch.Tensor, bud
         t_items = t_items - (t_items // row_block) * row_block
     base = t_items.to(hist.index_dtype) * (m + 1)
     return PairPlan(hist, int(rows.numel()), perm, base, hist.slot[rows[perm]], chunks, n_pairs, n_padded,
-                    row_block, chunk_block)
+                    row_block, chunk_block, rows, items, backend)
 
 
 def row_groups(plan: PairPlan):

@@ -26,6 +26,7 @@ from dprec_torch.data.ratings import Ratings, RatingScale, _to_csr
 from dprec_torch.errors import ConfigError
 from dprec_torch.models.batching import UserBatch
 from dprec_torch.models.pair_kernels import DEFAULT_BUDGET, PairPlan, build_history, build_plan, pair_sums
+from dprec_torch.models.pair_numba import BACKENDS
 from dprec_torch.predictors.base import MeanFallback
 
 GRADIENTS = ("exact", "paper_eq5")
@@ -46,6 +47,9 @@ class PNBM(nn.Module):
         formulation: ``auto`` | ``dense`` | ``sparse_pair`` (module docstring); same numbers either way.
         pair_budget: padded pairs per chunk of the sparse-pair kernels (bounds their memory).
         dense_max_items: ``auto`` picks ``dense`` on an accelerator up to this M (a heuristic, untimed).
+        pair_backend: sparse-pair kernels on the CPU: ``numba`` (fused compiled loops,
+            :mod:`dprec_torch.models.pair_numba`), ``torch`` (chunked tensor ops, any device) or
+            ``auto`` (numba on the CPU when it imports); same numbers either way.
     """
 
     task = "rating"
@@ -63,6 +67,7 @@ class PNBM(nn.Module):
         formulation: str = "auto",
         pair_budget: int = DEFAULT_BUDGET,
         dense_max_items: int = 4096,
+        pair_backend: str = "auto",
     ) -> None:
         super().__init__()
         if gradient not in GRADIENTS:
@@ -71,6 +76,8 @@ class PNBM(nn.Module):
             raise ConfigError(f"model.formulation must be one of {FORMULATIONS}, got '{formulation}'")
         if int(pair_budget) <= 0:
             raise ConfigError(f"model.pair_budget must be > 0, got {pair_budget}")
+        if pair_backend not in BACKENDS:
+            raise ConfigError(f"model.pair_backend must be one of {BACKENDS}, got '{pair_backend}'")
         if floor_c <= 0:
             raise ConfigError(f"model.floor_c (C) must be > 0, got {floor_c}")
         if n_neighbors <= 0:
@@ -78,6 +85,7 @@ class PNBM(nn.Module):
         self.n_items, self.floor_c, self.n_neighbors = int(n_items), float(floor_c), int(n_neighbors)
         self.gradient, self.predict_batch_users = gradient, int(predict_batch_users)
         self.formulation, self.pair_budget, self.dense_max_items = formulation, int(pair_budget), int(dense_max_items)
+        self.pair_backend = pair_backend
         self._predict_cache: dict = {}
         gen = torch.Generator().manual_seed(int(seed))
         init = (torch.rand(n_items, n_items, generator=gen) * 2 - 1) * init_scale
@@ -128,7 +136,7 @@ class PNBM(nn.Module):
 
         None when ``x`` and ``ind`` do not share one sparsity pattern (then the dense path is used).
         """
-        key = (batch.x, batch.ind, batch.rows, batch.items, self.pair_budget)
+        key = (batch.x, batch.ind, batch.rows, batch.items, (self.pair_budget, self.pair_backend))
         cached = batch.__dict__.get("_pair_plan")
         if cached is not None and len(cached[0]) == len(key) and all(a is b for a, b in zip(cached[0][:4], key[:4])) \
                 and cached[0][4] == key[4]:
@@ -141,7 +149,7 @@ class PNBM(nn.Module):
             n_rows = crow.numel() - 1
             rows = torch.repeat_interleave(torch.arange(n_rows, device=crow.device), crow[1:] - crow[:-1])
             hist = build_history(rows, ind.col_indices(), x.values(), ind.values(), n_rows, self.n_items)
-            plan = build_plan(hist, batch.rows, batch.items, self.pair_budget)
+            plan = build_plan(hist, batch.rows, batch.items, self.pair_budget, backend=self.pair_backend)
         batch.__dict__["_pair_plan"] = (key, plan)
         return plan
 
@@ -256,7 +264,7 @@ class PNBM(nn.Module):
         user_c = users.clamp(0, hist.n_users - 1)
         item_c = items.clamp(0, self.n_items - 1)
         if self.resolved_formulation(dev) == "sparse_pair":
-            plan = build_plan(self._history_tables(), user_c, item_c, self.pair_budget)
+            plan = build_plan(self._history_tables(), user_c, item_c, self.pair_budget, backend=self.pair_backend)
             num, ab, _ = plan.sums(Sk)
             out = self.item_means[item_c] + num / ab.clamp_min(self.floor_c)
             return self.fallback_.finish(users, items, out)

@@ -46,6 +46,7 @@ from dprec_torch.errors import ConfigError
 from dprec_torch.models.batching import UserBatch
 from dprec_torch.models.pair_kernels import (DEFAULT_BUDGET, HistoryTables, PairPlan, build_history, build_plan,
                                               gram_row_blocks, row_groups, sign_table)
+from dprec_torch.models import pair_numba
 from dprec_torch.models.pnbm import GRADIENTS
 from dprec_torch.predictors.base import MeanFallback
 
@@ -156,6 +157,11 @@ class TopKPairSums(torch.autograd.Function):
         ctx.save_for_backward(values, neighbors)
         key = (weakref.ref(values), values._version, values.dtype, neighbors._version, neighbors.data_ptr())
         hit = plan.cached_sums(key, need_lin)
+        if hit is None and pair_numba.use_numba(plan.backend, values):
+            pair_numba.set_threads(torch.get_num_threads())
+            out = pair_numba.topk_sums(plan.numba_layout(), values, neighbors, need_lin)
+            plan._cache["sums"] = (key, need_lin, out)
+            hit = tuple(t.clone() if t is not None else None for t in out)
         if hit is None:
             out = plan.new_sums(values, need_lin)
             for a, b, chunks in row_groups(plan):
@@ -172,6 +178,9 @@ class TopKPairSums(torch.autograd.Function):
         if g_num is None and g_abs is None and g_lin is None:
             return None, None, None, None
         plan: PairPlan = ctx.plan
+        if pair_numba.use_numba(plan.backend, values):
+            pair_numba.set_threads(torch.get_num_threads())
+            return pair_numba.topk_grad(plan.numba_layout(), values, neighbors, g_num, g_abs, g_lin), None, None, None
         m, k = values.shape
         gs = [plan.gathered(g, values.dtype) for g in (g_num, g_abs, g_lin)]
         out = torch.zeros(m, k, dtype=values.dtype, device=values.device)
@@ -198,6 +207,8 @@ class PNBMTopK(nn.Module):
             at prediction time each item keeps its top-min(N_k, k) values.
         block_budget: cells of a dense block of S rows (bounds the kernel's working memory).
         pair_budget: padded (target, history) pairs per chunk, as :class:`~dprec_torch.models.pnbm.PNBM`.
+        pair_backend: ``auto`` | ``numba`` | ``torch``, as :class:`~dprec_torch.models.pnbm.PNBM` (numba:
+            :func:`~dprec_torch.models.pair_numba.topk_sums`, a dense row buffer per thread).
     """
 
     task = "rating"
@@ -217,10 +228,13 @@ class PNBMTopK(nn.Module):
         seed: int = 0,
         block_budget: int = 1 << 20,
         pair_budget: int = DEFAULT_BUDGET,
+        pair_backend: str = "auto",
     ) -> None:
         super().__init__()
         if gradient not in GRADIENTS:
             raise ConfigError(f"model.gradient must be one of {GRADIENTS}, got '{gradient}'")
+        if pair_backend not in pair_numba.BACKENDS:
+            raise ConfigError(f"model.pair_backend must be one of {pair_numba.BACKENDS}, got '{pair_backend}'")
         if support not in SUPPORTS:
             raise ConfigError(f"model.support must be one of {SUPPORTS}, got '{support}'")
         if not 0 < int(sparse_k) < int(n_items):
@@ -232,7 +246,7 @@ class PNBMTopK(nn.Module):
         self.n_items, self.k = int(n_items), int(sparse_k)
         self.support, self.support_seed, self.support_shrinkage = support, int(support_seed), float(support_shrinkage)
         self.floor_c, self.n_neighbors, self.gradient = float(floor_c), int(n_neighbors), gradient
-        self.block_budget, self.pair_budget = int(block_budget), int(pair_budget)
+        self.block_budget, self.pair_budget, self.pair_backend = int(block_budget), int(pair_budget), pair_backend
         gen = torch.Generator().manual_seed(int(seed))
         self.S_values = nn.Parameter((torch.rand(self.n_items, self.k, generator=gen) * 2 - 1) * init_scale)
         self.register_buffer("neighbors", torch.zeros(self.n_items, self.k, dtype=torch.long))
@@ -294,7 +308,7 @@ class PNBMTopK(nn.Module):
 
     def pair_plan(self, batch: UserBatch) -> PairPlan:
         """The pair layout of ``batch`` grouped by row blocks (cached on the batch)."""
-        key = (batch.x, batch.ind, batch.rows, batch.items, self.pair_budget, self.row_block)
+        key = (batch.x, batch.ind, batch.rows, batch.items, self.pair_budget, self.row_block, self.pair_backend)
         cached = batch.__dict__.get("_topk_plan")
         if cached is not None and all(a is b for a, b in zip(cached[0][:4], key[:4])) and cached[0][4:] == key[4:]:
             return cached[1]
@@ -305,7 +319,7 @@ class PNBMTopK(nn.Module):
         n_rows = crow.numel() - 1
         rows = torch.repeat_interleave(torch.arange(n_rows, device=crow.device), crow[1:] - crow[:-1])
         hist = build_history(rows, x.col_indices(), x.values(), ind.values(), n_rows, self.n_items)
-        plan = build_plan(hist, batch.rows, batch.items, self.pair_budget, self.row_block)
+        plan = build_plan(hist, batch.rows, batch.items, self.pair_budget, self.row_block, self.pair_backend)
         batch.__dict__["_topk_plan"] = (key, plan)
         return plan
 
@@ -396,7 +410,7 @@ class PNBMTopK(nn.Module):
         users, items = users.to(dev), items.to(dev)
         u = users.clamp(0, self.history.n_users - 1)
         i = items.clamp(0, self.n_items - 1)
-        plan = build_plan(self._history_tables(), u, i, self.pair_budget, self.row_block)
+        plan = build_plan(self._history_tables(), u, i, self.pair_budget, self.row_block, self.pair_backend)
         num, ab, _ = TopKPairSums.apply(self.neighbour_values(), self.neighbors, plan, False)
         out = self.item_means[i] + num / ab.clamp_min(self.floor_c)
         return self.fallback_.finish(users, items, out)

@@ -10,8 +10,15 @@ epsilon is ``None`` (not established) or ``inf`` makes the total ``inf``.
 
 Validation runs (data name ending in ``+validation``, :mod:`dprec_torch.data.validation`) train
 on a subset of the same fold's training users, so they are charged to the same ledger entry.
-Several runs evaluated on the TEST split of one dataset trigger a warning: picking among them by
-``test_rmse`` tunes hyperparameters on the test set.
+Several runs of the same cell (mechanism, model, nominal epsilon) evaluated on the TEST split of one
+dataset trigger a warning: picking among them by ``test_rmse`` tunes hyperparameters on the test set.
+
+Tuning cost (``tuning`` in each entry, the two-stage study of ``study.py``): the validation runs of one
+(mechanism, model, nominal epsilon) on one fold are the configurations tried for that cell. Releasing
+the model chosen among n of them costs, by basic composition on the same training users,
+sum_k eps_k (= n x eps when every configuration has the same eps) at the mechanism's relation, on
+the train side of that fold, before the final run's own eps. For mechanisms whose epsilon is null
+(the paper-faithful ``dpsgd`` and ``sgld`` on PNBM), nothing is defended, for tuning or otherwise.
 
 ``python ledger.py SWEEP_DIR`` prints the table; :func:`ledger_report` returns it as a dict.
 """
@@ -38,6 +45,8 @@ class LedgerRun:
     delta: float
     validation: bool
     test_rmse: float | None
+    model: str = "?"
+    epsilon_nominal: float | None = None
 
 
 @dataclass
@@ -66,10 +75,37 @@ class LedgerEntry:
     def test_runs(self) -> list[LedgerRun]:
         return [r for r in self.runs if not r.validation]
 
+    def tuning(self) -> list[dict[str, Any]]:
+        """Per (mechanism, model, nominal eps): the validation runs tried and their summed epsilon (basic composition)."""
+        cells: dict[tuple[str, str, float | None], list[LedgerRun]] = {}
+        for r in self.runs:
+            if r.validation:
+                cells.setdefault((r.mechanism, r.model, r.epsilon_nominal), []).append(r)
+        out = []
+        for (mech, model, eps_nom), runs in cells.items():
+            eps = [r.epsilon for r in runs]
+            rel = runs[0].relation
+            folds = ",".join(map(str, self.folds))
+            if all(math.isfinite(e) for e in eps) and all(r.relation == rel for r in runs):
+                total = float(sum(eps))
+                how = (f"{len(runs)} x {eps[0]:.4g}" if len(set(eps)) == 1 else f"sum over {len(runs)} configs")
+                statement = (f"{how} = {total:.4g} ({rel} level, basic composition, train side of fold {folds})")
+            else:
+                total = math.inf
+                statement = f"none defended: the {len(runs)} configs tried have epsilon null (nothing is defended)"
+            out.append({"method": f"{mech}-{model}", "mechanism": mech, "model": model, "epsilon_nominal": eps_nom,
+                        "configs": len(runs), "relation": rel, "epsilon_tuning": total, "statement": statement})
+        return out
+
     def warnings(self) -> list[str]:
         out = []
-        if len(self.test_runs) > 1:
-            out.append(f"{len(self.test_runs)} runs on {self.data} folds {list(self.folds)} were scored on the TEST split: "
+        cells: dict[tuple[str, str, float | None], int] = {}
+        for r in self.test_runs:
+            key = (r.mechanism, r.model, r.epsilon_nominal)
+            cells[key] = cells.get(key, 0) + 1
+        if any(n > 1 for n in cells.values()):
+            out.append(f"{len(self.test_runs)} runs on {self.data} folds {list(self.folds)} were scored on the TEST split, "
+                       f"up to {max(cells.values())} of them for the same (mechanism, model, epsilon): "
                        "choosing hyperparameters by their test metrics tunes on the test set; tune with data=<name>-val "
                        "(dprec_torch.data.validation) and report one test run")
         bad = [r.path for r in self.runs if not math.isfinite(r.epsilon)]
@@ -104,8 +140,10 @@ def read_run(path: Path) -> LedgerRun | None:
     rel = priv.get("relation")
     rel = rel.split()[0] if isinstance(rel, str) and rel else None
     delta = priv.get("delta") or 0.0
+    nominal = m.get("epsilon")
+    nominal = None if nominal is None else _epsilon({"epsilon": nominal})
     return LedgerRun(str(path), base, folds, str(m.get("mechanism")), rel, _epsilon(priv), float(delta), validation,
-                     m.get("test_rmse"))
+                     m.get("test_rmse"), str(m.get("model", "?")), nominal)
 
 
 def collect(sweep_dir: str | Path) -> list[LedgerEntry]:
@@ -129,7 +167,7 @@ def ledger_report(sweep_dir: str | Path) -> dict[str, Any]:
                     "epsilon_user_level": eu, "epsilon_rating_level": er, "delta": du,
                     "per_run": [{"path": r.path, "mechanism": r.mechanism, "relation": r.relation, "epsilon": r.epsilon,
                                  "delta": r.delta, "validation": r.validation, "test_rmse": r.test_rmse} for r in e.runs],
-                    "warnings": e.warnings()})
+                    "tuning": e.tuning(), "warnings": e.warnings()})
     return {"sweep_dir": str(sweep_dir), "entries": out}
 
 
@@ -140,5 +178,8 @@ def format_ledger(report: dict[str, Any]) -> str:
     for e in report["entries"]:
         lines.append(f"{e['data']:<14} {','.join(map(str, e['folds'])):<8} {e['runs']:>5} {e['validation_runs']:>4} "
                      f"{e['epsilon_user_level']:>10.4g} {e['epsilon_rating_level']:>12.4g} {e['delta']:>9.3g}")
+        for t in e.get("tuning", []):
+            nominal = "?" if t["epsilon_nominal"] is None else f"{t['epsilon_nominal']:g}"
+            lines.append(f"  tuning {t['method']} eps={nominal}: {t['statement']}")
         lines += [f"  WARNING: {w}" for w in e["warnings"]]
     return "\n".join(lines)

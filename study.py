@@ -1,0 +1,31 @@
+"""Two-stage study (tune per epsilon on validation, evaluate on test): ``python study.py study=fig1``.
+
+See conf/study.yaml and dprec_torch/study/pipeline.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from dprec_torch.errors import DprecError
+from dprec_torch.study.pipeline import run_study
+
+log = logging.getLogger("study")
+
+
+@hydra.main(config_path="conf", config_name="study", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    try:
+        report = run_study(cfg)
+    except DprecError as err:
+        log.error("%s", err)
+        sys.exit(2)
+    print(report.read_text())
+
+
+if __name__ == "__main__":
+    main()

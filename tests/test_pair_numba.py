@@ -1,0 +1,120 @@
+"""The numba sparse-pair kernels compute the torch chunk path's numbers (sums and gradient)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dprec_torch.errors import ConfigError
+from dprec_torch.models import pair_numba
+from dprec_torch.models.batching import full_batch
+from dprec_torch.models.pair_kernels import build_history, build_plan
+from dprec_torch.models.pnbm import PNBM
+from tests.helpers import tiny_fold
+
+pytestmark = pytest.mark.skipif(pair_numba.numba is None, reason="numba does not import here")
+
+
+def random_case(seed: int, n_rows: int = 60, m: int = 40, nnz: int = 900, n_targets: int = 500,
+                weights: bool = False, dtype: torch.dtype = torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    rows = torch.randint(0, n_rows, (nnz,), generator=g)
+    items = torch.randint(0, m, (nnz,), generator=g)
+    key = torch.unique(rows * m + items)  # no duplicate (row, item)
+    rows, items = key // m, key % m
+    x = torch.randn(rows.numel(), generator=g, dtype=dtype)
+    w = torch.rand(rows.numel(), generator=g, dtype=dtype) if weights else None
+    hist = build_history(rows, items, x, w, n_rows + 3, m)  # 3 rows with an empty history
+    t_rows = torch.randint(0, n_rows + 3, (n_targets,), generator=g)
+    t_items = torch.randint(0, m, (n_targets,), generator=g)
+    S = torch.randn(m, m, generator=g, dtype=dtype)
+    S[torch.rand(m, m, generator=g) < 0.1] = 0.0  # sign(0) = 0 must match too
+    return hist, t_rows, t_items, S
+
+
+@pytest.mark.parametrize("weights", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_sums_and_grad_match_torch_path(weights: bool, dtype: torch.dtype) -> None:
+    hist, t_rows, t_items, S = random_case(1, weights=weights, dtype=dtype)
+    ref = build_plan(hist, t_rows, t_items, budget=64, backend="torch")
+    fast = build_plan(hist, t_rows, t_items, backend="numba")
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    for a, b in zip(ref.sums(S, need_lin=True), fast.sums(S, need_lin=True)):
+        torch.testing.assert_close(b, a, atol=tol, rtol=tol)
+    g = torch.Generator().manual_seed(2)
+    ups = [torch.randn(t_rows.numel(), generator=g, dtype=dtype) for _ in range(3)]
+    for mask in [(1, 1, 1), (1, 0, 0), (0, 1, 0), (0, 0, 1), (1, 1, 0), (0, 0, 0)]:
+        gs = [u if on else None for u, on in zip(ups, mask)]
+        torch.testing.assert_close(fast.grad(S, *gs), ref.grad(S, *gs), atol=tol * 10, rtol=tol)
+
+
+def test_targets_with_empty_history_are_zero() -> None:
+    hist, t_rows, t_items, S = random_case(3)
+    fast = build_plan(hist, t_rows, t_items, backend="numba")
+    num, ab, lin = fast.sums(S, need_lin=True)
+    empty = hist.length[t_rows] == 0
+    assert empty.any()
+    assert (num[empty] == 0).all() and (ab[empty] == 0).all() and (lin[empty] == 0).all()
+    assert (ab[~empty] > 0).all()
+
+
+def test_pieces_never_split_an_item() -> None:
+    """Two threads must never write the same gradient row: piece boundaries fall between items."""
+    hist, t_rows, t_items, _ = random_case(4, n_targets=3000)
+    with_threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        lay = build_plan(hist, t_rows, t_items, backend="numba").numba_layout()
+    finally:
+        torch.set_num_threads(with_threads)
+    assert lay.piece[0] == 0 and lay.piece[-1] == lay.t_item.size
+    for b in lay.piece[1:-1]:
+        assert lay.t_item[b - 1] != lay.t_item[b]
+    assert (torch.from_numpy(lay.t_item[1:]) >= torch.from_numpy(lay.t_item[:-1])).all()  # sorted by item
+
+
+def test_pnbm_training_step_same_with_either_backend() -> None:
+    train = tiny_fold(5).train
+    grads = {}
+    for backend in ("torch", "numba"):
+        model = PNBM(train.n_items, gradient="exact", pair_backend=backend).attach(train)
+        model.S.data = model.S.data.double()
+        model.item_means.data = model.item_means.data.double()
+        batch = full_batch(train, model.item_means)
+        pred = model.batch_predict(batch)
+        model.surrogate_loss(batch, (pred - batch.values).detach()).backward()
+        grads[backend] = (pred.detach(), model.S.grad.clone())
+    torch.testing.assert_close(grads["numba"][0], grads["torch"][0], atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(grads["numba"][1], grads["torch"][1], atol=1e-12, rtol=1e-12)
+
+
+def test_torch_backend_never_calls_numba(monkeypatch: pytest.MonkeyPatch) -> None:
+    hist, t_rows, t_items, S = random_case(6)
+    monkeypatch.setattr(pair_numba, "sums", lambda *a, **k: pytest.fail("numba used with backend=torch"))
+    build_plan(hist, t_rows, t_items, backend="torch").sums(S)
+
+
+def test_unknown_backend_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="pair_backend"):
+        PNBM(10, pair_backend="cuda-magic")
+
+
+@pytest.mark.parametrize("gradient", ["exact", "paper_eq5"])
+def test_topk_model_same_with_either_backend(gradient: str) -> None:
+    from dprec_torch.models.pnbm_topk import PNBMTopK
+
+    train = tiny_fold(7).train
+    out = {}
+    for backend in ("torch", "numba"):
+        model = PNBMTopK(train.n_items, sparse_k=15, support="random", gradient=gradient, pair_backend=backend,
+                         block_budget=2000).attach(train)
+        model.S_values.data = model.S_values.data.double()
+        model.S_values.data[::3, ::4] = 0.0  # sign(0) = 0 on the |s| channel
+        model.item_means.data = model.item_means.data.double()
+        batch = full_batch(train, model.item_means)
+        pred = model.batch_predict(batch)
+        model.surrogate_loss(batch, (pred - batch.values).detach()).backward()
+        test = tiny_fold(7).test
+        out[backend] = (pred.detach(), model.S_values.grad.clone(), model.predict(test.users, test.items))
+    for a, b in zip(out["torch"], out["numba"]):
+        torch.testing.assert_close(b, a, atol=1e-10, rtol=1e-10)
