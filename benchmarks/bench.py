@@ -50,7 +50,7 @@ DATA = {
     "syn-l": ("synthetic", {"preset": "ml-1m", "n_users": 12000, "n_items": 6000, "n_ratings": 2_000_000}),
     "syn-wide": ("synthetic", {"preset": "ml-1m", "n_users": 60000, "n_items": 3706, "n_ratings": 1_000_000}),
 }
-TOPK_K = int(os.environ.get("DPREC_BENCH_TOPK_K", "200"))  # k of the top-k S cases
+TOPK_K = 200  # k of the "pnbmtopk" cases; "pnbmtopk<k>" (e.g. pnbmtopk1000) sets another k
 
 
 def cases_in(group: str) -> list[str]:
@@ -60,12 +60,17 @@ def cases_in(group: str) -> list[str]:
             for mech in ("none", "dpsgd", "sgld"):
                 out += [f"pnbm-{mech}-{data}-sparse", f"pnbm-{mech}-{data}-dense"]
             for mech in ("none", "dpsgd"):
-                out += [f"pnbmtopk-{mech}-{data}-sparse"]
+                out += [f"pnbmtopk-{mech}-{data}-sparse"] + ([f"pnbmtopk1000-{mech}-{data}-sparse"] if data == "syn1m" else [])
             if (ROOT / "dprec_torch" / "models" / "mf.py").exists():
                 for mech in ("none", "dpsgd"):
                     out += [f"mf-{mech}-{data}-sparse", f"mf-{mech}-{data}-dense"]
             for sim in ("pcc", "cos"):
                 out += [f"{sim}-{data}-fast", f"{sim}-{data}-loop"]
+    if group == "parity":  # top-k S vs dense S at the configs' training length (--epochs 5 for none, 1 for dpsgd)
+        for data in ("ml100k", "syn1m"):
+            for mech in ("none", "dpsgd"):
+                out += [f"pnbm-{mech}-{data}-sparse"] + [f"pnbmtopk{k}-{mech}-{data}-sparse" for k in (200, 500, 1000, 2000)
+                                                           if k < (1682 if data == "ml100k" else 3706)]
     if group in ("scaling", "all"):
         for data in ("syn-s", "syn-m", "syn1m", "syn-l", "syn-wide"):
             out += [f"pnbm-dpsgd-{data}-sparse", f"pnbmtopk-dpsgd-{data}-sparse"]
@@ -176,12 +181,16 @@ def run_case(name: str, epochs: int) -> dict:
         out.update(knn_case(kind, fold, impl))
     else:
         out["mechanism"] = mech
-        out.update(train_case(kind, mech, fold, impl, epochs))
+        k = TOPK_K
+        if kind.startswith("pnbmtopk"):
+            kind, k = "pnbmtopk", int(kind[len("pnbmtopk"):] or TOPK_K)
+            out["kind"] = kind
+        out.update(train_case(kind, mech, fold, impl, epochs, k))
     out["peak_rss_mb"] = peak_rss_mb()
     return out
 
 
-def train_case(kind: str, mech: str, fold, impl: str, epochs: int) -> dict:
+def train_case(kind: str, mech: str, fold, impl: str, epochs: int, topk_k: int = TOPK_K) -> dict:
     from dense_reference import DenseMFEpoch, DensePNBMEpoch
 
     from dprec_torch.evaluation.metrics import rmse
@@ -204,7 +213,7 @@ def train_case(kind: str, mech: str, fold, impl: str, epochs: int) -> dict:
     elif kind == "pnbmtopk":
         from dprec_torch.models.pnbm_topk import PNBMTopK
 
-        model = PNBMTopK(train.n_items, sparse_k=TOPK_K).attach(train)
+        model = PNBMTopK(train.n_items, sparse_k=topk_k).attach(train)
     else:
         from dprec_torch.models.mf import MF
 
@@ -235,7 +244,7 @@ def train_case(kind: str, mech: str, fold, impl: str, epochs: int) -> dict:
     res = {"seconds_per_epoch": min(times), "first_epoch_seconds": times[0], "epoch_seconds": times,
            "predict_seconds": predict_s, "test_rmse": rmse(pred, fold.test.values), "epochs": epochs}
     if kind == "pnbmtopk":
-        res.update(sparse_k=TOPK_K, model_state_mb=model.memory_bytes() / 2**20)
+        res.update(sparse_k=topk_k, model_state_mb=model.memory_bytes() / 2**20)
     elif kind == "pnbm":
         res["model_state_mb"] = model.S.numel() * 4 / 2**20
     return res
@@ -329,13 +338,13 @@ def markdown(rows: list[dict], header: str) -> str:
         lines.append("")
     topk = [r for r in rows if r["kind"] == "pnbmtopk" and r["data"] in ("ml100k", "syn1m")]
     if topk:
-        lines += [f"### Top-k sparse S (k = {TOPK_K}, support = shrunk PCC, NOT private) vs dense S", "",
-                  "| mechanism | data | S state MB (top-k / dense) | peak RSS MB (top-k / dense S) | s/epoch (top-k / dense S) | "
-                  "test RMSE top-k | test RMSE dense S | ΔRMSE |", "|---|---|---|---|---|---|---|---|"]
+        lines += ["### Top-k sparse S (support = shrunk PCC, NOT private) vs dense S", "",
+                  "| mechanism | data | k | S state MB (top-k / dense) | peak RSS MB (top-k / dense S) | s/epoch (top-k / dense S) | "
+                  "test RMSE top-k | test RMSE dense S | ΔRMSE |", "|---|---|---|---|---|---|---|---|---|"]
         for r in topk:
             d = by.get(f"pnbm-{r['mechanism']}-{r['data']}-sparse", {})
             dr = r["test_rmse"] - d["test_rmse"] if d else float("nan")
-            lines.append(f"| {r['mechanism']} | {r['data']} | {fmt(r['model_state_mb'], '.1f')} / {fmt(d.get('model_state_mb'), '.1f')} | "
+            lines.append(f"| {r['mechanism']} | {r['data']} | {r['sparse_k']} | {fmt(r['model_state_mb'], '.1f')} / {fmt(d.get('model_state_mb'), '.1f')} | "
                          f"{fmt(r['peak_rss_mb'], '.0f')} / {fmt(d.get('peak_rss_mb'), '.0f')} | "
                          f"{fmt(r['seconds_per_epoch'])} / {fmt(d.get('seconds_per_epoch'))} | {fmt(r['test_rmse'], '.4f')} | "
                          f"{fmt(d.get('test_rmse'), '.4f')} | {fmt(dr, '+.4f')} |")
@@ -396,7 +405,7 @@ def merge_runs(old: dict | None, new: dict) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--group", default="main", choices=["main", "scaling", "all"])
+    ap.add_argument("--group", default="main", choices=["main", "scaling", "parity", "all"])
     ap.add_argument("--cases", nargs="*", default=None)
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=1, help="run every case this many times (interleaved); report the minimum")
@@ -414,6 +423,7 @@ def main() -> None:
     for key in dict.fromkeys(parse(c)[2] for c in cases):
         prepare(key)
     by_case: dict[str, dict] = {}
+    load_before = os.getloadavg()[0]
     for rep in range(args.repeat):  # interleaved repeats: a load spike hits one run of a case, not all
         for case in cases:
             cmd = [sys.executable, __file__, "--one", case, "--epochs", str(args.epochs)]
@@ -430,14 +440,16 @@ def main() -> None:
     rows = [by_case[c] for c in cases if c in by_case]
     mach = machine()
     tag = args.tag or f"cpu-{args.group}"
+    load = (load_before, os.getloadavg()[0])
     header = (f"Machine: {mach}; torch threads per case: {args.threads or torch.get_num_threads()}; "
-              f"each case run {args.repeat}x (minimum shown); "
+              f"each case run {args.repeat}x (minimum shown); 1-min load average {load[0]:.1f} before, {load[1]:.1f} after; "
               f"`python benchmarks/bench.py {' '.join(sys.argv[1:])}`")
     md = markdown(rows, header)
     print(md)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"bench-{tag}.json").write_text(json.dumps({"machine": mach, "argv": sys.argv[1:], "rows": rows}, indent=2))
+    (out / f"bench-{tag}.json").write_text(json.dumps({"machine": mach, "argv": sys.argv[1:], "load_average": load,
+                                                      "rows": rows}, indent=2))
     (out / f"bench-{tag}.md").write_text(md + "\n")
 
 

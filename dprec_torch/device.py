@@ -1,10 +1,18 @@
-"""Device selection: ``device=auto`` picks CUDA when present."""
+"""Device selection: ``device=auto`` picks CUDA when present, one GPU per job in a local multirun."""
 
 from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 
 from dprec_torch.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -18,3 +26,42 @@ def resolve_device(name: str = "auto") -> torch.device:
         return torch.device(name)
     except RuntimeError as err:
         raise ConfigError(f"unknown device '{name}'; use auto, cpu or cuda") from err
+
+
+@contextlib.contextmanager
+def claimed_device(name: str, lock_dir: Path | None, poll_seconds: float = 1.0) -> Iterator[torch.device]:
+    """:func:`resolve_device`; with ``device=auto``, several GPUs and a ``lock_dir``, one GPU per job.
+
+    A job of a local multirun (the joblib launcher, one process per job) takes an exclusive
+    lock on ``lock_dir/gpu-<i>.lock`` for the first GPU i no other job holds, waits while all
+    are taken, and keeps it until the job ends, so ``hydra.launcher.n_jobs`` = the number of
+    GPUs runs one job per GPU. SLURM jobs get one visible GPU each and never lock.
+    """
+    device = resolve_device(name)
+    n_gpus = torch.cuda.device_count() if device.type == "cuda" else 0
+    if str(name).lower() != "auto" or n_gpus <= 1 or lock_dir is None:
+        yield device
+        return
+    import fcntl
+
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    waited = False
+    while True:
+        for i in range(n_gpus):
+            handle = open(lock_dir / f"gpu-{i}.lock", "a+")
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                handle.close()
+                continue
+            log.info("multirun job pinned to cuda:%d (%d GPUs)", i, n_gpus)
+            try:
+                yield torch.device(f"cuda:{i}")
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+                handle.close()
+            return
+        if not waited:
+            log.info("all %d GPUs hold a job of this sweep; waiting for one", n_gpus)
+            waited = True
+        time.sleep(poll_seconds)

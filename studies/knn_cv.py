@@ -7,12 +7,12 @@ Writes results/knn_cv.md and splices it into README.md between the knn-cv marker
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from dprec_torch.data.movielens import load_movielens
 from dprec_torch.evaluation.cross_validate import cross_validate
 from dprec_torch.predictors.knn import ItemKNN
+from dprec_torch.evaluation.markers import splice
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,9 +28,7 @@ def main() -> None:
     md = "\n".join(lines)
     (ROOT / "results").mkdir(exist_ok=True)
     (ROOT / "results" / "knn_cv.md").write_text(md + "\n")
-    readme = ROOT / "README.md"
-    block = f"<!-- knn-cv:start -->\n{md}\n<!-- knn-cv:end -->"
-    readme.write_text(re.sub(r"<!-- knn-cv:start -->.*?<!-- knn-cv:end -->", lambda _: block, readme.read_text(), flags=re.S))
+    splice(ROOT / "README.md", "knn-cv", md)
     print(md)
 
 

@@ -10,12 +10,12 @@ has the wider sweeps (k, p, p*, lambda, seeds) and the claim checks.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
 from dprec_torch.training.run import train
+from dprec_torch.evaluation.markers import splice
 
 ROOT = Path(__file__).resolve().parents[1]
 EPS = ("inf", "10", "3", "1")
@@ -39,9 +39,7 @@ def main() -> None:
             rows.append(f"| {model} | {label} | " + " | ".join(cells) + " |")
     md = "\n".join(["| system | metric | ε=∞ (non-private) | ε=10 | ε=3 | ε=1 |", "|---|---|---|---|---|---|", *rows])
     (ROOT / "results" / "other_systems.md").write_text(md + "\n")
-    readme = ROOT / "README.md"
-    block = f"<!-- other-systems:start -->\n{md}\n<!-- other-systems:end -->"
-    readme.write_text(re.sub(r"<!-- other-systems:start -->.*?<!-- other-systems:end -->", lambda _: block, readme.read_text(), flags=re.S))
+    splice(ROOT / "README.md", "other-systems", md)
     print(md)
 
 

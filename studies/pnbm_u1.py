@@ -12,13 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import re
 import time
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
 from dprec_torch.training.run import train
+from dprec_torch.evaluation.markers import splice
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = [("none", "inf")] + [("dpsgd", e) for e in ("0.1", "0.5", "1", "2", "5", "10", "20")] + [("sgld", e) for e in ("2", "20", "200")]
@@ -67,11 +67,7 @@ def main() -> None:
     md = table(run_all(Path(args.runs_dir)))
     (ROOT / "results").mkdir(exist_ok=True)
     (ROOT / "results" / "pnbm_u1.md").write_text(md + "\n")
-    readme = ROOT / "README.md"
-    text = readme.read_text()
-    block = f"<!-- pnbm-u1:start -->\n{md}\n<!-- pnbm-u1:end -->"
-    text = re.sub(r"<!-- pnbm-u1:start -->.*?<!-- pnbm-u1:end -->", lambda _: block, text, flags=re.S)
-    readme.write_text(text)
+    splice(ROOT / "README.md", "pnbm-u1", md)
     print(md)
     logging.info("total %.0fs", time.perf_counter() - t0)
 

@@ -21,7 +21,7 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from dprec_torch.data.ratings import Fold
-from dprec_torch.device import resolve_device
+from dprec_torch.device import claimed_device
 from dprec_torch.errors import ConfigError, DprecError
 from dprec_torch.evaluation.cross_validate import score_predictor
 from dprec_torch.io import atomic_write_json
@@ -188,11 +188,26 @@ def summarise(cfg: DictConfig, dataset_name: str, folds: list[dict[str, Any]], b
     return metrics
 
 
+def sweep_lock_dir() -> Path | None:
+    """Where the jobs of a Hydra multirun coordinate their GPUs (None outside a multirun)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None
+    return Path(HydraConfig.get().sweep.dir) / ".gpu-locks"
+
+
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Run the configured experiment; writes ``metrics.json`` and returns its contents."""
     validate(cfg)
     seed_everything(int(cfg.seed))
-    device = resolve_device(cfg.device)
+    with claimed_device(cfg.device, sweep_lock_dir()) as device:
+        return run_experiment(cfg, device)
+
+
+def run_experiment(cfg: DictConfig, device: torch.device) -> dict[str, Any]:
+    """Train (or fit) on every fold of ``cfg.data`` on ``device``; writes ``metrics.json``."""
     out = output_dir(cfg)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "config_resolved.json", OmegaConf.to_container(cfg, resolve=True))
