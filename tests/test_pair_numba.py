@@ -118,3 +118,20 @@ def test_topk_model_same_with_either_backend(gradient: str) -> None:
         out[backend] = (pred.detach(), model.S_values.grad.clone(), model.predict(test.users, test.items))
     for a, b in zip(out["torch"], out["numba"]):
         torch.testing.assert_close(b, a, atol=1e-10, rtol=1e-10)
+
+
+def test_int32_item_ids_same_as_uint16() -> None:
+    """Catalogues of 65,536+ items keep int32 ids in the layout; the kernels take either."""
+    import numpy as np
+
+    hist, t_rows, t_items, S = random_case(8)
+    plan = build_plan(hist, t_rows, t_items, backend="numba")
+    lay = plan.numba_layout()
+    assert lay.h_items.dtype == np.uint16
+    small = pair_numba.sums(lay, S, need_lin=True)
+    g = torch.randn(t_rows.numel(), dtype=S.dtype)
+    small_grad = pair_numba.grad(lay, S, g, g, g)
+    lay.h_items = lay.h_items.astype(np.int32)
+    for a, b in zip(small, pair_numba.sums(lay, S, need_lin=True)):
+        assert torch.equal(a, b)
+    assert torch.equal(small_grad, pair_numba.grad(lay, S, g, g, g))

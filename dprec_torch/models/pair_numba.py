@@ -67,7 +67,7 @@ class NumbaLayout:
     """Targets sorted by (item, row) over a CSR copy of the histories, cut into balanced pieces."""
 
     ptr: np.ndarray  # int64 [n_rows + 1]
-    h_items: np.ndarray  # int32 [nnz]
+    h_items: np.ndarray  # uint16 (M < 65536) or int32 [nnz]
     h_x: np.ndarray  # [nnz]
     h_w: np.ndarray  # [nnz] (ones when the weights are the indicator)
     has_w: bool
@@ -101,7 +101,11 @@ def build_layout(ptr: torch.Tensor, h_items: torch.Tensor, h_x: torch.Tensor, h_
         bounds += sorted(set(cut.tolist()) - {0})
     bounds.append(int(order.numel()))
     w = h_w if h_w is not None else torch.ones_like(h_x)
-    return NumbaLayout(ptr.long().numpy(), h_items.to(torch.int32).numpy(), h_x.numpy(), w.to(h_x.dtype).numpy(),
+    # item ids as uint16 where they fit: the history stream is re-read once per target, and
+    # 6 instead of 8 bytes per pair made the forward ~1.4x faster on the ML-1M-size data
+    hi = h_items.to(torch.int32).numpy()
+    hi = hi.astype(np.uint16) if n_items < 2**16 else hi
+    return NumbaLayout(ptr.long().numpy(), hi, h_x.numpy(), w.to(h_x.dtype).numpy(),
                        h_w is not None, t_item.to(torch.int32).numpy(), t_row.long().numpy(), order.long().numpy(),
                        np.asarray(sorted(set(bounds)), dtype=np.int64), int(rows.numel()), int(n_items))
 
