@@ -66,11 +66,10 @@ def cases_in(group: str) -> list[str]:
                     out += [f"mf-{mech}-{data}-sparse", f"mf-{mech}-{data}-dense"]
             for sim in ("pcc", "cos"):
                 out += [f"{sim}-{data}-fast", f"{sim}-{data}-loop"]
-    if group == "parity":  # top-k S vs dense S at the configs' training length (--epochs 5 for none, 1 for dpsgd)
-        for data in ("ml100k", "syn1m"):
-            for mech in ("none", "dpsgd"):
-                out += [f"pnbm-{mech}-{data}-sparse"] + [f"pnbmtopk{k}-{mech}-{data}-sparse" for k in (200, 500, 1000, 2000)
-                                                           if k < (1682 if data == "ml100k" else 3706)]
+    if group.startswith("parity-"):  # top-k S vs dense S at the config's training length (none: --epochs 5, dpsgd: 1)
+        mech = group.split("-", 1)[1]
+        for data, ks in (("ml100k", (200, 500, 1000)), ("syn1m", (200, 500, 1000, 2000))):
+            out += [f"pnbm-{mech}-{data}-sparse"] + [f"pnbmtopk{k}-{mech}-{data}-sparse" for k in ks]
     if group in ("scaling", "all"):
         for data in ("syn-s", "syn-m", "syn1m", "syn-l", "syn-wide"):
             out += [f"pnbm-dpsgd-{data}-sparse", f"pnbmtopk-dpsgd-{data}-sparse"]
@@ -405,7 +404,7 @@ def merge_runs(old: dict | None, new: dict) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--group", default="main", choices=["main", "scaling", "parity", "all"])
+    ap.add_argument("--group", default="main", choices=["main", "scaling", "parity-none", "parity-dpsgd", "all"])
     ap.add_argument("--cases", nargs="*", default=None)
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=1, help="run every case this many times (interleaved); report the minimum")

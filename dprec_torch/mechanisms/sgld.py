@@ -101,9 +101,13 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
         for p, h in zip(self.param_groups[0]["params"], self.prior_precision):
             if p.grad is None:
                 continue
-            prior = lam * p if h is None else lam * p / h
-            p.add_(p.grad + prior, alpha=-self.posterior_scale * eta / 2)
-            p.add_(torch.randn(p.shape, generator=self.generator, device=p.device) * std)
+            g = p.grad  # in place on the gradient buffer: no M x M temporaries
+            if h is None:
+                g.add_(p, alpha=lam)
+            else:
+                g.addcdiv_(p, h, value=lam)
+            p.add_(g, alpha=-self.posterior_scale * eta / 2)
+            p.add_(torch.randn(p.shape, generator=self.generator, device=p.device), alpha=std)
 
     # --------------------------------------------------------------- reporting
     def delivered_epsilon(self) -> float:
