@@ -155,6 +155,16 @@ def grad(layout: NumbaLayout, S: torch.Tensor, g_num: torch.Tensor | None, g_abs
     return out
 
 
+def _run_grad(layout: NumbaLayout, vals: np.ndarray, nbrs: np.ndarray, out: np.ndarray,
+              gs: tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]) -> None:
+    zeros = np.zeros(layout.n_targets, dtype=vals.dtype)  # absent channels (never read: their flag is off)
+    arrs = [zeros if g is None else g.detach().to(torch.from_numpy(vals).dtype).contiguous().numpy() for g in gs]
+    lo = layout
+    _topk_grad_kernel(vals, nbrs, out, lo.ptr, lo.h_items, lo.h_x.astype(vals.dtype, copy=False),
+                      lo.h_w.astype(vals.dtype, copy=False), lo.t_item, lo.t_row, lo.t_index, lo.piece,
+                      arrs[0], arrs[1], arrs[2], gs[0] is not None, gs[1] is not None, gs[2] is not None, int(lo.n_items))
+
+
 def topk_sums(layout: NumbaLayout, values: torch.Tensor, neighbors: torch.Tensor, need_lin: bool
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(num, abs, lin) for a top-k S (s_{i, n_is} = values[i, s], 0 off the support), target order.
@@ -175,20 +185,14 @@ def topk_sums(layout: NumbaLayout, values: torch.Tensor, neighbors: torch.Tensor
 
 def topk_grad(layout: NumbaLayout, values: torch.Tensor, neighbors: torch.Tensor, g_num: torch.Tensor | None,
               g_abs: torch.Tensor | None, g_lin: torch.Tensor | None) -> torch.Tensor:
-    """dL/dvalues (M x k) for a top-k S: the dense gradient read at the support entries.
+    """dL/dvalues (M x k) for a top-k S: the dense gradient's row i read at the k support entries.
 
-    Each thread accumulates row i of the dense gradient in an M x C buffer while its targets
+    Each thread accumulates row i of the dense gradient in an M x 3 buffer while its targets
     are at item i, then reads the k support entries out (sign(v_is) on the |s| channel).
     """
     v = values.detach().contiguous().numpy()
-    nb = neighbors.to(torch.int32).contiguous().numpy()
     out = np.zeros_like(v)
-    zeros = np.zeros(layout.n_targets, dtype=v.dtype)
-    gs = [zeros if g is None else g.detach().to(values.dtype).contiguous().numpy() for g in (g_num, g_abs, g_lin)]
-    lo = layout
-    _topk_grad_kernel(v, nb, out, lo.ptr, lo.h_items, lo.h_x.astype(v.dtype, copy=False),
-                      lo.h_w.astype(v.dtype, copy=False), lo.has_w, lo.t_item, lo.t_row, lo.t_index, lo.piece,
-                      gs[0], gs[1], gs[2], g_num is not None, g_abs is not None, g_lin is not None, int(lo.n_items))
+    _run_grad(layout, v, neighbors.to(torch.int32).contiguous().numpy(), out, (g_num, g_abs, g_lin))
     return torch.from_numpy(out)
 
 
@@ -200,29 +204,33 @@ def set_threads(n: int) -> None:
 
 if numba is not None:
 
+    @njit(inline="always", cache=True, nogil=True)
+    def _target_sums(row, lo, hi, h_items, h_x, h_w, has_w, k, need_lin, num, ab, lin):  # pragma: no cover - compiled
+        """num, abs, lin of one target whose item's row of S is ``row``, over history entries lo..hi-1."""
+        a = 0.0
+        b = 0.0
+        c = 0.0
+        for p in range(lo, hi):
+            v = row[h_items[p]]
+            a += v * h_x[p]
+            if has_w:
+                b += abs(v) * h_w[p]
+                c += v * h_w[p]
+            else:
+                b += abs(v)
+                c += v
+        num[k] = a
+        ab[k] = b
+        if need_lin:
+            lin[k] = c
+
     @njit(parallel=True, cache=True, nogil=True)
     def _sums_kernel(s, ptr, h_items, h_x, h_w, has_w, t_item, t_row, t_index, piece, need_lin, num, ab, lin):  # pragma: no cover - compiled
         for q in prange(piece.shape[0] - 1):
             for t in range(piece[q], piece[q + 1]):
-                i = t_item[t]
                 r = t_row[t]
-                a = 0.0
-                b = 0.0
-                c = 0.0
-                for p in range(ptr[r], ptr[r + 1]):
-                    v = s[i, h_items[p]]
-                    a += v * h_x[p]
-                    if has_w:
-                        b += abs(v) * h_w[p]
-                        c += v * h_w[p]
-                    else:
-                        b += abs(v)
-                        c += v
-                k = t_index[t]
-                num[k] = a
-                ab[k] = b
-                if need_lin:
-                    lin[k] = c
+                _target_sums(s[t_item[t]], ptr[r], ptr[r + 1], h_items, h_x, h_w, has_w, t_index[t], need_lin,
+                             num, ab, lin)
 
     @njit(parallel=True, cache=True, nogil=True)
     def _grad_kernel(acc, ptr, h_items, h_x, h_w, has_w, t_item, t_row, t_index, piece,
@@ -264,44 +272,26 @@ if numba is not None:
                         row[nbrs[i, c]] = vals[i, c]
                     cur = i
                 r = t_row[t]
-                a = 0.0
-                b = 0.0
-                d = 0.0
-                for p in range(ptr[r], ptr[r + 1]):
-                    v = row[h_items[p]]
-                    a += v * h_x[p]
-                    if has_w:
-                        b += abs(v) * h_w[p]
-                        d += v * h_w[p]
-                    else:
-                        b += abs(v)
-                        d += v
-                kk = t_index[t]
-                num[kk] = a
-                ab[kk] = b
-                if need_lin:
-                    lin[kk] = d
+                _target_sums(row, ptr[r], ptr[r + 1], h_items, h_x, h_w, has_w, t_index[t], need_lin, num, ab, lin)
 
     @njit(parallel=True, cache=True, nogil=True)
-    def _topk_grad_kernel(vals, nbrs, out, ptr, h_items, h_x, h_w, has_w, t_item, t_row, t_index, piece,
+    def _topk_grad_kernel(vals, nbrs, out, ptr, h_items, h_x, h_w, t_item, t_row, t_index, piece,
                           g_num, g_abs, g_lin, has_num, has_abs, has_lin, m):  # pragma: no cover - compiled
+        # Row i of the dense gradient is accumulated in `acc` while the targets are at item i, then
+        # out[i, c] = acc_num + sign(v_ic) acc_abs + acc_lin at column nbrs[i, c].
         k = nbrs.shape[1]
         for q in prange(piece.shape[0] - 1):
-            acc_x = np.zeros(m, dtype=vals.dtype)  # row `cur` of sum g_num x_uj
-            acc_w = np.zeros(m, dtype=vals.dtype)  # row `cur` of sum g_abs w_uj (times sign(s_ij) at the flush)
-            acc_l = np.zeros(m, dtype=vals.dtype)  # row `cur` of sum g_lin w_uj
+            acc = np.zeros((m, 3), dtype=vals.dtype)  # row `cur`: [j, 0] g_num x, [j, 1] g_abs w, [j, 2] g_lin w (one cache line)
             cur = -1
             for t in range(piece[q], piece[q + 1] + 1):
                 i = t_item[t] if t < piece[q + 1] else -1
                 if i != cur:
-                    if cur >= 0:  # flush row `cur` into its k support entries, then clear the buffers
+                    if cur >= 0:  # flush row `cur`, then clear the buffer
                         for c in range(k):
                             j = nbrs[cur, c]
                             sv = vals[cur, c]
-                            out[cur, c] += acc_x[j] + acc_w[j] * (np.float32(sv > 0) - np.float32(sv < 0)) + acc_l[j]
-                        acc_x[:] = 0
-                        acc_w[:] = 0
-                        acc_l[:] = 0
+                            out[cur, c] = acc[j, 0] + acc[j, 1] * (np.float32(sv > 0) - np.float32(sv < 0)) + acc[j, 2]
+                        acc[:] = 0
                     cur = i
                 if i < 0:
                     break
@@ -312,10 +302,9 @@ if numba is not None:
                 cl = g_lin[kk]
                 for p in range(ptr[r], ptr[r + 1]):
                     j = h_items[p]
-                    w = h_w[p]
                     if has_num:
-                        acc_x[j] += cn * h_x[p]
+                        acc[j, 0] += cn * h_x[p]
                     if has_abs:
-                        acc_w[j] += ca * w
+                        acc[j, 1] += ca * h_w[p]
                     if has_lin:
-                        acc_l[j] += cl * w
+                        acc[j, 2] += cl * h_w[p]
