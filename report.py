@@ -1,4 +1,8 @@
-"""Build RMSE-vs-epsilon tables and figures from a sweep: ``python report.py multirun/<date>/<time>``."""
+"""Build RMSE-vs-epsilon tables and figures from a sweep: ``python report.py multirun/<date>/<time>``.
+
+A study's report (what ``study.py`` writes at its end) can be rebuilt with
+``python report.py <out>/stage2 --out results/<name> --ledger-dir <out> --selected <out>/selected.yaml``.
+"""
 
 from __future__ import annotations
 
@@ -15,9 +19,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("sweep_dir")
     ap.add_argument("--out", default=None, help="output folder (default: the sweep dir)")
+    ap.add_argument("--ledger-dir", default=None, help="where the privacy ledger looks for runs (a study's whole folder)")
+    ap.add_argument("--selected", default=None, help="a study's selected.yaml: adds the stage-1 choice table")
     args = ap.parse_args()
     try:
-        path = build_report(args.sweep_dir, args.out)
+        path = build_report(args.sweep_dir, args.out, ledger_dir=args.ledger_dir, selected=args.selected)
     except DprecError as err:
         logging.error("%s", err)
         sys.exit(2)

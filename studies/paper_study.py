@@ -1,6 +1,11 @@
-"""Splice the tuned Wang & Tang study (``python study.py study=fig1|fig2``) into README.md, with claim verdicts.
+"""The tuned Wang & Tang study end to end, or just its README block, with claim verdicts.
 
-    python studies/paper_study.py            # reads results/fig1_ml-100k_tuned/ and results/fig2_ml-100k_tuned/
+    python studies/paper_study.py --run      # runs the four study.py commands below, then splices
+    python studies/paper_study.py            # only splices: reads results/fig{1,2,3}_ml-100k_tuned/
+
+``--run`` executes, one after the other, ``python study.py study=fig1``, ``study=fig2``, ``study=fig3`` and
+``study=fig2 search=repo`` (each a pair of Hydra multiruns, see study.py) and records their wall times in
+``results/paper_study_times.json``.
 
 Everything between ``<!-- paper-study:start -->`` and ``<!-- paper-study:end -->`` is generated from the
 reports' ``report.csv``, ``baselines.csv`` and ``selected.yaml`` (written by ``study.py``): the tables and
@@ -11,14 +16,18 @@ A missing study is reported as "not run".
 from __future__ import annotations
 
 import csv
+import json
 import math
-import re
 from pathlib import Path
 
 import yaml
 
+from dprec_torch.evaluation.markers import splice
+
 ROOT = Path(__file__).resolve().parents[1]
-STUDIES = {"fig1": "results/fig1_ml-100k_tuned", "fig2": "results/fig2_ml-100k_tuned"}
+STUDIES = {"fig1": "results/fig1_ml-100k_tuned", "fig2": "results/fig2_ml-100k_tuned", "fig3": "results/fig3_ml-100k_tuned",
+           "fig2repo": "results/fig2_ml-100k_tuned_repo"}  # search=repo: DPPS step sizes on this repository's scale
+FIXED = {"fig1": "results/fig1_ml100k", "fig2": "results/fig2_ml100k", "fig3": "results/fig3_ml100k"}  # the same figures with fixed default hyperparameters
 TAU = 200
 NAMES = {"dpsgd-pnbm": "DPSGD-PNBM", "dpsgd-mf": "DPSGD-MF", "sgld-pnbm": "DPPS-PNBM", "sgld-mf": "DPPS-MF"}
 
@@ -32,6 +41,18 @@ def load(folder: Path) -> dict | None:
     base = {r["method"]: float(r["rmse_mean"]) for r in csv.DictReader(open(folder / "baselines.csv"))}
     selected = yaml.safe_load((folder / "selected.yaml").read_text())
     return {"rmse": rmse, "base": base, "selected": selected, "md": (folder / "report.md").read_text()}
+
+
+FLAT = (" The grid had no effect on validation RMSE here (the model stays at its start at the paper's step sizes in "
+        "this implementation), so this tests the paper's grid in this implementation, not the mechanism at its best.")
+
+
+def guaranteed(value: str) -> str:
+    """The report's 'ε guaranteed' cell: a number (4 significant digits) or 'none' for null."""
+    try:
+        return f"{float(value):.4g}"
+    except ValueError:
+        return "none (null)" if value == "None" else value
 
 
 def verdict(flags: list[bool]) -> str:
@@ -48,18 +69,25 @@ def spread(choice: dict) -> float:
     return max(vals) - min(vals)
 
 
-def flat_grids(study: dict, methods: list[str], tol: float = 1e-3) -> list[str]:
+def flat_grids(study: dict, methods: list[str], tol: float = 2e-3) -> list[str]:
     """Methods whose configurations all gave the same validation RMSE (within tol) at every epsilon."""
     sel = study["selected"]["selected"]
     return [m for m in methods if m in sel and all(spread(c) < tol for c in sel[m].values())]
 
 
-def table(study: dict, methods: list[str]) -> list[str]:
+def fixed_rmse(folder: Path) -> dict:
+    """(method, eps) -> mean test RMSE of the fixed-hyperparameter sweep, if it was run."""
+    if not (folder / "report.csv").exists():
+        return {}
+    return {(r["method"], float(r["epsilon"])): float(r["rmse_mean"]) for r in csv.DictReader(open(folder / "report.csv"))}
+
+
+def table(study: dict, methods: list[str], fixed: dict) -> list[str]:
     """ε rows x method columns (mean ± std test RMSE over the folds), PCC/COS, validation-chosen configuration."""
     eps = sorted({e for (m, e) in study["rmse"] if m in methods})
-    head = "| ε | " + " | ".join(f"{NAMES[m]} test RMSE | {NAMES[m]} chosen (validation RMSE; spread over the grid)"
-                                 for m in methods) + " |"
-    lines = [head, "|---|" + "---|---|" * len(methods)]
+    head = "| ε | " + " | ".join(f"{NAMES[m]} test RMSE, tuned | {NAMES[m]} chosen (validation RMSE; spread over the grid) | "
+                                 f"{NAMES[m]} test RMSE, fixed defaults" for m in methods) + " |"
+    lines = [head, "|---|" + "---|---|---|" * len(methods)]
     sel = study["selected"]["selected"]
     for e in eps:
         cells = []
@@ -69,21 +97,53 @@ def table(study: dict, methods: list[str]) -> list[str]:
             cells.append(f"{r[0]:.4f} ± {r[1]:.4f}" if r else "–")
             cells.append(f"`{' '.join(o.split('.', 1)[1] for o in c['overrides'])}` ({c['validation_rmse']:.4f}; "
                          f"spread {spread(c):.4f})" if c else "–")
+            cells.append(f"{fixed[(m, e)]:.4f}" if (m, e) in fixed else "–")
         lines.append(f"| {e:g} | " + " | ".join(cells) + " |")
     lines.append(f"| PCC / COS (non-private) | {study['base'].get('PCC', float('nan')):.4f} / "
-                 f"{study['base'].get('COS', float('nan')):.4f} |" + " |" * (2 * len(methods) - 1))
+                 f"{study['base'].get('COS', float('nan')):.4f} |" + " |" * (3 * len(methods) - 1))
     meta = study["selected"]["study"]
     lines += ["", f"Grid `{meta['grid']}` ({meta['sweeper']} sweeper), tuned on the validation split of fold "
               f"{meta['tune_fold']}'s train side, tested on folds {meta['folds']}; wall time stage 1 "
-              f"{meta['stage1_seconds'] / 60:.1f} min, stage 2 {meta['stage2_seconds'] / 60:.1f} min."]
+              f"{meta['stage1_seconds'] / 60:.1f} min, stage 2 {meta['stage2_seconds'] / 60:.1f} min. \"Fixed defaults\": "
+              "the same figure with the repository's default hyperparameters (`python train.py -m +experiment=<fig>`; "
+              "empty where that sweep has no finite result)."]
+    for m in methods:
+        worse = [e for e in eps if (m, e) in fixed and (m, e) in study["rmse"] and fixed[(m, e)] < study["rmse"][(m, e)][0]]
+        if worse:
+            lines.append(f"{NAMES[m]}: the fixed defaults beat the tuned configuration on test at ε ∈ "
+                         f"{{{', '.join(f'{e:g}' for e in worse)}}}; the defaults (conf/mechanism/, conf/tuned/) are not all "
+                         "inside the grid that was run (see the unit notes in conf/grid/).")
     for m in flat_grids(study, methods):
-        lines.append(f"For {NAMES[m]} every configuration of the grid gave the same validation RMSE (spread < 0.001 at "
+        lines.append(f"For {NAMES[m]} every configuration of the grid gave the same validation RMSE (spread < 0.002 at "
                      "every ε): at these step sizes the model stays at its starting point, so its row measures the "
                      "start, not the mechanism's accuracy (see the unit notes in conf/grid/).")
     return lines
 
 
-def claims(s1: dict | None, s2: dict | None) -> list[str]:
+def dpps_accuracy(study: dict, label: str) -> list[str]:
+    """Verdicts on "DPPS-* accurate (better than non-private PCC/COS) for ε ≥ 0.1·τ" from one Fig. 2 study."""
+    r, b, out = study["rmse"], study["base"], []
+    for m in ("sgld-pnbm", "sgld-mf"):
+        hi = sorted(e for (mm, e) in r if mm == m and e >= 0.1 * TAU)
+        flags = [r[(m, e)][0] < min(b["PCC"], b["COS"]) for e in hi]
+        nums = ", ".join(f"ε={e:g}: {r[(m, e)][0]:.4f} (ε guaranteed: {guaranteed(r[(m, e)][2])})" for e in hi)
+        flat = FLAT if m in flat_grids(study, [m]) else ""
+        out.append(f"- \"{NAMES[m]} is accurate (better than non-private PCC/COS) for ε ≥ 0.1·τ = 20\", {label}: "
+                   f"{verdict(flags)} ({nums}).{flat}")
+    return out
+
+
+def fig3_claim(dpsgd: dict, dpps: dict, source: str, note: str) -> str:
+    """Fig. 3: DPPS-PNBM at ε = x·τ against DPSGD-PNBM at ε = x (the paper's "same average rating-level ε")."""
+    pairs = [(x, x * TAU) for x in (0.1, 0.5, 1.0) if ("dpsgd-pnbm", x) in dpsgd and ("sgld-pnbm", x * TAU) in dpps]
+    flags = [dpps[("sgld-pnbm", y)][0] < dpsgd[("dpsgd-pnbm", x)][0] for x, y in pairs]
+    nums = ", ".join(f"x={x:g}: DPPS {dpps[('sgld-pnbm', y)][0]:.4f} vs DPSGD {dpsgd[('dpsgd-pnbm', x)][0]:.4f}" for x, y in pairs)
+    return (f"- Fig. 3, \"at the same (average rating-level) ε = x, DPPS-PNBM (ε = x·τ) is more accurate than DPSGD-PNBM "
+            f"(ε = x)\": {verdict(flags)} ({nums}; {source}). Neither side defends its ε (both ε null for PNBM), and "
+            f"x·τ/τ is an average, not a rating-level bound.{note}")
+
+
+def claims(s1: dict | None, s2: dict | None, s3: dict | None = None, s2r: dict | None = None) -> list[str]:
     out = []
     if s1:
         r, b = s1["rmse"], s1["base"]
@@ -106,30 +166,70 @@ def claims(s1: dict | None, s2: dict | None) -> list[str]:
         out.append("- Fig. 1 claims: not run.")
     if s2:
         r, b = s2["rmse"], s2["base"]
-        for m in ("sgld-pnbm", "sgld-mf"):
-            hi = sorted(e for (mm, e) in r if mm == m and e >= 0.1 * TAU)
-            flags = [r[(m, e)][0] < min(b["PCC"], b["COS"]) for e in hi]
-            nums = ", ".join(f"ε={e:g}: {r[(m, e)][0]:.4f} (guaranteed: {r[(m, e)][2]})" for e in hi)
-            flat = " The grid had no effect on validation RMSE for this method (its model stays at its start at the " \
-                   "paper's step sizes), so this tests the paper's grid in this implementation." if m in flat_grids(s2, [m]) else ""
-            out.append(f"- \"{NAMES[m]} is accurate (better than non-private PCC/COS) for ε ≥ 0.1·τ = 20\": "
-                       f"{verdict(flags)} ({nums}).{flat}")
+        out += dpps_accuracy(s2, "thinner paper grid (`search=cpu`)")
         small = [e for e in (2.0, 10.0) if ("sgld-pnbm", e) in r and ("sgld-mf", e) in r]
         flags = [r[("sgld-pnbm", e)][0] < r[("sgld-mf", e)][0] for e in small]
         nums = ", ".join(f"ε={e:g}: {r[('sgld-pnbm', e)][0]:.4f} vs {r[('sgld-mf', e)][0]:.4f}" for e in small)
-        out.append(f"- \"PNBM beats MF at small ε\" (Fig. 2, DPPS-PNBM vs DPPS-MF, ε ≤ 0.05·τ): {verdict(flags)} ({nums}).")
+        flat = FLAT if flat_grids(s2, ["sgld-pnbm", "sgld-mf"]) else ""
+        out.append(f"- \"PNBM beats MF at small ε\" (Fig. 2, DPPS-PNBM vs DPPS-MF, ε ≤ 0.05·τ): {verdict(flags)} ({nums}).{flat}")
     else:
         out.append("- Fig. 2 claims: not run.")
-    if s1 and s2:
-        pairs = [(x, x * TAU) for x in (0.1, 0.5, 1.0)
-                 if ("dpsgd-pnbm", x) in s1["rmse"] and ("sgld-pnbm", x * TAU) in s2["rmse"]]
-        flags = [s2["rmse"][("sgld-pnbm", y)][0] < s1["rmse"][("dpsgd-pnbm", x)][0] for x, y in pairs]
-        nums = ", ".join(f"x={x:g}: DPPS {s2['rmse'][('sgld-pnbm', y)][0]:.4f} vs DPSGD {s1['rmse'][('dpsgd-pnbm', x)][0]:.4f}"
-                         for x, y in pairs)
-        out.append(f"- Fig. 3, \"at the same (average rating-level) ε = x, DPPS-PNBM (ε = x·τ) is more accurate than "
-                   f"DPSGD-PNBM (ε = x)\": {verdict(flags)} ({nums}); taken from the Fig. 1 and Fig. 2 runs above. "
-                   "Neither side defends its ε (both ε null for PNBM), and x·τ/τ is an average, not a rating-level bound.")
+    if s2r:
+        out += dpps_accuracy(s2r, "step sizes on this repository's scale (`search=repo`, not the paper's grid)")
+        r = s2r["rmse"]
+        small = [e for e in (2.0, 10.0) if ("sgld-pnbm", e) in r and ("sgld-mf", e) in r]
+        flags = [r[("sgld-pnbm", e)][0] < r[("sgld-mf", e)][0] for e in small]
+        nums = ", ".join(f"ε={e:g}: {r[('sgld-pnbm', e)][0]:.4f} vs {r[('sgld-mf', e)][0]:.4f}" for e in small)
+        out.append(f"- \"PNBM beats MF at small ε\" (Fig. 2, DPPS-PNBM vs DPPS-MF, ε ≤ 0.05·τ), `search=repo`: "
+                   f"{verdict(flags)} ({nums}).")
+    dpsgd = (s3 or s1 or {}).get("rmse")
+    if s3:
+        out.append(fig3_claim(dpsgd, s3["rmse"], "from the Fig. 3 study (thinner paper grid)",
+                              FLAT if flat_grids(s3, ["sgld-pnbm"]) else ""))
+    elif s1 and s2:
+        out.append(fig3_claim(dpsgd, s2["rmse"], "from the Fig. 1 and Fig. 2 studies",
+                              FLAT if flat_grids(s2, ["sgld-pnbm"]) else ""))
+    else:
+        out.append("- Fig. 3 claim: not run.")
+    if dpsgd and s2r:
+        out.append(fig3_claim(dpsgd, s2r["rmse"], "DPPS-PNBM from the `search=repo` Fig. 2 study (not the paper's grid)", ""))
     return out
+
+
+RUNS = {
+    "python study.py study=fig1": ["study=fig1"],
+    "python study.py study=fig2": ["study=fig2"],
+    "python study.py study=fig3": ["study=fig3"],
+    "python study.py study=fig2 search=repo": ["study=fig2", "search=repo", "out=outputs/studies/fig2_ml-100k_tuned_repo",
+                                               f"report={STUDIES['fig2repo']}"],
+}
+
+
+def run_all(extra: list[str]) -> None:
+    """Run every study (each one documented command, plus ``extra`` study.py overrides) and record its wall time."""
+    import os
+    import platform
+    import subprocess
+    import sys
+    import time
+
+    minutes = {}
+    for cmd, args in RUNS.items():
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, str(ROOT / "study.py"), *args, *extra], cwd=ROOT, check=True)
+        minutes[cmd] = (time.perf_counter() - t0) / 60
+    cpu = platform.machine()
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    import torch
+
+    hardware = (f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, "
+                f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, {time.strftime('%Y-%m-%d')}")
+    if extra:
+        hardware += ", study.py " + " ".join(extra)
+    (ROOT / "results" / "paper_study_times.json").write_text(json.dumps({"hardware": hardware, "minutes": minutes}, indent=2))
 
 
 def main() -> None:
@@ -138,22 +238,35 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--fig1", default=str(ROOT / STUDIES["fig1"]))
     ap.add_argument("--fig2", default=str(ROOT / STUDIES["fig2"]))
+    ap.add_argument("--fig3", default=str(ROOT / STUDIES["fig3"]))
+    ap.add_argument("--fig2repo", default=str(ROOT / STUDIES["fig2repo"]))
     ap.add_argument("--readme", default=str(ROOT / "README.md"))
+    ap.add_argument("--run", action="store_true", help="run the four studies first (about 50 min on a 2-core CPU)")
+    ap.add_argument("overrides", nargs="*", help="with --run: extra study.py overrides, e.g. launcher=joblib n_jobs=2")
     args = ap.parse_args()
-    s1, s2 = load(Path(args.fig1)), load(Path(args.fig2))
+    if args.run:
+        run_all(args.overrides)
+    s1, s2, s3 = load(Path(args.fig1)), load(Path(args.fig2)), load(Path(args.fig3))
+    s2r = load(Path(args.fig2repo))
     lines = []
-    for name, s, methods in (("Fig. 1 (DPSGD)", s1, ["dpsgd-pnbm", "dpsgd-mf"]), ("Fig. 2 (DPPS, ε = x·τ)", s2, ["sgld-pnbm", "sgld-mf"])):
+    for key, name, s, methods in (("fig1", "Fig. 1 (DPSGD)", s1, ["dpsgd-pnbm", "dpsgd-mf"]),
+                                  ("fig2", "Fig. 2 (DPPS, ε = x·τ)", s2, ["sgld-pnbm", "sgld-mf"]),
+                                  ("fig2", "Fig. 2 with DPPS step sizes on this repository's scale (`search=repo`, "
+                                   "conf/grid/sgld_*_repo.yaml; NOT the paper's grid)", s2r, ["sgld-pnbm", "sgld-mf"]),
+                                  ("fig3", "Fig. 3 (DPSGD-PNBM vs DPPS-PNBM)", s3, ["dpsgd-pnbm", "sgld-pnbm"])):
         lines += [f"**{name}**, ML-100K, mean ± std test RMSE over u1–u5 "
                   "(chosen configuration and its validation RMSE next to it):", ""]
-        lines += table(s, methods) if s else ["not run"]
+        lines += table(s, methods, fixed_rmse(ROOT / FIXED[key])) if s else ["not run"]
         lines.append("")
-    lines += ["Claim by claim (generated from the reports above):", ""] + claims(s1, s2)
-    block = "<!-- paper-study:start -->\n" + "\n".join(lines) + "\n<!-- paper-study:end -->"
-    readme = Path(args.readme)
-    text = readme.read_text()
-    if "<!-- paper-study:start -->" not in text:
-        raise SystemExit("README.md has no <!-- paper-study:start --> marker")
-    readme.write_text(re.sub(r"<!-- paper-study:start -->.*?<!-- paper-study:end -->", lambda _: block, text, flags=re.S))
+    lines += ["Claim by claim (generated from the reports above):", ""] + claims(s1, s2, s3, s2r)
+    times = ROOT / "results" / "paper_study_times.json"
+    if times.exists():
+        t = json.loads(times.read_text())
+        lines += ["", f"End to end (`python studies/paper_study.py --run`, {t['hardware']}): "
+                  + ", ".join(f"`{c}` {m:.1f} min" for c, m in t["minutes"].items())
+                  + f"; total {sum(t['minutes'].values()):.0f} min."]
+    block = "\n".join(lines)
+    splice(Path(args.readme), "paper-study", block)
     print(block)
 
 

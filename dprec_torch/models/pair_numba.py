@@ -77,6 +77,13 @@ class NumbaLayout:
     piece: np.ndarray  # int64 [n_pieces + 1] boundaries in processing order (between items)
     n_targets: int
     n_items: int
+    _acc: np.ndarray | None = None
+
+    def accumulator(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """A zero M x M x C buffer, kept between calls (the combine pass leaves it zeroed)."""
+        if self._acc is None or self._acc.shape != shape or self._acc.dtype != dtype:
+            self._acc = np.zeros(shape, dtype=dtype)
+        return self._acc
 
 
 def build_layout(ptr: torch.Tensor, h_items: torch.Tensor, h_x: torch.Tensor, h_w: torch.Tensor | None,
@@ -129,7 +136,8 @@ def grad(layout: NumbaLayout, S: torch.Tensor, g_num: torch.Tensor | None, g_abs
     """dL/dS (dense M x M) from the per-target upstream gradients (target order; None = zero).
 
     The pairs are scattered into one channel per present gradient, interleaved (M x M x C) so a
-    pair's writes share a cache line; then dL/dS = acc_num + sign(S) acc_abs + acc_lin.
+    pair's writes share a cache line; then one pass forms dL/dS = acc_num + sign(S) acc_abs + acc_lin
+    and zeroes the accumulator, which the layout keeps for the next step (no page faults, no memset).
     """
     present = [g is not None for g in (g_num, g_abs, g_lin)]
     chans = [-1, -1, -1]
@@ -140,19 +148,16 @@ def grad(layout: NumbaLayout, S: torch.Tensor, g_num: torch.Tensor | None, g_abs
     m = S.shape[0]
     if c == 0:
         return torch.zeros_like(S)
-    acc = np.zeros((m, m, c), dtype=S.detach().numpy().dtype)
+    s = S.detach().contiguous().numpy()
+    acc = layout.accumulator((m, m, c), s.dtype)
     zeros = np.zeros(layout.n_targets, dtype=acc.dtype)  # absent channels (never written: their c is -1)
     gs = [zeros if g is None else g.detach().to(S.dtype).contiguous().numpy() for g in (g_num, g_abs, g_lin)]
     lo = layout
     _grad_kernel(acc, lo.ptr, lo.h_items, lo.h_x.astype(acc.dtype, copy=False), lo.h_w.astype(acc.dtype, copy=False),
                  lo.has_w, lo.t_item, lo.t_row, lo.t_index, lo.piece, gs[0], gs[1], gs[2], chans[0], chans[1], chans[2])
-    a = torch.from_numpy(acc)
-    out = a[:, :, chans[0]].clone() if present[0] else torch.zeros_like(S)
-    if present[1]:
-        out.addcmul_(torch.sign(S.detach()), a[:, :, chans[1]])
-    if present[2]:
-        out.add_(a[:, :, chans[2]])
-    return out
+    out = np.empty_like(s)
+    _combine_kernel(acc, s, chans[0], chans[1], chans[2], out)  # also zeroes acc for the next call
+    return torch.from_numpy(out)
 
 
 def _run_grad(layout: NumbaLayout, vals: np.ndarray, nbrs: np.ndarray, out: np.ndarray,
@@ -194,6 +199,15 @@ def topk_grad(layout: NumbaLayout, values: torch.Tensor, neighbors: torch.Tensor
     out = np.zeros_like(v)
     _run_grad(layout, v, neighbors.to(torch.int32).contiguous().numpy(), out, (g_num, g_abs, g_lin))
     return torch.from_numpy(out)
+
+
+def symmetrize_(S: torch.Tensor, block: int = 64) -> None:
+    """S <- (S + S^T) / 2 with a zero diagonal, in place (CPU), over block x block tile pairs in parallel.
+
+    The same float operations as the torch tiles of ``PNBM.project_`` (bit-identical), in one pass.
+    """
+    set_threads(torch.get_num_threads())
+    _symmetrize_kernel(S.detach().numpy(), int(block))
 
 
 def set_threads(n: int) -> None:
@@ -256,6 +270,24 @@ if numba is not None:
                         acc[i, j, c_lin] += cl * w
 
     @njit(parallel=True, cache=True, nogil=True)
+    def _combine_kernel(acc, s, c_num, c_abs, c_lin, out):  # pragma: no cover - compiled
+        # out = acc_num + sign(s) acc_abs + acc_lin, and acc <- 0, row by row
+        m = s.shape[0]
+        for i in prange(m):
+            for j in range(m):
+                v = 0.0
+                if c_num >= 0:
+                    v += acc[i, j, c_num]
+                if c_abs >= 0:
+                    sv = s[i, j]
+                    v += acc[i, j, c_abs] * (np.float32(sv > 0) - np.float32(sv < 0))
+                if c_lin >= 0:
+                    v += acc[i, j, c_lin]
+                out[i, j] = v
+                for c in range(acc.shape[2]):
+                    acc[i, j, c] = 0
+
+    @njit(parallel=True, cache=True, nogil=True)
     def _topk_sums_kernel(vals, nbrs, ptr, h_items, h_x, h_w, has_w, t_item, t_row, t_index, piece, need_lin,
                           num, ab, lin, m):  # pragma: no cover - compiled
         k = nbrs.shape[1]
@@ -308,3 +340,19 @@ if numba is not None:
                         acc[j, 1] += ca * h_w[p]
                     if has_lin:
                         acc[j, 2] += cl * h_w[p]
+
+    @njit(parallel=True, cache=True, nogil=True)
+    def _symmetrize_kernel(s, block):  # pragma: no cover - compiled
+        # tile (bi, bj >= bi) owns the pairs (i in bi, j in bj, i < j): no two threads touch one entry
+        m = s.shape[0]
+        nb = (m + block - 1) // block
+        for bi in prange(nb):
+            for bj in range(bi, nb):
+                for i in range(bi * block, min(m, (bi + 1) * block)):
+                    j0 = max(bj * block, i + 1)
+                    for j in range(j0, min(m, (bj + 1) * block)):
+                        a = (s[i, j] + s[j, i]) * 0.5
+                        s[i, j] = a
+                        s[j, i] = a
+                    if bj == bi:
+                        s[i, i] = 0

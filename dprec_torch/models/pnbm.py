@@ -26,6 +26,7 @@ from dprec_torch.data.ratings import Ratings, RatingScale, _to_csr
 from dprec_torch.errors import ConfigError
 from dprec_torch.models.batching import UserBatch
 from dprec_torch.models.pair_kernels import DEFAULT_BUDGET, PairPlan, build_history, build_plan, pair_sums
+from dprec_torch.models import pair_numba
 from dprec_torch.models.pair_numba import BACKENDS
 from dprec_torch.predictors.base import MeanFallback
 
@@ -109,9 +110,13 @@ class PNBM(nn.Module):
     def project_(self, block: int = 512) -> None:
         """Keep S symmetric with a zero diagonal: S <- (S + S^T) / 2, diag(S) <- 0 (post-processing).
 
-        Done in place over pairs of ``block`` x ``block`` tiles (cache-friendly, no M x M temporaries).
+        Done in place over pairs of ``block`` x ``block`` tiles (cache-friendly, no M x M temporaries);
+        on the CPU by :func:`~dprec_torch.models.pair_numba.symmetrize_` (the same float operations).
         """
         s = self.S.data
+        if s.is_contiguous() and pair_numba.use_numba(self.pair_backend, s):
+            pair_numba.symmetrize_(s)
+            return
         m = s.shape[0]
         for i in range(0, m, block):
             for j in range(i, m, block):

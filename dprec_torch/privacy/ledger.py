@@ -82,7 +82,7 @@ class LedgerEntry:
             if r.validation:
                 cells.setdefault((r.mechanism, r.model, r.epsilon_nominal), []).append(r)
         out = []
-        for (mech, model, eps_nom), runs in cells.items():
+        for (mech, model, eps_nom), runs in sorted(cells.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] or 0.0)):
             eps = [r.epsilon for r in runs]
             rel = runs[0].relation
             folds = ",".join(map(str, self.folds))

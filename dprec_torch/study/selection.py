@@ -85,12 +85,12 @@ def read_trials(stage1_dir: Path, method: str, swept: list[str]) -> list[Trial]:
         if job == Path(stage1_dir) or not (hydra_dir / "overrides.yaml").exists():
             continue
         ovr = _job_overrides(job)
+        keys = set(swept)
         hydra_yaml = hydra_dir / "hydra.yaml"
-        if hydra_yaml.exists():  # the keys this job's sweeper actually searched over
-            params = OmegaConf.select(OmegaConf.load(hydra_yaml), "hydra.sweeper.params") or {}
-            swept = sorted(set(swept) | {str(k) for k in params})
+        if hydra_yaml.exists():  # plus the keys this job's sweeper actually searched over
+            keys |= {str(k) for k in (OmegaConf.select(OmegaConf.load(hydra_yaml), "hydra.sweeper.params") or {})}
         eps = next((float(o.split("=", 1)[1]) for o in ovr if o.startswith("epsilon=")), None)
-        chosen = [o for o in ovr if o.split("=", 1)[0].lstrip("+") in swept]
+        chosen = [o for o in ovr if o.split("=", 1)[0].lstrip("+") in keys]
         metrics_path = job / "metrics.json"
         rmse, data, priv = math.nan, "", None
         if metrics_path.exists():
