@@ -281,6 +281,21 @@ class PairPlan:
         return gflat.view(m + 1, m + 1)[:m, :m].clone()
 
 
+def centred_history(cache: dict, history, item_means: torch.Tensor, device: torch.device) -> HistoryTables:
+    """Padded history tables of the training users with x = r_uj - r_bar_j, cached in ``cache``.
+
+    The entry is rebuilt when the training ratings, the item means (their version) or the device change.
+    """
+    key = (id(history), item_means._version, item_means.device, device)
+    hit = cache.get("history")
+    if hit is not None and hit[0] == key and hit[2] is history:
+        return hit[1]
+    users, items, vals = history.users.to(device), history.items.to(device), history.values.to(device)
+    tables = build_history(users, items, vals - item_means[items], None, history.n_users, item_means.numel())
+    cache["history"] = (key, tables, history)
+    return tables
+
+
 def sign_table(flat: torch.Tensor) -> torch.Tensor:
     """sign(s) as int8 (-1, 0, 1)."""
     return torch.sign(flat).to(torch.int8)

@@ -25,7 +25,7 @@ from torch import nn
 from dprec_torch.data.ratings import Ratings, RatingScale, _to_csr
 from dprec_torch.errors import ConfigError
 from dprec_torch.models.batching import UserBatch
-from dprec_torch.models.pair_kernels import DEFAULT_BUDGET, PairPlan, build_history, build_plan, pair_sums
+from dprec_torch.models.pair_kernels import DEFAULT_BUDGET, PairPlan, build_history, build_plan, centred_history, pair_sums
 from dprec_torch.models import pair_numba
 from dprec_torch.models.pair_numba import BACKENDS
 from dprec_torch.predictors.base import MeanFallback
@@ -245,17 +245,8 @@ class PNBM(nn.Module):
 
     def _history_tables(self):
         """Padded history tables of the training users, x = r_uj - r_bar_j with the current means."""
-        hist = self.history
-        assert hist is not None
-        key = (id(hist), self.item_means._version, self.item_means.device, self.S.dtype)
-        hit = self._predict_cache.get("history")
-        if hit is not None and hit[0] == key and hit[2] is hist:
-            return hit[1]
-        dev = self.S.device
-        users, items, vals = hist.users.to(dev), hist.items.to(dev), hist.values.to(dev)
-        tables = build_history(users, items, vals - self.item_means[items], None, hist.n_users, self.n_items)
-        self._predict_cache["history"] = (key, tables, hist)
-        return tables
+        assert self.history is not None
+        return centred_history(self._predict_cache, self.history, self.item_means, self.S.device)
 
     @torch.no_grad()
     def predict(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:

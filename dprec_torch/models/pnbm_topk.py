@@ -44,9 +44,9 @@ from torch import nn
 from dprec_torch.data.ratings import Ratings, RatingScale
 from dprec_torch.errors import ConfigError
 from dprec_torch.models.batching import UserBatch
-from dprec_torch.models.pair_kernels import (DEFAULT_BUDGET, HistoryTables, PairPlan, build_history, build_plan,
-                                              gram_row_blocks, row_groups, sign_table)
 from dprec_torch.models import pair_numba
+from dprec_torch.models.pair_kernels import (DEFAULT_BUDGET, HistoryTables, PairPlan, build_history, build_plan,
+                                              centred_history, gram_row_blocks, row_groups, sign_table)
 from dprec_torch.models.pnbm import GRADIENTS
 from dprec_torch.predictors.base import MeanFallback
 
@@ -389,17 +389,8 @@ class PNBMTopK(nn.Module):
 
     def _history_tables(self) -> HistoryTables:
         """Padded history tables of the training users, x = r_uj - r_bar_j with the current means."""
-        hist = self.history
-        assert hist is not None
-        key = (id(hist), self.item_means._version, self.item_means.device)
-        hit = self._predict_cache.get("history")
-        if hit is not None and hit[0] == key and hit[2] is hist:
-            return hit[1]
-        dev = self.S_values.device
-        users, items, vals = hist.users.to(dev), hist.items.to(dev), hist.values.to(dev)
-        tables = build_history(users, items, vals - self.item_means[items], None, hist.n_users, self.n_items)
-        self._predict_cache["history"] = (key, tables, hist)
-        return tables
+        assert self.history is not None
+        return centred_history(self._predict_cache, self.history, self.item_means, self.S_values.device)
 
     @torch.no_grad()
     def predict(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
