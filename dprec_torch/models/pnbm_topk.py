@@ -26,10 +26,13 @@ and is logged at ``attach``). Use them for non-private runs and the accuracy/mem
 comparison; ``random`` is data-independent, so the mechanism's guarantee is unaffected, at
 a cost in accuracy.
 
-Kernel: the sparse-pair kernel of dense PNBM (:mod:`dprec_torch.models.pair_kernels`), with
-targets grouped by blocks of ``row_block`` items whose rows of S are rebuilt densely from the
-k values (``row_block x (M+1)`` cells, bounded by ``block_budget``). Work per epoch is the
-sum_u |T_u| |R_u| pairs plus O(M^2) zero-filling of those blocks, whatever k is; memory is
+Kernels: on the CPU (``pair_backend=auto|numba``) the fused loops of
+:func:`dprec_torch.models.pair_numba.topk_sums` / ``topk_grad``, which rebuild row i of S (and
+accumulate row i of the gradient) in per-thread M-vectors; otherwise (``torch``, any device) the
+sparse-pair kernel of dense PNBM (:mod:`dprec_torch.models.pair_kernels`) with targets grouped
+by blocks of ``row_block`` items whose rows of S are rebuilt densely from the k values
+(``row_block x (M+1)`` cells, bounded by ``block_budget``). Work per epoch is the
+sum_u |T_u| |R_u| pairs plus O(M^2) zero-filling, whatever k is; memory is
 O(M k + nnz + block_budget), never O(M^2).
 """
 
