@@ -41,7 +41,7 @@ else:
 if numba is not None and "NUMBA_THREADING_LAYER" not in os.environ:
     # numba's default OpenMP layer leaves its threads spin-waiting after each kernel; on a small
     # CPU they then steal the cores from torch's next ops (measured: the Laplace noise after a
-    # backward took 5-30x longer). The workqueue layer's threads sleep between kernels.
+    # backward took 6-45x more CPU time). The workqueue layer's threads sleep between kernels.
     numba.config.THREADING_LAYER = "workqueue"
 
 BACKENDS = ("auto", "torch", "numba")
