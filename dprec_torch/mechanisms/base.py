@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch.optim import Optimizer
 
+from dprec_torch.privacy.pnbm_clipping import clip_factors
 from dprec_torch.seeding import make_generator
 
 
@@ -47,6 +48,22 @@ class MechanismOptimizer(Optimizer):
         ``batch`` and ``model`` let a mechanism compute per-example gradient norms.
         """
         return residuals
+
+    def clip_by_norm(self, residuals: torch.Tensor, norms: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Per-example clipping as residual scaling: e_ui min(1, c / ||g||), c = ``self.clip_norm``.
+
+        ``norms`` are the per-example gradient norms (per target, or per user with ``rows`` mapping
+        each target to its user's norm). Records the clipped fraction and the largest clipped norm.
+        """
+        norms = norms.double()
+        factor = clip_factors(norms, self.clip_norm)
+        st = self.state["mechanism"]
+        st["clipped_fraction"] = float((norms > self.clip_norm).double().mean()) if norms.numel() else 0.0
+        st["max_clipped_norm"] = float((norms * factor).max()) if norms.numel() else 0.0
+        st["residual_bound"] = float("inf")
+        if rows is not None:
+            factor = factor[rows]
+        return (residuals.double() * factor).to(residuals.dtype)
 
     def add_noise(self) -> None:
         """Perturb ``p.grad`` in place; no noise by default."""

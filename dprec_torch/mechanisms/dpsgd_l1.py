@@ -45,7 +45,7 @@ from dprec_torch.mechanisms.sgd import MapSGD
 from dprec_torch.privacy.accountants import PureDPAccountant
 from dprec_torch.privacy.analysis import analyse_dpsgd_l1, composed_epsilon, laplace_step_epsilon
 from dprec_torch.privacy.item_means import dp_item_means, install_item_means
-from dprec_torch.privacy.pnbm_clipping import DEFAULT_CHUNK_PAIRS, clip_factors, per_user_grad_norms, zero_diagonal_
+from dprec_torch.privacy.pnbm_clipping import DEFAULT_CHUNK_PAIRS, per_user_grad_norms, zero_diagonal_
 
 UNITS = ("user", "rating")
 INITS = ("constant", "random")
@@ -186,14 +186,7 @@ class ClippedLaplaceDPSGD(MapSGD):
         if self.pnbm and recentre_batch_(batch, model):  # a batch cached before the DP means were installed
             residuals = (model.batch_predict(batch) - batch.values).detach()
         norms = self.unit_norms(residuals, batch, model)
-        factor = clip_factors(norms, self.clip_norm)
-        st = self.state["mechanism"]
-        st["clipped_fraction"] = float((norms > self.clip_norm).double().mean()) if norms.numel() else 0.0
-        st["max_clipped_norm"] = float((norms * factor).max()) if norms.numel() else 0.0
-        st["residual_bound"] = float("inf")
-        if self.unit == "user":
-            factor = factor[batch.rows]
-        return (residuals.double() * factor).to(residuals.dtype)
+        return self.clip_by_norm(residuals, norms, batch.rows if self.unit == "user" else None)
 
     def add_noise(self) -> None:
         """Step 3: diag(G) := 0 (PNBM), then Lap(c/eps_s) on every entry; notify the accountant."""

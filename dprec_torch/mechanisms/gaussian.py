@@ -115,13 +115,8 @@ class GaussianDPSGD(MechanismOptimizer):
         if self.unit == "user" and batch.n_targets != batch.ind.values().numel():
             raise ConfigError("mechanism=gaussian unit=user needs user-level batches (every rating of each sampled "
                               "user), but the runner sampled ratings: it must pick the sampler from mechanism.unit")
-        norms = model.per_example_grad_norms(batch, residuals, self.unit).double()
-        factor = torch.where(norms > self.clip_norm, self.clip_norm / norms.clamp_min(1e-300), torch.ones_like(norms))
-        self.state["mechanism"]["clipped_fraction"] = float((norms > self.clip_norm).double().mean()) if norms.numel() else 0.0
-        self.state["mechanism"]["residual_bound"] = float("inf")
-        if self.unit == "user":
-            factor = factor[batch.rows]
-        return (residuals.double() * factor).to(residuals.dtype)
+        norms = model.per_example_grad_norms(batch, residuals, self.unit)
+        return self.clip_by_norm(residuals, norms, batch.rows if self.unit == "user" else None)
 
     def add_noise(self) -> None:
         """Step 3: G += N(0, (sigma c)^2) on every parameter entry; then notify the accountant."""

@@ -30,7 +30,7 @@ from dprec_torch.mechanisms.dpsgd_l1 import INITS, bound_model, is_pnbm, recentr
 from dprec_torch.mechanisms.gaussian import GaussianDPSGD
 from dprec_torch.privacy.analysis import calibrate_sigma, gaussian_epsilon
 from dprec_torch.privacy.item_means import dp_item_means, install_item_means
-from dprec_torch.privacy.pnbm_clipping import clip_factors, per_user_grad_norms, zero_diagonal_
+from dprec_torch.privacy.pnbm_clipping import per_user_grad_norms, zero_diagonal_
 
 MEAN_RELEASES = 2  # global mean, then the item statistics
 
@@ -101,11 +101,7 @@ class GaussianPNBM(GaussianDPSGD):
             raise ConfigError("mechanism=gaussian with PNBM needs user-level batches (every rating of each sampled user)")
         if self.mean_release is not None and recentre_batch_(batch, model):
             residuals = (model.batch_predict(batch) - batch.values).detach()
-        norms = per_user_grad_norms(model, batch, residuals, p=2)
-        factor = clip_factors(norms, self.clip_norm)
-        self.state["mechanism"]["clipped_fraction"] = float((norms > self.clip_norm).double().mean()) if norms.numel() else 0.0
-        self.state["mechanism"]["residual_bound"] = float("inf")
-        return (residuals.double() * factor[batch.rows]).to(residuals.dtype)
+        return self.clip_by_norm(residuals, per_user_grad_norms(model, batch, residuals, p=2), batch.rows)
 
     def add_noise(self) -> None:
         """diag(G) := 0, then the parent's N(0, (sigma c)^2) on every entry and the accountant step."""
