@@ -149,3 +149,41 @@ def test_symmetrize_bit_identical_to_torch_tiles() -> None:
         fast.project_()
         assert torch.equal(ref.S.data, fast.S.data)
         assert torch.equal(fast.S.data, fast.S.data.T) and (fast.S.data.diagonal() == 0).all()
+
+
+@pytest.mark.parametrize("weights", [False, True])
+def test_kernels_keep_their_sequential_float_order(weights: bool) -> None:
+    """Bit for bit: each target's sums are float32 products added in history order into float64,
+    and the gradient is accumulated in float32 in (item, row) target order, then combined in
+    float64. Faster kernels (interleaved targets, row buffers) must not change published numbers."""
+    import numpy as np
+
+    hist, t_rows, t_items, S = random_case(11, weights=weights, dtype=torch.float32)
+    key = torch.unique(t_rows * S.shape[0] + t_items)  # distinct targets: their order is then fixed
+    t_rows, t_items = key // S.shape[0], key % S.shape[0]
+    fast = build_plan(hist, t_rows, t_items, backend="numba")
+    num, ab, lin = fast.sums(S, need_lin=True)
+    ptr, its, xs = hist.csr_ptr.tolist(), hist.csr_items.tolist(), hist.csr_x.numpy()
+    ws = None if hist.csr_w is None else hist.csr_w.numpy()
+    s = S.numpy()
+    for k, (r, i) in enumerate(zip(t_rows.tolist(), t_items.tolist())):
+        a = b = c = 0.0  # Python floats: float64 sums of float32 products
+        for p in range(ptr[r], ptr[r + 1]):
+            v = s[i, its[p]]
+            w = np.float32(1) if ws is None else ws[p]
+            a += float(v * xs[p])
+            b += float(abs(v) * w) if ws is not None else float(abs(v))
+            c += float(v * w) if ws is not None else float(v)
+        assert (num[k].item(), ab[k].item(), lin[k].item()) == (float(np.float32(a)), float(np.float32(b)), float(np.float32(c)))
+    g = torch.Generator().manual_seed(12)
+    g_num, g_abs = (torch.randn(t_rows.numel(), generator=g) for _ in range(2))
+    got = fast.grad(S, g_num, g_abs, None).numpy()
+    acc = np.zeros((S.shape[0], S.shape[0], 2), dtype=np.float32)
+    gn, ga = g_num.numpy(), g_abs.numpy()
+    for k in sorted(range(t_rows.numel()), key=lambda k: (int(t_items[k]), int(t_rows[k]))):
+        r, i = int(t_rows[k]), int(t_items[k])
+        for p in range(ptr[r], ptr[r + 1]):
+            acc[i, its[p], 0] += gn[k] * xs[p]
+            acc[i, its[p], 1] += ga[k] * (np.float32(1) if ws is None else ws[p])
+    want = (acc[..., 0].astype(np.float64) + (acc[..., 1] * np.sign(s)).astype(np.float64)).astype(np.float32)
+    assert np.array_equal(got, want)
