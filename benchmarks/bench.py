@@ -43,7 +43,8 @@ sys.path.insert(0, str(ROOT))
 
 # data key -> (loader, kwargs); "synthetic" sizes are (n_users, n_items, n_ratings)
 DATA = {
-    "ml100k": ("movielens", {}),
+    "ml100k": ("movielens", {"name": "ml-100k"}),
+    "ml1m": ("movielens", {"name": "ml-1m"}),  # real ML-1M: only where it is on disk (DPREC_DATA or the cache)
     "syn1m": ("synthetic", {"preset": "ml-1m"}),
     "syn-s": ("synthetic", {"preset": "ml-1m", "n_users": 1500, "n_items": 1000, "n_ratings": 100_000}),
     "syn-m": ("synthetic", {"preset": "ml-1m", "n_users": 3000, "n_items": 2000, "n_ratings": 300_000}),
@@ -56,11 +57,11 @@ TOPK_K = 200  # k of the "pnbmtopk" cases; "pnbmtopk<k>" (e.g. pnbmtopk1000) set
 def cases_in(group: str) -> list[str]:
     out = []
     if group in ("main", "all"):
-        for data in ("ml100k", "syn1m"):
+        for data in ("ml100k", "ml1m", "syn1m"):
             for mech in ("none", "dpsgd", "sgld"):
                 out += [f"pnbm-{mech}-{data}-sparse", f"pnbm-{mech}-{data}-dense"]
             for mech in ("none", "dpsgd"):
-                out += [f"pnbmtopk-{mech}-{data}-sparse"] + ([f"pnbmtopk1000-{mech}-{data}-sparse"] if data == "syn1m" else [])
+                out += [f"pnbmtopk-{mech}-{data}-sparse"] + ([f"pnbmtopk1000-{mech}-{data}-sparse"] if data != "ml100k" else [])
             if (ROOT / "dprec_torch" / "models" / "mf.py").exists():
                 for mech in ("none", "dpsgd"):
                     out += [f"mf-{mech}-{data}-sparse", f"mf-{mech}-{data}-dense"]
@@ -68,7 +69,7 @@ def cases_in(group: str) -> list[str]:
                 out += [f"{sim}-{data}-fast", f"{sim}-{data}-loop"]
     if group.startswith("parity-"):  # top-k S vs dense S at the config's training length (none: --epochs 5, dpsgd: 1)
         mech = group.split("-", 1)[1]
-        for data, ks in (("ml100k", (200, 500, 1000)), ("syn1m", (200, 500, 1000, 2000))):
+        for data, ks in (("ml100k", (200, 500, 1000)), ("ml1m", (200, 500, 1000, 2000)), ("syn1m", (200, 500, 1000, 2000))):
             out += [f"pnbm-{mech}-{data}-sparse"] + [f"pnbmtopk{k}-{mech}-{data}-sparse" for k in ks]
     if group in ("scaling", "all"):
         for data in ("syn-s", "syn-m", "syn1m", "syn-l", "syn-wide"):
@@ -91,13 +92,26 @@ def prepare(key: str) -> None:
     if kind == "movielens":
         from dprec_torch.data.movielens import load_movielens
 
-        fold = load_movielens("ml-100k", fold=1).folds[0]
+        fold = load_movielens(kwargs["name"], fold=1).folds[0]
     else:
         from dprec_torch.data.synthetic import load_synthetic
 
         fold = load_synthetic(fold=1, **kwargs).folds[0]
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(fold, path)
+
+
+def available(key: str) -> bool:
+    """Whether ``key``'s data can be had without a download (real ML-1M is skipped where it is absent)."""
+    kind, kwargs = DATA[key]
+    if kind != "movielens" or data_path(key).exists():
+        return True
+    from dprec_torch.data.movielens import SPECS, cache_dir
+
+    spec = SPECS[kwargs["name"]]
+    roots = [Path(os.environ["DPREC_DATA"]).expanduser()] if os.environ.get("DPREC_DATA") else []
+    roots.append(cache_dir())
+    return any((folder / spec.ratings_file).is_file() for root in roots for folder in (root / spec.name, root))
 
 
 def load(key: str):
@@ -320,7 +334,7 @@ def fmt(v, spec: str = ".3f") -> str:
 def markdown(rows: list[dict], header: str) -> str:
     by = {r["case"]: r for r in rows}
     lines = [header, ""]
-    train_rows = [r for r in rows if r["kind"] in ("pnbm", "mf") and r["impl"] == "sparse" and r["data"] in ("ml100k", "syn1m")]
+    train_rows = [r for r in rows if r["kind"] in ("pnbm", "mf") and r["impl"] == "sparse" and r["data"] in ("ml100k", "ml1m", "syn1m")]
     if train_rows:
         lines += ["### Training epochs (full batch) vs the dense reference epoch", "",
                   "| model | mechanism | data | s/epoch (ours) | s/epoch (dense ref) | speed-up | peak RSS MB (ours) | "
@@ -335,7 +349,7 @@ def markdown(rows: list[dict], header: str) -> str:
                          f"{fmt(d.get('peak_rss_mb'), '.0f')} | {fmt(r['test_rmse'], '.4f')} | {fmt(d.get('test_rmse'), '.4f')} | "
                          f"{fmt(dr, '.1e')} |")
         lines.append("")
-    topk = [r for r in rows if r["kind"] == "pnbmtopk" and r["data"] in ("ml100k", "syn1m")]
+    topk = [r for r in rows if r["kind"] == "pnbmtopk" and r["data"] in ("ml100k", "ml1m", "syn1m")]
     if topk:
         lines += ["### Top-k sparse S (support = shrunk PCC, NOT private) vs dense S", "",
                   "| mechanism | data | k | S state MB (top-k / dense) | peak RSS MB (top-k / dense S) | s/epoch (top-k / dense S) | "
@@ -419,6 +433,11 @@ def main() -> None:
         print(json.dumps(run_case(args.one, args.epochs)))
         return
     cases = args.cases or cases_in(args.group)
+    missing = [k for k in dict.fromkeys(parse(c)[2] for c in cases) if not available(k)]
+    for key in missing:
+        print(f"{key}: data not on disk (set DPREC_DATA to a folder holding {DATA[key][1]['name']}/): its rows are skipped",
+              file=sys.stderr, flush=True)
+    cases = [c for c in cases if parse(c)[2] not in missing]
     for key in dict.fromkeys(parse(c)[2] for c in cases):
         prepare(key)
     by_case: dict[str, dict] = {}
