@@ -50,6 +50,7 @@ DATA = {
     "syn-m": ("synthetic", {"preset": "ml-1m", "n_users": 3000, "n_items": 2000, "n_ratings": 300_000}),
     "syn-l": ("synthetic", {"preset": "ml-1m", "n_users": 12000, "n_items": 6000, "n_ratings": 2_000_000}),
     "syn-wide": ("synthetic", {"preset": "ml-1m", "n_users": 60000, "n_items": 3706, "n_ratings": 1_000_000}),
+    "syn-20m": ("synthetic", {"preset": "ml-20m"}),  # 138,493 x 26,744, 20M ratings (dense S alone: 2.9 GB)
 }
 TOPK_K = 200  # k of the "pnbmtopk" cases; "pnbmtopk<k>" (e.g. pnbmtopk1000) sets another k
 
@@ -72,7 +73,7 @@ def cases_in(group: str) -> list[str]:
         for data, ks in (("ml100k", (200, 500, 1000)), ("ml1m", (200, 500, 1000, 2000)), ("syn1m", (200, 500, 1000, 2000))):
             out += [f"pnbm-{mech}-{data}-sparse"] + [f"pnbmtopk{k}-{mech}-{data}-sparse" for k in ks]
     if group in ("scaling", "all"):
-        for data in ("syn-s", "syn-m", "syn1m", "syn-l", "syn-wide"):
+        for data in ("syn-s", "syn-m", "syn1m", "syn-l", "syn-wide", "syn-20m"):
             out += [f"pnbm-dpsgd-{data}-sparse", f"pnbmtopk-dpsgd-{data}-sparse"]
             if data in ("syn-s", "syn-m", "syn1m"):
                 out += [f"pnbm-dpsgd-{data}-dense"]
@@ -207,7 +208,7 @@ def train_case(kind: str, mech: str, fold, impl: str, epochs: int, topk_k: int =
     from dense_reference import DenseMFEpoch, DensePNBMEpoch
 
     from dprec_torch.evaluation.metrics import rmse
-    from dprec_torch.mechanisms.context import TrainingContext
+    from dprec_torch.mechanisms.context import TrainingContext, prior_precision_for
     from dprec_torch.models.batching import PoissonBatchSampler
     from dprec_torch.seeding import make_generator
     from dprec_torch.training.trainer import Trainer
@@ -234,7 +235,7 @@ def train_case(kind: str, mech: str, fold, impl: str, epochs: int, topk_k: int =
     unit = "user" if getattr(cls, "relation", None) == "user" else "rating"
     means = model.item_means if hasattr(model, "item_means") else train.item_means()
     sampler = PoissonBatchSampler(train, means, 1.0, unit, make_generator(1))
-    prior = model.sgld_prior_precision(train, len(train)) if hasattr(model, "sgld_prior_precision") else []
+    prior = prior_precision_for(cls, model, train, len(train))
     ctx = TrainingContext(total_steps=epochs, steps_per_epoch=1, n_ratings=len(train), n_users=train.n_users,
                           scale=train.scale, max_user_ratings=kwargs.get("max_user_ratings"),
                           entry_bound=getattr(model, "gradient_entry_bound", None), prior_precision=prior)
@@ -382,7 +383,7 @@ def markdown(rows: list[dict], header: str) -> str:
                   "| data | N | M | ratings | Σ_u |R_u|² | N·M | M² | M·k | dense S: s/epoch, peak RSS MB | "
                   f"top-k S (k={TOPK_K}): s/epoch, peak RSS MB | dense ref: s/epoch, peak RSS MB |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
-        for data in ("syn-s", "syn-m", "syn1m", "syn-l", "syn-wide"):
+        for data in ("syn-s", "syn-m", "syn1m", "syn-l", "syn-wide", "syn-20m"):
             s, t, d = (by.get(f"{p}-dpsgd-{data}-{i}") for p, i in (("pnbm", "sparse"), ("pnbmtopk", "sparse"), ("pnbm", "dense")))
             base = s or t
             if not base:

@@ -33,7 +33,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    from dprec_torch.mechanisms.context import TrainingContext
+    from dprec_torch.mechanisms.context import TrainingContext, prior_precision_for
     from dprec_torch.models.batching import full_batch
     from dprec_torch.models.pnbm import PNBM
 
@@ -43,7 +43,7 @@ def main() -> None:
     model = PNBM(train.n_items, formulation="sparse_pair", pair_backend=args.backend).attach(train)
     ctx = TrainingContext(total_steps=args.steps, steps_per_epoch=1, n_ratings=len(train), n_users=train.n_users,
                           scale=train.scale, max_user_ratings=None, entry_bound=model.gradient_entry_bound,
-                          prior_precision=model.sgld_prior_precision(train, len(train)))
+                          prior_precision=prior_precision_for(cls, model, train, len(train)))
     opt = cls(model.parameters(), ctx, **kwargs)
     batch = full_batch(train, model.item_means)
     print(f"{args.data}: {train.n_users} users x {train.n_items} items, {len(train)} ratings; "

@@ -136,3 +136,20 @@ def test_sgld_privacy_fields_report_eps_over_rho():
 def test_bad_epsilon_rejected(eps):
     with pytest.raises(ConfigError, match="epsilon"):
         DPSGDLaplace([torch.nn.Parameter(torch.zeros(2, 2))], context(), epsilon=eps)
+
+
+def test_only_sgld_pays_for_the_prior_precision() -> None:
+    """H is M x M for dense PNBM: built for the mechanism that reads it, not for every run."""
+    from dprec_torch.mechanisms.context import prior_precision_for
+    from dprec_torch.mechanisms.gaussian import GaussianDPSGD
+
+    fold = tiny_fold()
+    model = PNBM(fold.train.n_items).attach(fold.train)
+    for cls in (DPSGDLaplace, GaussianDPSGD):
+        assert prior_precision_for(cls, model, fold.train, 100.0) == []
+    (h,) = prior_precision_for(ScaledPosteriorSGLD, model, fold.train, 100.0)
+    c = fold.train.item_counts().double() / len(fold.train)
+    p = torch.exp(99.0 * torch.log1p(-c.clamp_max(1 - 1e-12)))
+    want = (1 - (c[:, None] * c[None, :]) * (p[:, None] * p[None, :])).float()  # Sec. 4.2, in one float64 piece
+    assert h.dtype == model.S.dtype and torch.equal(h, want)  # the row blocks change no bit
+    assert torch.equal(model.sgld_prior_precision(fold.train, 100.0, block=7)[0], want)

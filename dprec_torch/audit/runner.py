@@ -23,7 +23,7 @@ from dprec_torch.audit.bounds import epsilon_lower_bound, guesses
 from dprec_torch.audit.canaries import CanarySet, make_canaries, score_canaries
 from dprec_torch.data.ratings import Fold, Ratings
 from dprec_torch.errors import ConfigError
-from dprec_torch.mechanisms.context import TrainingContext
+from dprec_torch.mechanisms.context import TrainingContext, prior_precision_for
 from dprec_torch.models.batching import PoissonBatchSampler
 from dprec_torch.seeding import make_generator, seed_everything
 from dprec_torch.training.trainer import Trainer
@@ -86,7 +86,7 @@ def train_once(cfg: DictConfig, train: Ratings, probe: Ratings, seed: int) -> tu
     sampler = PoissonBatchSampler(train, model.item_means if hasattr(model, "item_means") else train.item_means(),
                                   ratio, unit, make_generator(int(seed) + 1))
     epochs = int(c.mechanism.epochs)
-    prior = model.sgld_prior_precision(train, ratio * len(train)) if hasattr(model, "sgld_prior_precision") else []
+    prior = prior_precision_for(mech_cls, model, train, ratio * len(train))
     context = TrainingContext(total_steps=epochs * sampler.steps_per_epoch(), steps_per_epoch=sampler.steps_per_epoch(),
                               n_ratings=len(train), n_users=train.n_users, scale=train.scale,
                               max_user_ratings=c.mechanism.get("max_user_ratings"),

@@ -26,6 +26,7 @@ class MechanismOptimizer(Optimizer):
 
     name = "none"
     relation: str | None = None
+    uses_prior_precision = False  # reads TrainingContext.prior_precision (SGLD's H)
 
     def __init__(self, params: Iterable[torch.Tensor], defaults: dict[str, Any], seed: int = 0) -> None:
         super().__init__(params, defaults)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -29,3 +30,14 @@ class TrainingContext:
     entry_bound: object = None
     prior_precision: list[torch.Tensor | None] = field(default_factory=list)
     model: object = None  # the module being trained (for per-example norms and what it releases)
+
+
+def prior_precision_for(mechanism_cls: type, model: Any, train: Any, batch_ratings: float) -> list[torch.Tensor | None]:
+    """The model's SGLD prior correction H (Eq. (11)) when ``mechanism_cls`` uses it, else [].
+
+    H is M x M for dense PNBM (2.9 GB at 27K items), so only the mechanisms that read it
+    (``uses_prior_precision``) pay for it.
+    """
+    if not getattr(mechanism_cls, "uses_prior_precision", False) or not hasattr(model, "sgld_prior_precision"):
+        return []
+    return model.sgld_prior_precision(train, batch_ratings)

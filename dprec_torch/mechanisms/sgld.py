@@ -33,6 +33,7 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
     """Algorithm 2 of Wang & Tang (see the module docstring for the privacy statement)."""
 
     name = "sgld"
+    uses_prior_precision = True
     relation = "user"
 
     def __init__(

@@ -25,7 +25,7 @@ from dprec_torch.device import claimed_device
 from dprec_torch.errors import ConfigError, DprecError
 from dprec_torch.evaluation.cross_validate import score_predictor
 from dprec_torch.io import atomic_write_json
-from dprec_torch.mechanisms.context import TrainingContext
+from dprec_torch.mechanisms.context import TrainingContext, prior_precision_for
 from dprec_torch.models.batching import PoissonBatchSampler
 from dprec_torch.seeding import make_generator, seed_everything
 from dprec_torch.training.baselines import baseline_metrics
@@ -114,7 +114,7 @@ def train_fold(cfg: DictConfig, fold: Fold, out: Path, device: torch.device) -> 
     sampler = PoissonBatchSampler(train, model.item_means if hasattr(model, "item_means") else train.item_means(),
                                   ratio, unit, make_generator(int(cfg.seed) + 1, device))
     epochs = int(cfg.mechanism.epochs)
-    prior = model.sgld_prior_precision(train, ratio * len(train)) if hasattr(model, "sgld_prior_precision") else []
+    prior = prior_precision_for(mech_cls, model, train, ratio * len(train))
     context = TrainingContext(
         total_steps=epochs * sampler.steps_per_epoch(), steps_per_epoch=sampler.steps_per_epoch(),
         n_ratings=len(train), n_users=train.n_users, scale=train.scale,
