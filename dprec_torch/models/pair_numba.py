@@ -307,6 +307,17 @@ if numba is not None:
                     acc[j, c_lin] += cl * h_w[p]
 
     @njit(inline="always", cache=True, nogil=True)
+    def _scatter_item(acc, t, end, ptr, h_items, h_x, h_w, t_item, t_row, t_index, g_num, g_abs, g_lin
+                      ):  # pragma: no cover - compiled
+        """The targets t, t+1, ... (< end) at item t_item[t] into the row buffer; returns the first target past them."""
+        i = t_item[t]
+        while t < end and t_item[t] == i:
+            r = t_row[t]
+            _scatter_target(acc, t_index[t], ptr[r], ptr[r + 1], h_items, h_x, h_w, g_num, g_abs, g_lin)
+            t += 1
+        return t
+
+    @njit(inline="always", cache=True, nogil=True)
     def _gradient_entry(acc, j, sv, g_num, g_abs, g_lin):  # pragma: no cover - compiled
         """acc_num + sign(s_ij) acc_abs + acc_lin at column j of the row buffer."""
         c_abs = 0 if g_num is None else 1
@@ -332,10 +343,7 @@ if numba is not None:
             end = piece[q + 1]
             while t < end:
                 i = t_item[t]
-                while t < end and t_item[t] == i:
-                    r = t_row[t]
-                    _scatter_target(acc, t_index[t], ptr[r], ptr[r + 1], h_items, h_x, h_w, g_num, g_abs, g_lin)
-                    t += 1
+                t = _scatter_item(acc, t, end, ptr, h_items, h_x, h_w, t_item, t_row, t_index, g_num, g_abs, g_lin)
                 for j in range(m):  # flush row i and clear the buffer
                     out[i, j] = _gradient_entry(acc, j, s[i, j], g_num, g_abs, g_lin)
                     for c in range(n_chan):
@@ -368,10 +376,7 @@ if numba is not None:
             end = piece[q + 1]
             while t < end:
                 i = t_item[t]
-                while t < end and t_item[t] == i:
-                    r = t_row[t]
-                    _scatter_target(acc, t_index[t], ptr[r], ptr[r + 1], h_items, h_x, h_w, g_num, g_abs, g_lin)
-                    t += 1
+                t = _scatter_item(acc, t, end, ptr, h_items, h_x, h_w, t_item, t_row, t_index, g_num, g_abs, g_lin)
                 for c in range(k):  # flush row i at its support, then clear the buffer
                     out[i, c] = _gradient_entry(acc, nbrs[i, c], vals[i, c], g_num, g_abs, g_lin)
                 acc[:] = 0
