@@ -52,13 +52,14 @@ DATA = {
     "syn-wide": ("synthetic", {"preset": "ml-1m", "n_users": 60000, "n_items": 3706, "n_ratings": 1_000_000}),
     "syn-20m": ("synthetic", {"preset": "ml-20m"}),  # 138,493 x 26,744, 20M ratings (dense S alone: 2.9 GB)
 }
+TABLE_DATA = ("ml100k", "ml1m", "syn1m")  # the data of the training and top-k tables
 TOPK_K = 200  # k of the "pnbmtopk" cases; "pnbmtopk<k>" (e.g. pnbmtopk1000) sets another k
 
 
 def cases_in(group: str) -> list[str]:
     out = []
     if group in ("main", "all"):
-        for data in ("ml100k", "ml1m", "syn1m"):
+        for data in TABLE_DATA:
             for mech in ("none", "dpsgd", "sgld"):
                 out += [f"pnbm-{mech}-{data}-sparse", f"pnbm-{mech}-{data}-dense"]
             for mech in ("none", "dpsgd"):
@@ -107,12 +108,9 @@ def available(key: str) -> bool:
     kind, kwargs = DATA[key]
     if kind != "movielens" or data_path(key).exists():
         return True
-    from dprec_torch.data.movielens import SPECS, cache_dir
+    from dprec_torch.data.movielens import find_movielens
 
-    spec = SPECS[kwargs["name"]]
-    roots = [Path(os.environ["DPREC_DATA"]).expanduser()] if os.environ.get("DPREC_DATA") else []
-    roots.append(cache_dir())
-    return any((folder / spec.ratings_file).is_file() for root in roots for folder in (root / spec.name, root))
+    return find_movielens(kwargs["name"]) is not None
 
 
 def load(key: str):
@@ -335,7 +333,7 @@ def fmt(v, spec: str = ".3f") -> str:
 def markdown(rows: list[dict], header: str) -> str:
     by = {r["case"]: r for r in rows}
     lines = [header, ""]
-    train_rows = [r for r in rows if r["kind"] in ("pnbm", "mf") and r["impl"] == "sparse" and r["data"] in ("ml100k", "ml1m", "syn1m")]
+    train_rows = [r for r in rows if r["kind"] in ("pnbm", "mf") and r["impl"] == "sparse" and r["data"] in TABLE_DATA]
     if train_rows:
         lines += ["### Training epochs (full batch) vs the dense reference epoch", "",
                   "| model | mechanism | data | s/epoch (ours) | s/epoch (dense ref) | speed-up | peak RSS MB (ours) | "
@@ -350,7 +348,7 @@ def markdown(rows: list[dict], header: str) -> str:
                          f"{fmt(d.get('peak_rss_mb'), '.0f')} | {fmt(r['test_rmse'], '.4f')} | {fmt(d.get('test_rmse'), '.4f')} | "
                          f"{fmt(dr, '.1e')} |")
         lines.append("")
-    topk = [r for r in rows if r["kind"] == "pnbmtopk" and r["data"] in ("ml100k", "ml1m", "syn1m")]
+    topk = [r for r in rows if r["kind"] == "pnbmtopk" and r["data"] in TABLE_DATA]
     if topk:
         lines += ["### Top-k sparse S (support = shrunk PCC, NOT private) vs dense S", "",
                   "| mechanism | data | k | S state MB (top-k / dense) | peak RSS MB (top-k / dense S) | s/epoch (top-k / dense S) | "

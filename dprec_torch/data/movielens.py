@@ -82,18 +82,29 @@ def _holds(folder: Path, spec: MovieLensSpec) -> bool:
     return (folder / spec.ratings_file).is_file()
 
 
-def locate_movielens(name: str, data_dir: str | None = None) -> Path:
-    """The folder holding ``name``'s extracted files; downloads into the cache when absent."""
-    spec = _spec(name)
+def _search_roots(data_dir: str | None) -> list[Path]:
+    """Where ``name`` is looked for: ``data_dir`` (else ``$DPREC_DATA``), then the cache."""
     roots = [Path(data_dir).expanduser()] if data_dir else []
     if not data_dir and os.environ.get("DPREC_DATA"):
         roots.append(Path(os.environ["DPREC_DATA"]).expanduser())
     roots.append(cache_dir())
-    for root in roots:
+    return roots
+
+
+def find_movielens(name: str, data_dir: str | None = None) -> Path | None:
+    """The folder holding ``name``'s extracted files if it is already on disk, else None (no download)."""
+    spec = _spec(name)
+    for root in _search_roots(data_dir):
         for folder in (root / name, root):
             if _holds(folder, spec):
                 return folder
-    return download_movielens(name, [str(r) for r in roots])
+    return None
+
+
+def locate_movielens(name: str, data_dir: str | None = None) -> Path:
+    """The folder holding ``name``'s extracted files; downloads into the cache when absent."""
+    found = find_movielens(name, data_dir)
+    return found if found is not None else download_movielens(name, [str(r) for r in _search_roots(data_dir)])
 
 
 def download_movielens(name: str, searched: list[str] | None = None) -> Path:

@@ -188,7 +188,7 @@ def topk_grad(layout: NumbaLayout, values: torch.Tensor, neighbors: torch.Tensor
               g_abs: torch.Tensor | None, g_lin: torch.Tensor | None) -> torch.Tensor:
     """dL/dvalues (M x k) for a top-k S: the dense gradient's row i read at the k support entries.
 
-    Each thread accumulates row i of the dense gradient in an M x 3 buffer while its targets
+    Each thread accumulates row i of the dense gradient in an M x C buffer while its targets
     are at item i, then reads the k support entries out (sign(v_is) on the |s| channel).
     """
     v = values.detach().contiguous().numpy()
