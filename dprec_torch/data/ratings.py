@@ -163,6 +163,20 @@ class RatingDataset:
     def n_items(self) -> int:
         return len(self.item_ids)
 
+    def record(self) -> dict:
+        """What was loaded, for ``metrics.json``: name, source, counts, scale and each fold's sizes."""
+        return {
+            "name": self.name,
+            "source": self.report.get("source"),
+            "n_ratings": self.report.get("n_ratings"),
+            "n_users": self.n_users,
+            "n_items": self.n_items,
+            "scale": [self.scale.lo, self.scale.hi],
+            "folds": {f.name or str(f.index): {"train": len(f.train), "test": len(f.test)} for f in self.folds},
+            "preprocessing": self.report.get("preprocessing"),
+            "validation": self.report.get("validation"),
+        }
+
 
 def dense_rows(csr: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """Dense ``[len(rows), n_cols]`` copy of the selected rows of a CSR matrix (batched gather)."""

@@ -52,7 +52,7 @@ def evaluate_predictor(cfg: DictConfig) -> tuple[dict[str, Any], str]:
     folds = [f.to(device) for f in dataset.folds]
     cv = cross_validate(lambda: instantiate_node(cfg.model), folds, int(cfg.eval.topn), float(cfg.eval.relevance_threshold))
     keys = cv.keys()
-    metrics: dict[str, Any] = {"model": cfg.model.get("name"), "data": dataset.name}
+    metrics: dict[str, Any] = {"model": cfg.model.get("name"), "data": dataset.name, "dataset": dataset.record()}
     for k in keys:
         metrics[f"test_{k}"] = cv.mean(k)
         metrics[f"test_{k}_std"] = cv.std(k)
@@ -87,7 +87,7 @@ def evaluate_run(run_dir: Path, device: torch.device) -> tuple[dict[str, Any], s
         records.append({"fold": fold.index, "test_rmse": m["rmse"], "test_mae": m["mae"], "baselines": b})
         rows.append((fold.index, m, b))
     metrics = {
-        "model": cfg.model.get("name"), "mechanism": cfg.mechanism.get("name"), "data": dataset.name, "run": str(run_dir),
+        "model": cfg.model.get("name"), "mechanism": cfg.mechanism.get("name"), "data": dataset.name, "dataset": dataset.record(), "run": str(run_dir),
         "epsilon": cfg.epsilon, "test_rmse": float(np.mean([r["test_rmse"] for r in records])),
         "test_mae": float(np.mean([r["test_mae"] for r in records])), "folds": records,
         "baselines": {n: {k: float(np.mean([r["baselines"][n][k] for r in records])) for k in ("rmse", "mae")} for n in ("PCC", "COS")},

@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 import torch
 from hydra.errors import InstantiationException
-from hydra.utils import get_class, instantiate
+from hydra.utils import get_class, get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from dprec_torch.data.ratings import Fold
+from dprec_torch.data.ratings import Fold, RatingDataset
 from dprec_torch.device import claimed_device
 from dprec_torch.errors import ConfigError, DprecError
 from dprec_torch.evaluation.cross_validate import score_predictor
@@ -66,15 +66,34 @@ def _accepted(cls: type, **kwargs: Any) -> dict[str, Any]:
     return {k: v for k, v in kwargs.items() if k in params}
 
 
+# Keys the runner itself reads (``cfg.model.name`` for labels, ``cfg.mechanism.epochs`` for the
+# schedule). They are passed on to a target that declares them -- ``load_movielens(name=...)`` needs
+# its ``name`` -- and left out only for a target whose signature does not name them.
+RUNNER_KEYS = ("name", "epochs")
+
+
+def _declared_parameters(target: str) -> set[str]:
+    """The named parameters of a ``_target_`` (a class's ``__init__`` or a function)."""
+    try:
+        obj = get_object(target)
+    except Exception as err:  # noqa: BLE001 - report a bad _target_ as a config error
+        raise ConfigError(f"cannot import _target_ '{target}': {err}") from err
+    params = inspect.signature(obj).parameters.values()
+    return {p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+
+
 def instantiate_node(node: DictConfig, **kwargs: Any) -> Any:
-    """``instantiate`` minus the bookkeeping keys (``name``, ``epochs``) that only the runner reads.
+    """``instantiate`` a config node; a runner-only key (``RUNNER_KEYS``) is dropped only where the
+    target does not declare it, so no real argument is ever lost to the filtering.
 
     A :class:`DprecError` raised by the target is re-raised as is, not wrapped by Hydra,
     so the CLI prints its one line.
     """
     data = OmegaConf.to_container(node, resolve=True)
+    declared = _declared_parameters(data["_target_"])
+    data = {k: v for k, v in data.items() if k not in RUNNER_KEYS or k in declared}
     try:
-        return instantiate({k: v for k, v in data.items() if k not in ("name", "epochs")}, **kwargs)
+        return instantiate(data, **kwargs)
     except InstantiationException as err:
         cause = err.__cause__
         if isinstance(cause, DprecError):
@@ -162,12 +181,13 @@ def fit_fold(cfg: DictConfig, fold: Fold, device: torch.device) -> dict[str, Any
             "privacy": predictor.privacy_report() if hasattr(predictor, "privacy_report") else {"mechanism": "none"}}
 
 
-def summarise(cfg: DictConfig, dataset_name: str, folds: list[dict[str, Any]], baselines: list[dict] | None) -> dict[str, Any]:
+def summarise(cfg: DictConfig, dataset: RatingDataset, folds: list[dict[str, Any]], baselines: list[dict] | None) -> dict[str, Any]:
     keys = [k for k in folds[0] if k.startswith("test_")]
     metrics: dict[str, Any] = {
         "model": cfg.model.get("name", cfg.model.get("_target_")),
         "mechanism": cfg.mechanism.get("name"),
-        "data": dataset_name,
+        "data": dataset.name,
+        "dataset": dataset.record(),
         "epsilon": float(cfg.epsilon),
         "seed": int(cfg.seed),
     }
@@ -221,7 +241,7 @@ def run_experiment(cfg: DictConfig, device: torch.device) -> dict[str, Any]:
         folds.append(record)
         if cfg.compare_baselines and "test_rmse" in record:
             baselines.append(baseline_metrics(fold, int(cfg.baseline_k)))
-    metrics = summarise(cfg, dataset.name, folds, baselines)
+    metrics = summarise(cfg, dataset, folds, baselines)
     atomic_write_json(out / "metrics.json", metrics)
     return metrics
 
