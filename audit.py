@@ -9,6 +9,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
+from dprec_torch.config import check_config, exit_on_bad_command_line, report_error
 from dprec_torch.errors import DprecError
 
 log = logging.getLogger("audit")
@@ -20,6 +21,7 @@ def audit(cfg: DictConfig) -> dict:
     from dprec_torch.io import atomic_write_json
     from dprec_torch.training.run import instantiate_node, output_dir
 
+    check_config(cfg)
     fold = instantiate_node(cfg.data).folds[0]
     probe = fold.test.select(slice(0, int(cfg.audit.probe_ratings)))
     result = run_audit(cfg, fold.train, probe).as_dict()
@@ -35,6 +37,7 @@ def main(cfg: DictConfig) -> None:
         r = audit(cfg)
     except DprecError as err:
         log.error("%s", err)
+        report_error(err)
         sys.exit(2)
     log.info("%s: epsilon claimed %s, empirical lower bound %.3f (alpha=%g, %d trials x %d canaries, %d/%d guesses right)",
              r["mechanism"], r["epsilon_claimed"], r["epsilon_lower_bound"], r["alpha"], r["trials"], r["canaries"],
@@ -42,4 +45,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    exit_on_bad_command_line("audit")
     main()

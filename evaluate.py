@@ -9,6 +9,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
+from dprec_torch.config import exit_on_bad_command_line, report_error
 from dprec_torch.errors import DprecError
 from dprec_torch.evaluation.cli import evaluate
 
@@ -21,9 +22,11 @@ def main(cfg: DictConfig) -> None:
         _, table = evaluate(cfg)
     except DprecError as err:
         log.error("%s", err)
+        report_error(err)
         sys.exit(2)
     print(table)
 
 
 if __name__ == "__main__":
+    exit_on_bad_command_line("evaluate")  # one line + exit 2 where Hydra would print its multi-line report
     main()

@@ -11,6 +11,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
+from dprec_torch.config import check_study, exit_on_bad_command_line, report_error
 from dprec_torch.errors import DprecError
 from dprec_torch.study.pipeline import run_study
 
@@ -20,12 +21,15 @@ log = logging.getLogger("study")
 @hydra.main(config_path="conf", config_name="study", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     try:
+        check_study(cfg)
         report = run_study(cfg)
     except DprecError as err:
         log.error("%s", err)
+        report_error(err)
         sys.exit(2)
     print(report.read_text())
 
 
 if __name__ == "__main__":
+    exit_on_bad_command_line("study")  # one line + exit 2 where Hydra would print its multi-line report
     main()

@@ -10,7 +10,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from dprec_torch.config import exit_on_bad_command_line, report_error
 from dprec_torch.errors import DprecError
+from dprec_torch.startup import skip_dynamo_import
 from dprec_torch.training.run import comparison_table, train
 
 log = logging.getLogger("train")
@@ -18,10 +20,12 @@ log = logging.getLogger("train")
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float:
+    skip_dynamo_import()  # 2-3 s of torch._dynamo imports that a run never uses (dprec_torch/startup.py)
     try:
         metrics = train(cfg)
     except DprecError as err:
         log.error("%s", err)
+        report_error(err)
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             return float("nan")  # one failed job (e.g. a diverged run) must not abort the whole sweep
         sys.exit(2)
@@ -32,4 +36,5 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
+    exit_on_bad_command_line("config")  # one line + exit 2 where Hydra would print its multi-line report
     main()

@@ -152,6 +152,8 @@ def mechanism_kwargs(mech: str, model: str) -> tuple[type, dict]:
     from hydra.utils import get_class
     from omegaconf import OmegaConf
 
+    # the published case names predate the rename (issue 15, #9): their 'dpsgd'/'sgld' are the paper-faithful forms
+    mech = {"dpsgd": "dpsgd_paper", "sgld": "sgld_paper"}.get(mech, mech)
     node = OmegaConf.load(ROOT / "conf" / "mechanism" / f"{mech}.yaml")
     tuned = ROOT / "conf" / "tuned" / f"{mech}_{model}.yaml"
     if tuned.exists():

@@ -6,7 +6,9 @@ and derive the issue's targets table from the JSON files.
         --parity cpu-parity-none cpu-parity-dpsgd
 
 README's ``bench`` and ``bench-targets`` blocks and docs/performance.md's ``main``, ``t2``,
-``parity``, ``scaling`` and ``targets`` blocks are rewritten; numbers are never typed by hand.
+``parity``, ``scaling``, ``targets``, ``gpu``, ``sweep-cpu`` and ``startup-cpu`` blocks are rewritten; numbers are never typed by hand.
+The ``gpu`` block comes from ``benchmarks/results/gpu-check.json`` (``benchmarks/gpu_check.sh`` on a
+GPU machine); without that file it says the GPU rows are pending.
 """
 
 from __future__ import annotations
@@ -93,6 +95,134 @@ def targets(main: dict[str, dict], t2: dict[str, dict] | None, parity: list[dict
     return "\n".join(lines)
 
 
+GPU_JSON = RESULTS / "gpu-check.json"  # written by benchmarks/gpu_check.sh on a machine with a GPU
+GPU_TARGETS = {"ml1m_epoch": 0.02, "startup_first_epoch": 4.0, "startup_end_to_end": 8.0, "ml20m_epoch": 1.0,
+               "sweep_speedup": 10.0}  # issue 18
+
+
+def _gib(row: dict) -> str:
+    return f"{row['gpu_peak_gib']:.2f} GiB" if row.get("gpu_peak_gib") is not None else "–"
+
+
+def _label(row: dict) -> str:
+    extra = " (`model.formulation=sparse_pair`)" if "model.formulation=sparse_pair" in row.get("overrides", []) else ""
+    mech = row.get("mechanism") or next((o.split("=", 1)[1] for o in row.get("overrides", []) if o.startswith("mechanism=")), "?")
+    return f"PNBM `{mech}`{extra}"
+
+
+def gpu_tables(data: dict | None) -> str:
+    """Issue 18's GPU table and its targets from ``gpu-check.json``; without it, a plain "pending" statement."""
+    if data is None:
+        return ("**Pending: no GPU lent.** No session has yet been lent a GPU for this check. On a GPU machine, "
+                "`bash benchmarks/gpu_check.sh` (after `benchmarks/prepare_gpu_pylibs.sh`) writes "
+                "`benchmarks/results/gpu-check.json`; `python benchmarks/publish.py` then rewrites this block with "
+                "the measured rows and the targets' verdicts.\n\n"
+                "| target (issue 18) | figure | verdict |\n|---|---|---|\n"
+                f"| ML-1M: every PNBM mechanism ≤ {GPU_TARGETS['ml1m_epoch']} s/epoch, CPU RMSE | – | pending: no GPU lent |\n"
+                f"| start-up ≤ {GPU_TARGETS['startup_first_epoch']:g} s to the first epoch, ≤ {GPU_TARGETS['startup_end_to_end']:g} s end to end | – | pending: no GPU lent |\n"
+                f"| ML-20M-size ≤ {GPU_TARGETS['ml20m_epoch']:g} s/epoch | – | pending: no GPU lent |\n"
+                f"| batched sweep ≥ {GPU_TARGETS['sweep_speedup']:g}× one process per job (ML-1M, one GPU) | – | pending: no GPU lent |")
+    env = data.get("env", {})
+    head = (f"Measured by `benchmarks/gpu_check.sh` on {env.get('device', '?')} ({env.get('gpu_memory_gib', '?')} GiB), "
+            f"torch {env.get('torch', '?')}, CUDA {env.get('cuda', '?')}, {env.get('date', '?')}; "
+            f"TF32 matmul {'on' if env.get('tf32_matmul') else 'off'}. GPU peak = `torch.cuda.max_memory_allocated`.")
+    if data.get("dry_run"):
+        head = "**DRY RUN (CPU, tiny synthetic data): a check of the plumbing, not a measurement.** " + head
+    lines = [head, "", "| run | s/epoch | test RMSE | GPU peak | process wall |", "|---|---|---|---|---|"]
+    rows = list(data.get("mechanisms", []))
+    if data.get("ml20m"):
+        rows.append({**data["ml20m"], "label": "ML-20M-size synthetic, " + _label(data["ml20m"])})
+    for r in rows:
+        label = r.get("label") or "ML-1M " + _label(r)
+        if "error" in r:
+            lines.append(f"| {label} | failed: {r['error'][:160].replace('|', '/')} | | | |")
+            continue
+        lines.append(f"| {label} | {r['seconds_per_epoch']:.3f} | {r['test_rmse']:.4f} | {_gib(r)} | "
+                     f"{r.get('process_wall', float('nan')):.1f} s |")
+    lines += ["", "| target (issue 18) | figure | verdict |", "|---|---|---|"]
+    ok = [r for r in data.get("mechanisms", []) if "error" not in r]
+    if ok:
+        worst = max(ok, key=lambda r: r["seconds_per_epoch"])
+        met = len(ok) == len(data["mechanisms"]) and worst["seconds_per_epoch"] <= GPU_TARGETS["ml1m_epoch"]
+        lines.append(f"| ML-1M: every PNBM mechanism ≤ {GPU_TARGETS['ml1m_epoch']} s/epoch | slowest {_label(worst)} "
+                     f"{worst['seconds_per_epoch']:.3f} s ({len(ok)}/{len(data['mechanisms'])} ran) | {yes(met)} |")
+    par = data.get("parity", {})
+    if "abs_diff" in par:
+        tol = data.get("parity_tolerance", 1e-4)
+        lines.append(f"| ML-1M `mechanism=none`: GPU RMSE = CPU RMSE within {tol:g} | abs. Δ = {par['abs_diff']:.1e} | "
+                     f"{yes(par['abs_diff'] <= tol)} |")
+    st = data.get("startup") or {}
+    if st.get("to_first_epoch") is not None:
+        lines.append(f"| start-up ≤ {GPU_TARGETS['startup_first_epoch']:g} s to the first epoch (`{st['command']}`) | "
+                     f"{st['to_first_epoch']:.1f} s | {yes(st['to_first_epoch'] <= GPU_TARGETS['startup_first_epoch'])} |")
+        lines.append(f"| start-up ≤ {GPU_TARGETS['startup_end_to_end']:g} s end to end (same command) | {st['end_to_end']:.1f} s | "
+                     f"{yes(st['end_to_end'] <= GPU_TARGETS['startup_end_to_end'])} |")
+    big = data.get("ml20m") or {}
+    if "seconds_per_epoch" in big:
+        lines.append(f"| ML-20M-size ≤ {GPU_TARGETS['ml20m_epoch']:g} s/epoch | {big['seconds_per_epoch']:.2f} s, {_gib(big)} | "
+                     f"{yes(big['seconds_per_epoch'] <= GPU_TARGETS['ml20m_epoch'])} |")
+    sw = data.get("sweep") or {}
+    if "modes" in sw:
+        m = sw["modes"]
+        sp = m["batched"]["speedup_vs_separate"]
+        walls = ", ".join(f"{k} {v['wall_seconds']:.0f} s" for k, v in m.items())
+        lines.append(f"| batched sweep ≥ {GPU_TARGETS['sweep_speedup']:g}× one process per job ({sw['n_jobs']} jobs: "
+                     f"{' '.join(sw['sweep'])}) | {walls}: {sp:.1f}× | {yes(sp >= GPU_TARGETS['sweep_speedup'])} |")
+        lines.append(f"| batched sweep: the numbers of separate runs | per-job metrics {'identical' if sw['same_numbers'] else 'DIFFER'} "
+                     f"| {yes(bool(sw['same_numbers']))} |")
+    elif "error" in sw:
+        lines.append(f"| batched sweep | failed: {sw['error'][:160]} | **not met** |")
+    tests = data.get("gpu_tests")
+    if tests and tests.get("exit_code") != "skipped":
+        lines.append(f"| `pytest -m gpu` passes | exit code {tests['exit_code']} | {yes(bool(tests.get('passed')))} |")
+    for stage, why in (data.get("skipped") or {}).items():
+        lines.append(f"| {stage} | not measured: {why} | not yet measured |")
+    lines.append("| Netflix-size DPPS-PNBM, 20 epochs ≤ 2 min in ≤ 40 GB | not in this check (it alone needs > 2 min) | not yet measured |")
+    return "\n".join(lines)
+
+
+SWEEP_CPU_JSON = RESULTS / "sweep-cpu-ml100k.json"  # benchmarks/bench_sweep.py on the CPU
+STARTUP_CPU_JSON = {"before": RESULTS / "startup-cpu-before.json", "after": RESULTS / "startup-cpu-after.json"}
+
+
+def sweep_table(data: dict | None) -> str:
+    """One sweep three ways (``benchmarks/bench_sweep.py``): wall time, ratio to one process per job, same numbers."""
+    if data is None:
+        return "Not measured yet: `python benchmarks/bench_sweep.py --out benchmarks/results/sweep-cpu-ml100k.json` writes it."
+    lines = [f"`{' '.join(data['sweep'])}` with `{' '.join(data['fixed'])}` ({data['n_jobs']} jobs; 1-minute load "
+             f"average {data['load_avg']:.1f} at the end, on a machine shared with other jobs):", "",
+             "| launcher | wall | speed-up vs one process per job |", "|---|---|---|"]
+    names = {"separate": "one `python train.py` per job", "basic": "`-m` (Hydra's basic launcher)",
+             "batched": "`-m hydra/launcher=batched`"}
+    for mode, r in data["modes"].items():
+        sp = r.get("speedup_vs_separate")
+        lines.append(f"| {names.get(mode, mode)} | {r['wall_seconds']:.1f} s | {'–' if sp is None else f'{sp:.2f}×'} |")
+    lines += ["", f"Per-job test RMSE, MAE and per-epoch history identical across the three: "
+                  f"**{'yes' if data['same_numbers'] else 'NO'}**."]
+    return "\n".join(lines)
+
+
+def startup_table(runs: dict[str, dict | None]) -> str:
+    """``benchmarks/bench_startup.py`` before/after: seconds to the first epoch, end to end, slowest imports."""
+    have = {k: v for k, v in runs.items() if v is not None}
+    if not have:
+        return "Not measured yet: `python benchmarks/bench_startup.py --out benchmarks/results/startup-cpu-after.json`."
+    cmd = next(iter(have.values()))["command"]
+    lines = [f"`{cmd}` (minimum over runs; 1-minute load average at the end in brackets):", "",
+             "| checkout | to the first epoch | end to end | CPU time | top-level imports ≥ 50 ms (`-X importtime`, s) |",
+             "|---|---|---|---|---|"]
+    for name, r in have.items():
+        imps = ", ".join(f"`{k}` {v:.2f}" for k, v in sorted(r["imports"].items(), key=lambda kv: -kv[1])) if r.get("imports") else "–"
+        first = "–" if r["to_first_epoch"] is None else f"{r['to_first_epoch']:.1f} s"
+        cpu = f"{r['cpu_seconds']:.1f} s" if r.get("cpu_seconds") is not None else "–"
+        lines.append(f"| {name} ({r['load_avg']:.1f}) | {first} | {r['end_to_end']:.1f} s | {cpu} | {imps} |")
+    return "\n".join(lines)
+
+
+def _json_or_none(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--main", default="cpu-main-t1")
@@ -100,6 +230,7 @@ def main() -> None:
     ap.add_argument("--scaling", default="cpu-scaling-t1")
     ap.add_argument("--parity", nargs="*", default=["cpu-parity-none", "cpu-parity-dpsgd"])
     ap.add_argument("--repeated", default="cpu-dpsgd-syn1m-t1", help="the target's two cases run alone (optional)")
+    ap.add_argument("--gpu", type=Path, default=GPU_JSON, help="gpu_check.sh's JSON; absent = the GPU rows are pending")
     args = ap.parse_args()
     repeated = cases(args.repeated) if (RESULTS / f"bench-{args.repeated}.json").exists() else None
     table = targets(cases(args.main), cases(args.t2), [cases(t) for t in args.parity], repeated)
@@ -111,6 +242,12 @@ def main() -> None:
     splice(doc, "parity", "\n".join(read(t, "md") for t in args.parity))
     splice(doc, "scaling", read(args.scaling, "md"))
     splice(doc, "targets", table)
+    gpu = json.loads(args.gpu.read_text()) if args.gpu.exists() else None
+    if gpu is not None and gpu.get("dry_run"):
+        raise SystemExit(f"{args.gpu} is a --dry-run (CPU, tiny data); it is not published as GPU figures")
+    splice(doc, "gpu", gpu_tables(gpu))
+    splice(doc, "sweep-cpu", sweep_table(_json_or_none(SWEEP_CPU_JSON)))
+    splice(doc, "startup-cpu", startup_table({k: _json_or_none(v) for k, v in STARTUP_CPU_JSON.items()}))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +29,28 @@ def resolve_device(name: str = "auto") -> torch.device:
         raise ConfigError(f"unknown device '{name}'; use auto, cpu or cuda") from err
 
 
+def warm_up(device: torch.device) -> threading.Thread | None:
+    """Create ``device``'s CUDA context on a background thread; None for a CPU device.
+
+    The first CUDA call of a process creates the context and loads kernels (0.5-1.2 s on an
+    H100/H200; issue 18 saw it land in the first ``Ratings.to``). Started as soon as the device
+    is known, it overlaps with reading the data; torch's lazy-init lock makes the main thread's
+    first CUDA call wait for it rather than race it.
+    """
+    if device.type != "cuda":
+        return None
+
+    def init() -> None:
+        try:
+            torch.empty(1, device=device)
+        except Exception as err:  # noqa: BLE001 - the main thread's own first CUDA call reports it
+            log.debug("CUDA warm-up on %s failed: %s", device, err)
+
+    thread = threading.Thread(target=init, name=f"cuda-warm-up-{device}", daemon=True)
+    thread.start()
+    return thread
+
+
 @contextlib.contextmanager
 def claimed_device(name: str, lock_dir: Path | None, poll_seconds: float = 1.0) -> Iterator[torch.device]:
     """:func:`resolve_device`; with ``device=auto``, several GPUs and a ``lock_dir``, one GPU per job.
@@ -40,6 +63,7 @@ def claimed_device(name: str, lock_dir: Path | None, poll_seconds: float = 1.0) 
     device = resolve_device(name)
     n_gpus = torch.cuda.device_count() if device.type == "cuda" else 0
     if str(name).lower() != "auto" or n_gpus <= 1 or lock_dir is None:
+        warm_up(device)
         yield device
         return
     import fcntl
@@ -55,6 +79,7 @@ def claimed_device(name: str, lock_dir: Path | None, poll_seconds: float = 1.0) 
                 handle.close()
                 continue
             log.info("multirun job pinned to cuda:%d (%d GPUs)", i, n_gpus)
+            warm_up(torch.device(f"cuda:{i}"))
             try:
                 yield torch.device(f"cuda:{i}")
             finally:

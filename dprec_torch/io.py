@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -33,14 +35,19 @@ def _sanitize(obj: Any) -> Any:
     return obj
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write to a temp file in the same folder, fsync, then rename over ``path``."""
+@contextlib.contextmanager
+def atomic_open(path: str | Path) -> Iterator[BinaryIO]:
+    """A binary file handle whose contents replace ``path`` only when the block ends without error.
+
+    Written to a temp file in the same folder, fsynced, then renamed over ``path``; on an error
+    the temp file is removed and ``path`` is left as it was.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            yield fh
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -50,6 +57,12 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
         raise
 
 
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (:func:`atomic_open`)."""
+    with atomic_open(path) as fh:
+        fh.write(data)
+
+
 def atomic_write_json(path: str | Path, obj: Any) -> None:
     """Atomically write ``obj`` as indented JSON (inf/nan become strings)."""
     text = json.dumps(_sanitize(obj), indent=2, default=_json_default, sort_keys=False)
@@ -57,9 +70,6 @@ def atomic_write_json(path: str | Path, obj: Any) -> None:
 
 
 def atomic_torch_save(path: str | Path, obj: Any) -> None:
-    """Atomically ``torch.save`` a checkpoint."""
-    import io
-
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    atomic_write_bytes(path, buf.getvalue())
+    """Atomically ``torch.save`` a checkpoint, streamed into the temp file (no in-memory copy of it)."""
+    with atomic_open(path) as fh:
+        torch.save(obj, fh)

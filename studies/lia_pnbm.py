@@ -16,7 +16,7 @@ prediction A = r_hat_uq for an item q that u has not rated. Eq. (2) is affine in
 reconstructs r_ul exactly whenever s_ql != 0 and A was not clipped to the scale. The adversary
 picks l = the rated item with the largest |s_ql|. A hit is |LIA - r_ul| < 0.5.
 
-The point: DP training of S (dpsgd, dpsgd_l1, gaussian) protects u against people who see the
+The point: DP training of S (dpsgd_paper, dpsgd_l1, gaussian) protects u against people who see the
 model and OTHER users' predictions; u's own predictions are a deterministic function of u's raw
 ratings and leak them to whoever sees them, at every epsilon. Only output perturbation
 (``mechanism=laplace_output``-style noise on A) lowers the attack accuracy. Writes
@@ -40,7 +40,7 @@ from dprec_torch.errors import DprecError
 
 log = logging.getLogger("lia_pnbm")
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
-MECHANISMS = [("none", "inf"), ("dpsgd", "1"), ("dpsgd_l1", "1"), ("gaussian", "1")]
+MECHANISMS = [("none", "inf"), ("dpsgd_paper", "1"), ("dpsgd_l1", "1"), ("gaussian", "1")]  # dpsgd_paper: Alg. 1 as printed
 
 
 class PNBMSideInformation:

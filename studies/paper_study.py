@@ -3,6 +3,10 @@
     python studies/paper_study.py --run      # runs the four study.py commands below, then splices
     python studies/paper_study.py            # only splices: reads results/fig{1,2,3}_ml-100k_tuned/
 
+All four studies run the PAPER-FAITHFUL mechanisms (``mechanism=dpsgd_paper`` / ``sgld_paper``, conf/study/),
+not the provable defaults ``dpsgd`` / ``sgld``. ``--relabel`` rewrites result folders written before that rename
+(method names only; :func:`dprec_torch.evaluation.report.relabel`).
+
 ``--run`` executes, one after the other, ``python study.py study=fig1``, ``study=fig2``, ``study=fig3`` and
 ``study=fig2 search=repo`` (each a pair of Hydra multiruns, see study.py) and records their wall times in
 ``results/paper_study_times.json``.
@@ -23,23 +27,36 @@ from pathlib import Path
 import yaml
 
 from dprec_torch.evaluation.markers import splice
+from dprec_torch.evaluation.report import legacy_method, relabel
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDIES = {"fig1": "results/fig1_ml-100k_tuned", "fig2": "results/fig2_ml-100k_tuned", "fig3": "results/fig3_ml-100k_tuned",
            "fig2repo": "results/fig2_ml-100k_tuned_repo"}  # search=repo: DPPS step sizes on this repository's scale
 FIXED = {"fig1": "results/fig1_ml100k", "fig2": "results/fig2_ml100k", "fig3": "results/fig3_ml100k"}  # the same figures with fixed default hyperparameters
 TAU = 200
-NAMES = {"dpsgd-pnbm": "DPSGD-PNBM", "dpsgd-mf": "DPSGD-MF", "sgld-pnbm": "DPPS-PNBM", "sgld-mf": "DPPS-MF"}
+NAMES = {"dpsgd_paper-pnbm": "DPSGD-PNBM (paper-faithful)", "dpsgd_paper-mf": "DPSGD-MF (paper-faithful)",
+         "sgld_paper-pnbm": "DPPS-PNBM (paper-faithful)", "sgld_paper-mf": "DPPS-MF (paper-faithful)"}
+#: printed above the tables: every method of the study is a paper-faithful form, not a package default
+FORMS = ("Every method below is a **paper-faithful** mechanism, one explicit choice away from the defaults: "
+         "DPSGD-PNBM is `mechanism=dpsgd_paper` (Alg. 1 as printed), DPSGD-MF is `mechanism=dpsgd_paper model=mf` "
+         "(Berlioz et al., ε per rating value), DPPS-PNBM and DPPS-MF are `mechanism=sgld_paper` (Alg. 2 as printed; "
+         "the grid sets ρ). For PNBM neither defends an ε (exact item means; Alg. 1's ΔF bounds one gradient entry), "
+         "so their ε is the configured figure only; the defaults `mechanism=dpsgd` and `mechanism=sgld` are the "
+         "provable forms, whose reported ε is the typed ε, and are not part of this study. "
+         "(The results were produced before the rename, when these forms were called `dpsgd`/`sgld`; "
+         "`python studies/paper_study.py --relabel` rewrote their method names, no number.)")
 
 
 def load(folder: Path) -> dict | None:
     """{'rmse': {(method, eps): (mean, std)}, 'base': {name: mean}, 'selected': ..., 'md': report.md} or None."""
     if not (folder / "report.csv").exists():
         return None
-    rmse = {(r["method"], float(r["epsilon"])): (float(r["rmse_mean"]), float(r["rmse_std"]), r["epsilon_guaranteed"])
+    rmse = {(legacy_method(r["method"]), float(r["epsilon"])): (float(r["rmse_mean"]), float(r["rmse_std"]),
+                                                                 r["epsilon_guaranteed"])
             for r in csv.DictReader(open(folder / "report.csv"))}
     base = {r["method"]: float(r["rmse_mean"]) for r in csv.DictReader(open(folder / "baselines.csv"))}
     selected = yaml.safe_load((folder / "selected.yaml").read_text())
+    selected["selected"] = {legacy_method(m): c for m, c in selected.get("selected", {}).items()}
     return {"rmse": rmse, "base": base, "selected": selected, "md": (folder / "report.md").read_text()}
 
 
@@ -79,7 +96,8 @@ def fixed_rmse(folder: Path) -> dict:
     """(method, eps) -> mean test RMSE of the fixed-hyperparameter sweep, if it was run."""
     if not (folder / "report.csv").exists():
         return {}
-    return {(r["method"], float(r["epsilon"])): float(r["rmse_mean"]) for r in csv.DictReader(open(folder / "report.csv"))}
+    return {(legacy_method(r["method"]), float(r["epsilon"])): float(r["rmse_mean"])
+            for r in csv.DictReader(open(folder / "report.csv"))}
 
 
 def table(study: dict, methods: list[str], fixed: dict) -> list[str]:
@@ -123,7 +141,7 @@ def table(study: dict, methods: list[str], fixed: dict) -> list[str]:
 def dpps_accuracy(study: dict, label: str) -> list[str]:
     """Verdicts on "DPPS-* accurate (better than non-private PCC/COS) for ε ≥ 0.1·τ" from one Fig. 2 study."""
     r, b, out = study["rmse"], study["base"], []
-    for m in ("sgld-pnbm", "sgld-mf"):
+    for m in ("sgld_paper-pnbm", "sgld_paper-mf"):
         hi = sorted(e for (mm, e) in r if mm == m and e >= 0.1 * TAU)
         flags = [r[(m, e)][0] < min(b["PCC"], b["COS"]) for e in hi]
         nums = ", ".join(f"ε={e:g}: {r[(m, e)][0]:.4f} (ε guaranteed: {guaranteed(r[(m, e)][2])})" for e in hi)
@@ -135,9 +153,9 @@ def dpps_accuracy(study: dict, label: str) -> list[str]:
 
 def fig3_claim(dpsgd: dict, dpps: dict, source: str, note: str) -> str:
     """Fig. 3: DPPS-PNBM at ε = x·τ against DPSGD-PNBM at ε = x (the paper's "same average rating-level ε")."""
-    pairs = [(x, x * TAU) for x in (0.1, 0.5, 1.0) if ("dpsgd-pnbm", x) in dpsgd and ("sgld-pnbm", x * TAU) in dpps]
-    flags = [dpps[("sgld-pnbm", y)][0] < dpsgd[("dpsgd-pnbm", x)][0] for x, y in pairs]
-    nums = ", ".join(f"x={x:g}: DPPS {dpps[('sgld-pnbm', y)][0]:.4f} vs DPSGD {dpsgd[('dpsgd-pnbm', x)][0]:.4f}" for x, y in pairs)
+    pairs = [(x, x * TAU) for x in (0.1, 0.5, 1.0) if ("dpsgd_paper-pnbm", x) in dpsgd and ("sgld_paper-pnbm", x * TAU) in dpps]
+    flags = [dpps[("sgld_paper-pnbm", y)][0] < dpsgd[("dpsgd_paper-pnbm", x)][0] for x, y in pairs]
+    nums = ", ".join(f"x={x:g}: DPPS {dpps[('sgld_paper-pnbm', y)][0]:.4f} vs DPSGD {dpsgd[('dpsgd_paper-pnbm', x)][0]:.4f}" for x, y in pairs)
     return (f"- Fig. 3, \"at the same (average rating-level) ε = x, DPPS-PNBM (ε = x·τ) is more accurate than DPSGD-PNBM "
             f"(ε = x)\": {verdict(flags)} ({nums}; {source}). Neither side defends its ε (both ε null for PNBM), and "
             f"x·τ/τ is an average, not a rating-level bound.{note}")
@@ -147,48 +165,48 @@ def claims(s1: dict | None, s2: dict | None, s3: dict | None = None, s2r: dict |
     out = []
     if s1:
         r, b = s1["rmse"], s1["base"]
-        small = [e for e in (0.1, 0.5, 1.0) if ("dpsgd-pnbm", e) in r and ("dpsgd-mf", e) in r]
-        flags = [r[("dpsgd-pnbm", e)][0] < r[("dpsgd-mf", e)][0] for e in small]
-        nums = ", ".join(f"ε={e:g}: {r[('dpsgd-pnbm', e)][0]:.4f} vs {r[('dpsgd-mf', e)][0]:.4f}" for e in small)
+        small = [e for e in (0.1, 0.5, 1.0) if ("dpsgd_paper-pnbm", e) in r and ("dpsgd_paper-mf", e) in r]
+        flags = [r[("dpsgd_paper-pnbm", e)][0] < r[("dpsgd_paper-mf", e)][0] for e in small]
+        nums = ", ".join(f"ε={e:g}: {r[('dpsgd_paper-pnbm', e)][0]:.4f} vs {r[('dpsgd_paper-mf', e)][0]:.4f}" for e in small)
         out.append(f"- \"PNBM beats MF at small ε\" (Fig. 1, DPSGD-PNBM vs DPSGD-MF, ε ≤ 1): {verdict(flags)} ({nums}). "
                    "DPSGD-MF's ε is a defended value-level guarantee, DPSGD-PNBM's is not (ε null).")
-        big = sorted(e for (m, e) in r if m == "dpsgd-pnbm" and e >= 1)
-        flags = [r[("dpsgd-pnbm", e)][0] < min(b["PCC"], b["COS"]) for e in big]
+        big = sorted(e for (m, e) in r if m == "dpsgd_paper-pnbm" and e >= 1)
+        flags = [r[("dpsgd_paper-pnbm", e)][0] < min(b["PCC"], b["COS"]) for e in big]
         beats = [f"{e:g}" for e, f in zip(big, flags) if f]
-        nums = ", ".join(f"ε={e:g}: {r[('dpsgd-pnbm', e)][0]:.4f}" for e in big)
+        nums = ", ".join(f"ε={e:g}: {r[('dpsgd_paper-pnbm', e)][0]:.4f}" for e in big)
         out.append(f"- \"DPSGD-PNBM beats non-private PCC/COS at ε ≥ 1\": {verdict(flags)} — beats both (PCC "
                    f"{b['PCC']:.4f}, COS {b['COS']:.4f}) at ε ∈ {{{', '.join(beats) or 'none'}}} ({nums}).")
-        hi = sorted(e for (m, e) in r if m == "dpsgd-mf" and e >= 20)
-        flags = [r[("dpsgd-mf", e)][0] < min(b["PCC"], b["COS"]) for e in hi]
-        nums = ", ".join(f"ε={e:g}: {r[('dpsgd-mf', e)][0]:.4f}" for e in hi)
+        hi = sorted(e for (m, e) in r if m == "dpsgd_paper-mf" and e >= 20)
+        flags = [r[("dpsgd_paper-mf", e)][0] < min(b["PCC"], b["COS"]) for e in hi]
+        nums = ", ".join(f"ε={e:g}: {r[('dpsgd_paper-mf', e)][0]:.4f}" for e in hi)
         out.append(f"- \"DPSGD-MF loses little at ε ≥ 20 and beats PCC/COS\": {verdict(flags)} ({nums}).")
     else:
         out.append("- Fig. 1 claims: not run.")
     if s2:
         r, b = s2["rmse"], s2["base"]
         out += dpps_accuracy(s2, "thinner paper grid (`search=cpu`)")
-        small = [e for e in (2.0, 10.0) if ("sgld-pnbm", e) in r and ("sgld-mf", e) in r]
-        flags = [r[("sgld-pnbm", e)][0] < r[("sgld-mf", e)][0] for e in small]
-        nums = ", ".join(f"ε={e:g}: {r[('sgld-pnbm', e)][0]:.4f} vs {r[('sgld-mf', e)][0]:.4f}" for e in small)
-        flat = FLAT if flat_grids(s2, ["sgld-pnbm", "sgld-mf"]) else ""
+        small = [e for e in (2.0, 10.0) if ("sgld_paper-pnbm", e) in r and ("sgld_paper-mf", e) in r]
+        flags = [r[("sgld_paper-pnbm", e)][0] < r[("sgld_paper-mf", e)][0] for e in small]
+        nums = ", ".join(f"ε={e:g}: {r[('sgld_paper-pnbm', e)][0]:.4f} vs {r[('sgld_paper-mf', e)][0]:.4f}" for e in small)
+        flat = FLAT if flat_grids(s2, ["sgld_paper-pnbm", "sgld_paper-mf"]) else ""
         out.append(f"- \"PNBM beats MF at small ε\" (Fig. 2, DPPS-PNBM vs DPPS-MF, ε ≤ 0.05·τ): {verdict(flags)} ({nums}).{flat}")
     else:
         out.append("- Fig. 2 claims: not run.")
     if s2r:
         out += dpps_accuracy(s2r, "step sizes on this repository's scale (`search=repo`, not the paper's grid)")
         r = s2r["rmse"]
-        small = [e for e in (2.0, 10.0) if ("sgld-pnbm", e) in r and ("sgld-mf", e) in r]
-        flags = [r[("sgld-pnbm", e)][0] < r[("sgld-mf", e)][0] for e in small]
-        nums = ", ".join(f"ε={e:g}: {r[('sgld-pnbm', e)][0]:.4f} vs {r[('sgld-mf', e)][0]:.4f}" for e in small)
+        small = [e for e in (2.0, 10.0) if ("sgld_paper-pnbm", e) in r and ("sgld_paper-mf", e) in r]
+        flags = [r[("sgld_paper-pnbm", e)][0] < r[("sgld_paper-mf", e)][0] for e in small]
+        nums = ", ".join(f"ε={e:g}: {r[('sgld_paper-pnbm', e)][0]:.4f} vs {r[('sgld_paper-mf', e)][0]:.4f}" for e in small)
         out.append(f"- \"PNBM beats MF at small ε\" (Fig. 2, DPPS-PNBM vs DPPS-MF, ε ≤ 0.05·τ), `search=repo`: "
                    f"{verdict(flags)} ({nums}).")
     dpsgd = (s3 or s1 or {}).get("rmse")
     if s3:
         out.append(fig3_claim(dpsgd, s3["rmse"], "from the Fig. 3 study (thinner paper grid)",
-                              FLAT if flat_grids(s3, ["sgld-pnbm"]) else ""))
+                              FLAT if flat_grids(s3, ["sgld_paper-pnbm"]) else ""))
     elif s1 and s2:
         out.append(fig3_claim(dpsgd, s2["rmse"], "from the Fig. 1 and Fig. 2 studies",
-                              FLAT if flat_grids(s2, ["sgld-pnbm"]) else ""))
+                              FLAT if flat_grids(s2, ["sgld_paper-pnbm"]) else ""))
     else:
         out.append("- Fig. 3 claim: not run.")
     if dpsgd and s2r:
@@ -242,18 +260,24 @@ def main() -> None:
     ap.add_argument("--fig2repo", default=str(ROOT / STUDIES["fig2repo"]))
     ap.add_argument("--readme", default=str(ROOT / "README.md"))
     ap.add_argument("--run", action="store_true", help="run the four studies first (about 50 min on a 2-core CPU)")
+    ap.add_argument("--relabel", action="store_true",
+                    help="first rewrite result folders written before the dpsgd/sgld -> *_paper rename (names only)")
     ap.add_argument("overrides", nargs="*", help="with --run: extra study.py overrides, e.g. launcher=joblib n_jobs=2")
     args = ap.parse_args()
     if args.run:
         run_all(args.overrides)
+    if args.relabel:
+        for folder in [args.fig1, args.fig2, args.fig3, args.fig2repo, *(str(ROOT / f) for f in FIXED.values())]:
+            if Path(folder).exists():
+                print("relabelled:", ", ".join(relabel(folder)) or "nothing")
     s1, s2, s3 = load(Path(args.fig1)), load(Path(args.fig2)), load(Path(args.fig3))
     s2r = load(Path(args.fig2repo))
-    lines = []
-    for key, name, s, methods in (("fig1", "Fig. 1 (DPSGD)", s1, ["dpsgd-pnbm", "dpsgd-mf"]),
-                                  ("fig2", "Fig. 2 (DPPS, ε = x·τ)", s2, ["sgld-pnbm", "sgld-mf"]),
+    lines = [FORMS, ""]
+    for key, name, s, methods in (("fig1", "Fig. 1 (DPSGD)", s1, ["dpsgd_paper-pnbm", "dpsgd_paper-mf"]),
+                                  ("fig2", "Fig. 2 (DPPS, ε = x·τ)", s2, ["sgld_paper-pnbm", "sgld_paper-mf"]),
                                   ("fig2", "Fig. 2 with DPPS step sizes on this repository's scale (`search=repo`, "
-                                   "conf/grid/sgld_*_repo.yaml; NOT the paper's grid)", s2r, ["sgld-pnbm", "sgld-mf"]),
-                                  ("fig3", "Fig. 3 (DPSGD-PNBM vs DPPS-PNBM)", s3, ["dpsgd-pnbm", "sgld-pnbm"])):
+                                   "conf/grid/sgld_paper_*_repo.yaml; NOT the paper's grid)", s2r, ["sgld_paper-pnbm", "sgld_paper-mf"]),
+                                  ("fig3", "Fig. 3 (DPSGD-PNBM vs DPPS-PNBM)", s3, ["dpsgd_paper-pnbm", "sgld_paper-pnbm"])):
         lines += [f"**{name}**, ML-100K, mean ± std test RMSE over u1–u5 "
                   "(chosen configuration and its validation RMSE next to it):", ""]
         lines += table(s, methods, fixed_rmse(ROOT / FIXED[key])) if s else ["not run"]

@@ -5,7 +5,9 @@ epsilon) and Fig. 2 (epsilon-Risk vs epsilon-Utility) on ML-100K fold u1:
 
     DPREC_DATA=../shared/data python studies/park_acharya_lia.py results/park_acharya/
 
-Protocol (per the paper): Slope One with (T, phi_m) = (20, 10) is fitted on u1.base.
+Protocol (per the paper): Slope One with (T, phi_m) = (20, 10) is fitted on u1.base and the noise
+is calibrated with the paper's Delta r = 5 (Delta f = 0.5; ``--delta-r 0`` uses the data's span 4,
+the default of ``model=slope_one`` elsewhere).
 Every test user with >= T training ratings is attacked: one random training rating
 r_il is the target, one random item j of the user's test set is the released query,
 and Theorem 3.3's LIA reconstructs r_il from A_ij = f_ij + Lap(Delta f/eps). A hit is
@@ -35,6 +37,7 @@ import torch  # noqa: E402
 from dprec_torch.attacks.lia import epsilon_utility, lia_estimate, lia_hit_probability, topn_difference  # noqa: E402
 from dprec_torch.data.ratings import Fold, Ratings  # noqa: E402
 from dprec_torch.errors import DprecError  # noqa: E402
+from dprec_torch.evaluation.markers import splice  # noqa: E402
 from dprec_torch.mechanisms.output_perturbation import LaplaceOutputPredictor  # noqa: E402
 from dprec_torch.predictors.slope_one import SlopeOne, top_n_unrated  # noqa: E402
 
@@ -73,7 +76,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, float]], float]:
     torch.manual_seed(args.seed)
     gen = torch.Generator().manual_seed(args.seed)
     fold = load_fold(args.data, args.fold, args.data_dir, args.seed)
-    model = SlopeOne(T=args.T, phi_m=args.phi_m, delta_r=args.delta_r).fit(fold.train)
+    model = SlopeOne(T=args.T, phi_m=args.phi_m, delta_r=args.delta_r or None).fit(fold.train)
     users, query, target = pick_targets(model, fold.test, gen)
     scores = model.score(users)
     rated = model.rated_mask(users)
@@ -149,12 +152,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fold", type=int, default=1)
     p.add_argument("--T", type=int, default=20)
     p.add_argument("--phi-m", type=int, default=10)
-    p.add_argument("--delta-r", type=float, default=None, help="r_max - r_min (default: the data's, 4; paper: 5)")
+    p.add_argument("--delta-r", type=float, default=5.0,
+                   help="r_max - r_min in Eq. (11) (default: the paper's 5, Delta f = 0.5; 0 = the data's span, 4)")
     p.add_argument("--top", type=int, default=20)
     p.add_argument("--reps", type=int, default=20, help="fresh-noise repetitions per epsilon")
     p.add_argument("--epsilons", type=float, nargs="+", default=[float(f"{e:.3g}") for e in np.logspace(-2, 3, 16)])
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--docs", default=None, help="markdown file to splice the table into (default: docs/park_acharya.md "
+                   "for --data ml-100k; '' = none)")
     args = p.parse_args(argv)
+    if args.docs is None:
+        args.docs = str(Path(__file__).resolve().parents[1] / "docs" / "park_acharya.md") if args.data == "ml-100k" else ""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -168,11 +176,20 @@ def main(argv: list[str] | None = None) -> int:
         writer.writeheader()
         writer.writerows({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()} for r in rows)
     plot(rows, out, args.top, delta_f)
-    print(f"{'epsilon':>9} {'b':>8} {'LIA acc':>8} {'risk':>7} {'top-' + str(args.top) + ' diff':>12} {'utility':>8}")
-    for r in rows:
-        print(f"{r['epsilon']:>9g} {r['noise_scale']:>8.4g} {r['attack_accuracy']:>8.4f} {r['risk']:>7.4f} "
-              f"{r[f'top{args.top}_difference']:>12.4f} {r['utility']:>8.4f}")
+    md = markdown(rows, args.top, delta_f)
+    if args.docs:
+        splice(args.docs, "park-acharya-lia", md)
+    print(md)
     return 0
+
+
+def markdown(rows: list[dict[str, float]], top: int, delta_f: float) -> str:
+    """The LIA table of docs/park_acharya.md (spliced between its park-acharya-lia markers)."""
+    lines = [f"Delta f = {delta_f:g}; LIA accuracy is empirical, eps-Risk exact (Definition 5).", "",
+             f"| eps | b | LIA accuracy | eps-Risk (exact) | top-{top} difference | eps-Utility |", "|---|---|---|---|---|---|"]
+    lines += [f"| {r['epsilon']:g} | {r['noise_scale']:.4g} | {r['attack_accuracy']:.3f} | {r['risk']:.3f} | "
+              f"{r[f'top{top}_difference']:.3f} | {r['utility']:.3f} |" for r in rows]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

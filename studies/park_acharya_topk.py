@@ -6,7 +6,8 @@ Fig. 4b (KL divergence vs chain iterations) on ML-100K fold u1:
     DPREC_DATA=../shared/data python studies/park_acharya_topk.py results/park_acharya/
 
 The score matrix C is non-private Slope One (T, phi_m) = (20, 10) on u1.base, clipped to
-[1, 5]; Delta = 4 (pass ``--sensitivity 5`` for the paper's U_r). For ``--n-users`` random
+[1, 5]; Delta = the paper's U_r = 5 (``--sensitivity 4`` = the clipped range, ``mechanism.sensitivity``'s
+default). The paper's Fig. 4 curves are the ``mcmc`` line. For ``--n-users`` random
 test users and each epsilon, one top-k set (k = 10) is drawn per user and repetition with
 
 * ``exact``: the O(M k) elementary-symmetric-polynomial sampler over ALL k-subsets, and
@@ -45,6 +46,7 @@ import torch  # noqa: E402
 
 from dprec_torch.data.ratings import Fold  # noqa: E402
 from dprec_torch.errors import DprecError  # noqa: E402
+from dprec_torch.evaluation.markers import splice  # noqa: E402
 from dprec_torch.mechanisms.exponential_topk import (  # noqa: E402
     mask_to_ids,
     sample_topk_exact,
@@ -138,7 +140,7 @@ def plot(acc: list[dict], kls: list[dict], out: Path, args: argparse.Namespace) 
     eps = [r["epsilon"] for r in acc]
     ax.semilogx(eps, [100 * r["exact_accuracy"] for r in acc], "o-", label="exact sampler (all k-subsets)")
     ax.semilogx(eps, [100 * r["mcmc_accuracy"] for r in acc], "s--", label=f"MCMC, window N1={args.n1}, N2={args.n2}")
-    ax.set(xlabel="epsilon", ylabel=f"% overlap with true top-{args.k}", title="Fig. 4a: accuracy vs ε", ylim=(0, 102))
+    ax.set(xlabel="epsilon", ylabel=f"% overlap with true top-{args.k}", title=f"Fig. 4a: accuracy vs ε (Δ={args.sensitivity:g})", ylim=(0, 102))
     ax.legend(fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
@@ -154,7 +156,7 @@ def plot(acc: list[dict], kls: list[dict], out: Path, args: argparse.Namespace) 
         if iid:
             ax.loglog([r["iteration"] for r in iid], [max(r["kl_iid_exact"], 1e-6) for r in iid], ":", c=c,
                       label=f"iid exact ε={e:g}")
-    ax.set(xlabel="iterations", ylabel=f"KL(P || P̂), top {args.k_hat} sets", title="Fig. 4b: convergence")
+    ax.set(xlabel="iterations", ylabel=f"KL(P || P̂), top {args.k_hat} sets", title=f"Fig. 4b: convergence (Δ={args.sensitivity:g})")
     ax.legend(fontsize=7)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
@@ -179,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n-users", type=int, default=100)
     p.add_argument("--reps", type=int, default=3, help="draws per user and epsilon")
     p.add_argument("--epsilons", type=float, nargs="+", default=[0.1, 0.3, 1, 3, 10, 30, 100, 300, 1000])
-    p.add_argument("--sensitivity", type=float, default=4.0, help="Delta of one score entry (paper: U_r = 5)")
+    p.add_argument("--sensitivity", type=float, default=5.0,
+                   help="Delta of one score entry (default: the paper's U_r = 5; 4 = the clipped score range)")
     p.add_argument("--n1", type=int, default=2)
     p.add_argument("--n2", type=int, default=3)
     p.add_argument("--n-iter", type=int, default=2000, help="chain steps per MCMC draw (Fig. 4a)")
@@ -188,7 +191,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chains", type=int, default=500, help="parallel chains for Fig. 4b")
     p.add_argument("--k-hat", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--docs", default=None, help="markdown file to splice the tables into (default: docs/park_acharya.md "
+                   "for --data ml-100k; '' = none)")
     args = p.parse_args(argv)
+    if args.docs is None:
+        args.docs = str(Path(__file__).resolve().parents[1] / "docs" / "park_acharya.md") if args.data == "ml-100k" else ""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -210,15 +217,28 @@ def main(argv: list[str] | None = None) -> int:
     write_csv(out / "topk_accuracy.csv", acc)
     write_csv(out / "topk_kl.csv", kls)
     plot(acc, kls, out, args)
-    print(f"{'epsilon':>8} {'exact %':>8} {'mcmc %':>8} {'cand. mass':>11}")
-    for r in acc:
-        print(f"{r['epsilon']:>8g} {100 * r['exact_accuracy']:>8.1f} {100 * r['mcmc_accuracy']:>8.1f} "
-              f"{r['candidate_mass']:>11.3g}")
+    md = markdown(acc, kls, args)
+    if args.docs:
+        splice(args.docs, "park-acharya-topk", md)
+    print(md)
+    return 0
+
+
+def markdown(acc: list[dict], kls: list[dict], args: argparse.Namespace) -> str:
+    """The top-k tables of docs/park_acharya.md (spliced between its park-acharya-topk markers)."""
+    lines = [f"Delta = {args.sensitivity:g}, k = {args.k}, {args.n_users} users x {args.reps} draws; MCMC (`sampler=mcmc`): "
+             f"N1 = {args.n1}, N2 = {args.n2}, {args.n_iter} steps.", "",
+             "| eps | exact sampler overlap | MCMC (window) overlap | Eq. (28) mass on the window candidates |",
+             "|---|---|---|---|"]
+    lines += [f"| {r['epsilon']:g} | {100 * r['exact_accuracy']:.1f} % | {100 * r['mcmc_accuracy']:.1f} % | {r['candidate_mass']:.3g} |"
+              for r in acc]
+    lines += ["", f"| eps (Fig. 4b, one user, {args.chains} chains) | steps | KL MCMC | KL iid exact | "
+              f"chain share in top-{args.k_hat} sets | target share |", "|---|---|---|---|---|---|"]
     for e in args.kl_epsilons:
         last = [r for r in kls if r["epsilon"] == e][-1]
-        print(f"KL eps={e:g}: {last['kl_mcmc']:.4g} after {last['iteration']} steps (iid exact: {last['kl_iid_exact']:.4g}); "
-              f"top-{args.k_hat} share: chain {last['top_mass_chain']:.3g} vs target {last['top_mass_stationary']:.3g}")
-    return 0
+        lines.append(f"| {e:g} | {last['iteration']} | {last['kl_mcmc']:.3g} | {last['kl_iid_exact']:.3g} | "
+                     f"{last['top_mass_chain']:.3g} | {last['top_mass_stationary']:.3g} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -82,3 +82,46 @@ def test_provable_mechanisms_audit_below_their_epsilon(mechanism, tmp_path):
     r = audit.audit(cfg)
     assert r["epsilon_claimed"] == pytest.approx(1.0, rel=0.01)
     assert r["epsilon_lower_bound"] <= 1.0
+
+
+def test_edge_canaries_sit_at_the_floor_and_at_tau():
+    """Issue 15: `floor` canaries have D = C exactly at S = s0 (1 - I); `tau` canaries exactly tau ratings."""
+    from dprec_torch.audit.canaries import canary_history
+    from dprec_torch.models.batching import make_batch
+    from dprec_torch.models.pnbm import PNBM
+
+    train = tiny_fold().train
+    h = canary_history("floor", 5, floor_c=10.0, init_value=1.0)
+    assert h == 10
+    c = make_canaries(train, 4, "floor", history=h, seed=2)
+    data = c.dataset(torch.ones(4, dtype=torch.bool))
+    model = PNBM(data.n_items, floor_c=10.0).attach(data)
+    with torch.no_grad():
+        model.S.fill_(1.0)
+        model.S.fill_diagonal_(0.0)
+    owners = torch.zeros(data.n_users, dtype=torch.bool)
+    owners[c.target_user] = True
+    batch = make_batch(data, model.item_means, owners[data.users], owners)
+    _, raw, active = model.denominator_terms(batch)
+    assert torch.all(raw == 10.0) and bool(active.all())  # every canary target sits exactly on the floor
+    t = make_canaries(train, 4, "tau", history=canary_history("tau", 5, tau=12), seed=2)
+    assert torch.all(t.dataset(torch.ones(4, dtype=torch.bool)).user_counts()[t.target_user] == 12)
+    with pytest.raises(ConfigError, match="max_user_ratings"):
+        canary_history("tau", 5, tau=None)
+    with pytest.raises(ConfigError, match="whole number"):
+        canary_history("floor", 5, floor_c=10.0, init_value=3.0)
+
+
+def test_tau_audit_applies_the_cap_as_train_py_does(tmp_path, caplog):
+    """The audit trains through setup_training, so mechanism.max_user_ratings caps the data (the old
+    train_once ignored the cap); tau canaries are kept whole."""
+    import logging
+
+    import audit
+
+    cfg = compose_audit(["mechanism=dpsgd_l1", "epsilon=1", "audit.trials=1", "audit.canaries=4", "audit.canary=tau",
+                         "mechanism.max_user_ratings=8", f"output_dir={tmp_path}"])
+    with caplog.at_level(logging.INFO, logger="dprec_torch.training.run"):
+        r = audit.audit(cfg)
+    assert r["canary_kind"] == "tau" and r["guesses"] == 2
+    assert any("tau=8" in rec.getMessage() for rec in caplog.records)

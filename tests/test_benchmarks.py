@@ -80,3 +80,137 @@ def test_a_separate_repeated_run_is_shown_beside_the_main_run_not_instead() -> N
     assert verdict(table, "| ML-1M-size DPSGD-PNBM full-batch epoch ≥ 10× the dense epoch (1 thread) |") == "**not met**"
     assert verdict(table, "| ML-1M-size DPSGD-PNBM full-batch epoch ≥ 10× the dense epoch (1 thread, separate run of "
                           "these two cases, 4 repeats) |") == "**met**"
+
+
+# ---------------------------------------------------------------- issue 18: GPU check, sweeps, start-up
+import bench_startup  # noqa: E402
+import bench_sweep  # noqa: E402
+import gpu_bench  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def gpu_row(mech: str, seconds: float, rmse: float = 0.87, **extra) -> dict:
+    return {"overrides": ["data=ml-1m", "device=cuda", f"mechanism={mech}"], "mechanism": mech, "seconds_per_epoch": seconds,
+            "test_rmse": rmse, "gpu_peak_gib": 0.8, "process_wall": 9.0, **extra}
+
+
+def gpu_check(**over) -> dict:
+    data = {"dry_run": False, "env": {"device": "NVIDIA H100 80GB HBM3", "gpu_memory_gib": 79.2, "torch": "2.11", "cuda": "12.8"},
+            "parity_tolerance": 1e-4, "skipped": {},
+            "mechanisms": [gpu_row("none", 0.012), gpu_row("dpsgd_paper", 0.018)],
+            "parity": {"abs_diff": 3e-6},
+            "startup": {"command": "python train.py data=ml-1m device=cuda", "to_first_epoch": 3.5, "end_to_end": 7.9},
+            "ml20m": gpu_row("dpsgd_paper", 0.9, overrides=["data=synthetic", "data.preset=ml-20m"]),
+            "sweep": {"sweep": ["epsilon=0.1,0.5"], "n_jobs": 7, "same_numbers": True,
+                      "modes": {"separate": {"wall_seconds": 80.0, "speedup_vs_separate": 1.0},
+                                "batched": {"wall_seconds": 7.0, "speedup_vs_separate": 80 / 7}}},
+            "gpu_tests": {"exit_code": "0", "passed": True}}
+    data.update(over)
+    return data
+
+
+def test_gpu_block_says_pending_without_a_gpu_check() -> None:
+    table = publish.gpu_tables(None)
+    assert table.startswith("**Pending: no GPU lent.**")
+    rows = [l for l in table.splitlines() if l.startswith("| ") and not l.startswith("| target")]
+    assert len(rows) == 4 and all(verdict(table, r[:25]) == "pending: no GPU lent" for r in rows)
+
+
+def test_gpu_block_verdicts_follow_the_measured_figures() -> None:
+    table = publish.gpu_tables(gpu_check())
+    assert "NVIDIA H100" in table and "DRY RUN" not in table
+    assert verdict(table, "| ML-1M: every PNBM mechanism") == "**met**"
+    assert verdict(table, "| ML-1M `mechanism=none`: GPU RMSE = CPU RMSE") == "**met**"
+    assert verdict(table, "| start-up ≤ 4 s to the first epoch") == "**met**"
+    assert verdict(table, "| start-up ≤ 8 s end to end") == "**met**"
+    assert verdict(table, "| ML-20M-size ≤ 1 s/epoch") == "**met**"
+    assert verdict(table, "| batched sweep ≥ 10×") == "**met**"
+    assert verdict(table, "| batched sweep: the numbers of separate runs") == "**met**"
+    assert verdict(table, "| `pytest -m gpu` passes") == "**met**"
+
+    slow = gpu_check(mechanisms=[gpu_row("none", 0.012), gpu_row("sgld_paper", 0.03), {"overrides": ["mechanism=gaussian"], "error": "CUDA OOM"}],
+                     parity={"abs_diff": 2e-4}, startup={"command": "c", "to_first_epoch": 4.2, "end_to_end": 7.0},
+                     sweep={**gpu_check()["sweep"], "same_numbers": False})
+    table = publish.gpu_tables(slow)
+    assert verdict(table, "| ML-1M: every PNBM mechanism") == "**not met**"
+    assert "slowest PNBM `sgld_paper` 0.030 s (2/3 ran)" in table
+    assert "| ML-1M PNBM `gaussian` | failed: CUDA OOM |" in table
+    assert verdict(table, "| ML-1M `mechanism=none`: GPU RMSE = CPU RMSE") == "**not met**"
+    assert verdict(table, "| start-up ≤ 4 s to the first epoch") == "**not met**"
+    assert verdict(table, "| batched sweep: the numbers of separate runs") == "**not met**"
+
+
+def test_gpu_block_names_skipped_stages_and_dry_runs() -> None:
+    table = publish.gpu_tables(gpu_check(dry_run=True, skipped={"ml20m": "out of budget: 20 s left"}, ml20m=None))
+    assert table.startswith("**DRY RUN")
+    assert verdict(table, "| ml20m | not measured: out of budget") == "not yet measured"
+    assert "| ML-20M-size ≤ 1 s/epoch" not in table
+
+
+def test_gpu_bench_plans_every_pnbm_mechanism_and_no_output_mechanism() -> None:
+    real, dry = gpu_bench.plan(dry=False), gpu_bench.plan(dry=True)
+    mechs = {o.split("=", 1)[1] for case in real["mechanisms"] for o in case if o.startswith("mechanism=")}
+    on_disk = {p.stem for p in (ROOT / "conf" / "mechanism").glob("*.yaml")}
+    assert "none" in mechs and mechs <= on_disk
+    assert not mechs & {"laplace_output", "exponential_topk", "builtin"}  # they wrap fitted predictors
+    assert all("device=cuda" in c and "data=ml-1m" in c for c in real["mechanisms"])
+    assert all("device=cpu" in c and "data=synthetic" in c for c in dry["mechanisms"])
+    assert "data.preset=ml-20m" in real["ml20m"] and real["sweep"]["sweep"] == [gpu_bench.SWEEP_EPS]
+    assert [c for c in real["parity"] if "device=cpu" in c] and [c for c in real["parity"] if "device=cuda" in c]
+
+
+def test_sweep_jobs_expand_in_hydra_order() -> None:
+    assert bench_sweep.expand(["epsilon=1,5", "seed=0,1"]) == [["epsilon=1", "seed=0"], ["epsilon=1", "seed=1"],
+                                                               ["epsilon=5", "seed=0"], ["epsilon=5", "seed=1"]]
+
+
+def test_startup_reads_top_level_imports() -> None:
+    err = ("import time: self [us] | cumulative | imported package\nimport time:      5 |     60000 |   torch._C\n"
+           "import time:     10 |   2500000 | torch._dynamo\nimport time:      3 |      4000 | json\n")
+    assert bench_startup.top_imports(err) == {"torch._dynamo": 2.5}
+
+
+def test_sweep_and_startup_blocks() -> None:
+    sweep = {"sweep": ["epsilon=1,5"], "fixed": ["data=ml-100k"], "n_jobs": 2, "load_avg": 1.0, "same_numbers": True,
+             "modes": {"separate": {"wall_seconds": 20.0, "speedup_vs_separate": 1.0}, "batched": {"wall_seconds": 8.0, "speedup_vs_separate": 2.5}}}
+    table = publish.sweep_table(sweep)
+    assert "| `-m hydra/launcher=batched` | 8.0 s | 2.50× |" in table and "**yes**" in table
+    assert "Not measured" in publish.sweep_table(None)
+    run = {"command": "python train.py data=ml-1m", "to_first_epoch": 4.0, "end_to_end": 9.0, "load_avg": 2.0, "imports": {"torch._dynamo": 2.5}}
+    assert "| before (2.0) | 4.0 s | 9.0 s | – | `torch._dynamo` 2.50 |" in publish.startup_table({"before": run, "after": None})
+
+
+def test_prepare_gpu_pylibs_makes_hydra_importable_without_site_packages(tmp_path: Path) -> None:
+    """The device image has no Hydra/OmegaConf: the copied folder alone must provide them (``python -S``)."""
+    import os
+    import subprocess
+
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "prepare_gpu_pylibs.sh"), str(tmp_path)], capture_output=True,
+                          text=True, env={**os.environ, "DPREC_DATA": str(tmp_path / "no-data")})
+    assert proc.returncode == 0, proc.stderr
+    libs = tmp_path / ".gpu_pylibs"
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import hydra, omegaconf, antlr4, yaml, pytest; "
+            "from hydra import compose; assert hydra.__file__.startswith(sys.argv[1])")
+    check = subprocess.run([sys.executable, "-S", "-c", code, str(libs)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+    assert (libs / "opacus" / "__init__.py").exists() and (libs / "MANIFEST.json").exists()
+    assert sum(p.stat().st_size for p in libs.rglob("*") if p.is_file()) < 40 * 2**20  # carry limit: 64 MiB in all
+
+
+@pytest.mark.slow
+def test_gpu_check_dry_run_writes_a_publishable_json(tmp_path: Path) -> None:
+    """``bash benchmarks/gpu_check.sh --dry-run``: the whole script on the CPU with tiny data, JSON -> table."""
+    import json
+    import os
+    import subprocess
+
+    env = {**os.environ, "OUT": str(tmp_path), "GPU_CHECK_BUDGET": "900", "DPREC_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--dry-run"], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    data = json.loads((tmp_path / "gpu-check-dry.json").read_text())
+    assert data["dry_run"] and data["skipped"] == {}
+    assert data["mechanisms"] and all("error" not in r for r in data["mechanisms"]), data["mechanisms"]
+    assert data["sweep"]["same_numbers"] and data["startup"]["to_first_epoch"] is not None
+    assert "test_rmse" in data["ml20m"] and data["parity"]["abs_diff"] == 0.0  # CPU vs CPU: the same run
+    assert publish.gpu_tables(data).startswith("**DRY RUN")

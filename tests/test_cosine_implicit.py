@@ -62,7 +62,8 @@ def test_delta_f_formula_and_report() -> None:
     wrapped = LaplaceOutput(epsilon=1.0).wrap(CosineImplicit(T=20)).fit(toy())
     report = wrapped.privacy_report()
     assert report["sensitivity"] == pytest.approx(0.1) and report["noise_scale"] == pytest.approx(0.1)
-    assert report["epsilon"] == pytest.approx(10.0)  # only the range bound 1 is defended: eps * T / 2
+    assert report["epsilon_per_query"] == pytest.approx(10.0)  # only the range bound 1 is defended: eps * T / 2
+    assert report["epsilon"] == 0.0 and report["released_values"] == 0  # headline: the total over releases (none yet)
 
 
 def test_theorem_3_2_fails_when_the_queried_item_is_bought() -> None:

@@ -134,14 +134,17 @@ def test_private_fit_reports_eq12_and_is_seeded() -> None:
     users = torch.arange(4)
     assert torch.equal(a.recommend(users, 2), b.recommend(users, 2))
     rep = a.privacy_report()
-    assert rep["epsilon"] == pytest.approx(epsilon_eq12(0.4, 0.3, 5, a.g_min_))
-    assert rep["epsilon_prop1"] <= rep["epsilon"] + 1e-9
+    # issue 15 defect 7: groups built from the private likes -> Eq. (12) only conditional, no defended epsilon
+    assert rep["epsilon"] == float("inf")
+    assert rep["epsilon_nominal"] == pytest.approx(epsilon_eq12(0.4, 0.3, 5, a.g_min_))
+    assert "CONDITIONAL on the lambda-groups" in rep["epsilon_nominal_scope"]
+    assert rep["epsilon_prop1"] <= rep["epsilon_nominal"] + 1e-9
     assert rep["p_star"] == 0.3 and rep["delta"] == 0.0
 
 
 def test_finite_epsilon_calibrates_p_star() -> None:
     model = D2P(epsilon=4.0, p=0.5, seed=0).fit(_toy())
-    assert model.privacy_report()["epsilon"] == pytest.approx(4.0)
+    assert model.privacy_report()["epsilon_nominal"] == pytest.approx(4.0)
     assert 0.0 <= model.p_star_used_ < 1.0
 
 

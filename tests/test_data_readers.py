@@ -204,3 +204,44 @@ def test_mixed_id_kinds_across_files(tmp_path):
     with pytest.raises(DataError) as err:
         load_custom(train_path=str(a), test_path=str(b))
     assert "numeric in some files" in one_line(err)
+
+
+def test_big_files_are_parsed_once_then_read_from_the_parsed_cache(tmp_path, monkeypatch):
+    """Issue 18 start-up: ML-1M's 1 M lines take ~1 s to parse; the parsed arrays are kept, keyed by the file's stat."""
+    import numpy as np
+
+    from dprec_torch.data import readers
+
+    monkeypatch.setenv("DPREC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(readers, "PARSED_CACHE_MIN_BYTES", 0)
+    f = write(tmp_path, "r.dat", "1::10::5::0\n2::10::3::0\n1::11::4::0\n1::10::2::0\n")  # one duplicate, last kept
+    first = read_ratings(f, sep="::", rating_scale=[1, 5])
+    assert len(list((tmp_path / "cache" / "parsed").iterdir())) == 1
+
+    def no_parse(*args, **kwargs):
+        raise AssertionError("parsed again")
+
+    monkeypatch.setattr(readers, "_parse_file", no_parse)
+    again = read_ratings(f, sep="::", rating_scale=[1, 5])
+    for name in ("users", "items", "values", "lines"):
+        assert np.array_equal(getattr(first, name), getattr(again, name)) and getattr(again, name).dtype == getattr(first, name).dtype
+    assert again.duplicates_dropped == first.duplicates_dropped == 1
+    with pytest.raises(AssertionError, match="parsed again"):  # other options: another key
+        read_ratings(f, sep="::", rating_scale=[0, 5])
+    f.write_text("1::10::5::0\n2::10::3::0\n3::12::1::0\n")  # an edited file is parsed again
+    with pytest.raises(AssertionError, match="parsed again"):
+        read_ratings(f, sep="::", rating_scale=[1, 5])
+
+
+def test_parsed_cache_skips_small_files_string_ids_and_bad_files(tmp_path, monkeypatch):
+    from dprec_torch.data import readers
+
+    monkeypatch.setenv("DPREC_CACHE", str(tmp_path / "cache"))
+    read_ratings(write(tmp_path, "small.dat", "1::10::5\n"), sep="::")  # under PARSED_CACHE_MIN_BYTES
+    monkeypatch.setattr(readers, "PARSED_CACHE_MIN_BYTES", 0)
+    read_ratings(write(tmp_path, "s.csv", "alice,x,5\nbob,y,3\n"), sep=",")  # string ids: not cached
+    bad = write(tmp_path, "bad.dat", "1::10::5\n2::10\n")
+    for _ in range(2):  # an error is raised every time, never cached
+        with pytest.raises(DataError, match="bad.dat:2"):
+            read_ratings(bad, sep="::")
+    assert not (tmp_path / "cache" / "parsed").exists()

@@ -63,3 +63,28 @@ def test_no_locking_outside_a_sweep_or_with_an_explicit_device(monkeypatch, tmp_
     with dev.claimed_device("cuda:3", tmp_path) as c:
         assert c == torch.device("cuda:3")
     assert not any(tmp_path.iterdir())
+
+
+def test_warm_up_starts_no_thread_for_the_cpu() -> None:
+    assert dev.warm_up(torch.device("cpu")) is None
+
+
+def test_a_claimed_gpu_is_warmed_up_in_the_background(monkeypatch, tmp_path) -> None:
+    """Issue 18: the CUDA context is created while the data is read, on the GPU the job was given."""
+    fake_gpus(monkeypatch, 2)
+    started: list[torch.device] = []
+    monkeypatch.setattr(dev, "warm_up", lambda d: started.append(d))
+    with dev.claimed_device("auto", tmp_path) as a, dev.claimed_device("auto", tmp_path) as b:
+        assert started == [a, b] == [torch.device("cuda:0"), torch.device("cuda:1")]
+    with dev.claimed_device("cpu", tmp_path):
+        pass
+    assert started[-1] == torch.device("cpu")  # warm_up itself decides that a CPU needs nothing
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_warm_up_creates_the_context_without_blocking() -> None:
+    thread = dev.warm_up(torch.device("cuda:0"))
+    assert thread is not None
+    thread.join(timeout=60)
+    assert not thread.is_alive() and torch.cuda.is_initialized()

@@ -193,3 +193,25 @@ def test_mf_per_unit_clipping_bound_holds_in_training(unit, tmp_path):
         ClippedLaplaceDPSGD.clip_residuals = real
     assert len(checked) == 5 and all(checked)
     assert m["privacy"]["epsilon"] == pytest.approx(2.0) and m["privacy"]["relation"] == unit
+
+
+@pytest.mark.parametrize("unit,relation,group", [("rating", "rating", 2), ("user", "rating", 2), ("user", "user", 1)])
+def test_group_factor_covers_a_changed_rating(unit, relation, group):
+    """Issue 15, defect 6: changing one rating's value moves the clipped sum by up to 2c under EITHER unit,
+    so relation=rating needs g = 2 with unit=rating too (the old code used g = 1 there)."""
+    from dprec_torch.privacy.analysis import analyse_dpsgd_l1, composed_epsilon
+
+    fold = tiny_fold()
+    train = fold.train
+    model = MF(train.n_users, train.n_items, dim=3, seed=0).attach(train)
+    q, steps = 0.5, 2
+    ctx = TrainingContext(total_steps=steps, steps_per_epoch=2, n_ratings=len(train), n_users=train.n_users,
+                          scale=train.scale)
+    opt = ClippedLaplaceDPSGD(model.parameters(), ctx, 1.0, sampling_ratio=q, unit=unit, relation=relation, model=model)
+    assert opt.group == group
+    # the defended epsilon is the configured one once the factor is applied
+    assert composed_epsilon(opt.step_epsilon, q, steps, 0.0, group) == pytest.approx(1.0)
+    a = analyse_dpsgd_l1(1.0, steps, q, 1.0, 0.0, relation, unit)
+    assert a.sensitivity["group_factor"] == group
+    if relation == "rating":
+        assert a.sensitivity["change_one_rating"] == pytest.approx(2.0)

@@ -150,6 +150,21 @@ def test_privacy_report_is_honest_about_mcmc() -> None:
     assert mcmc["epsilon"] is None and "NO epsilon" in mcmc["analysis"]
 
 
+def test_relation_is_one_score_entry_not_a_rating(tmp_path) -> None:
+    """The epsilon protects one entry of a user's score row: the label must not say ``rating`` (defect 7)."""
+    import json
+
+    from dprec_torch.privacy.ledger import ledger_report
+
+    rep = _fitted("exact", 0.5).privacy_report()
+    assert rep["relation"].split()[0] == "score-entry" and "not a training rating" in rep["relation"]
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "metrics.json").write_text(json.dumps({"data": "toy", "mechanism": "exponential_topk",
+                                                             "folds": [{"fold": 1}], "privacy": rep}))
+    (e,) = ledger_report(tmp_path)["entries"]
+    assert e["epsilon_rating_level"] == math.inf and e["epsilon_user_level"] == math.inf  # no training-data claim
+
+
 def test_bad_config() -> None:
     with pytest.raises(ConfigError, match="sampler"):
         ExponentialTopK(epsilon=1, sampler="gibbs")

@@ -126,10 +126,10 @@ def test_dpsgd_privacy_fields():
 def test_sgld_privacy_fields_report_eps_over_rho():
     _, opt = sgld(epsilon=20.0, temperature=0.004)
     rep = opt.privacy_report()
-    assert rep["relation"] == "user"
-    assert rep["epsilon"] == pytest.approx(20.0 / 0.004)
-    assert rep["epsilon_nominal"] == 20.0
-    assert rep["sensitivity"]["log_likelihood_bound_B"] == pytest.approx(16 * 200)
+    assert rep["relation"] == "user" and rep["epsilon_nominal"] == 20.0
+    assert rep["sensitivity"]["B_in_update"] == pytest.approx(16 * 200)
+    # no model in the context: nothing bounds |e_ui|, so no epsilon is claimed (tests/test_sgld_provable.py has the models)
+    assert rep["epsilon"] is None and rep["sensitivity"]["log_likelihood_bound_B"] is None
 
 
 @pytest.mark.parametrize("eps", [0.0, -1.0, float("nan")])

@@ -209,3 +209,34 @@ def test_dpsgd_residual_variant_must_match_the_model():
     opt = _dpsgd_mf(m, 4, epsilon=2.0, perturb_residuals=False)
     with pytest.raises(ConfigError, match="perturb_residuals"):
         opt.clip_residuals(torch.zeros(3), None, m)
+
+
+# ------------------------------------------------ restore what was released (issue 15 #4, issue 16)
+@pytest.mark.parametrize("fallback", ["mean", "model"])
+def test_restore_takes_everything_from_the_state_and_nothing_from_the_data(fallback):
+    """``restore`` must not refit: other training data of the same shape changes no prediction."""
+    m = toy_model(fallback=fallback)
+    state = m.state_dict()
+    other = toy_ratings([[1, 1, 1], [1, None, 1], [None, 1, 1]], lo=1, hi=3)  # other values and another scale
+    r = MF(3, 3, dim=2, fallback=fallback).restore(other, state)
+    users, items = torch.tensor([0, 1, 2, 7, 0]), torch.tensor([0, 1, 2, 0, 9])  # incl. unknown ids
+    assert torch.equal(r.predict(users, items), m.predict(users, items))
+    assert r.scale == m.scale and (r.fallback_ is None) == (fallback == "model")
+    with pytest.raises(ConfigError, match="users x"):
+        MF(4, 3, dim=2).restore(TOY, state)
+
+
+def test_pnbm_restore_keeps_the_released_item_means():
+    """A PNBM whose item means were replaced (a DP release) is restored with THOSE means and fallback."""
+    from dprec_torch.models.pnbm import PNBM
+    from dprec_torch.privacy.item_means import DPItemMeans, install_item_means
+
+    fold = tiny_fold()
+    m = PNBM(fold.train.n_items, floor_c=1.0, seed=0).attach(fold.train)
+    released = DPItemMeans(torch.linspace(1, 5, fold.train.n_items, dtype=torch.float64), 3.3, "user", "laplace", 1.0)
+    install_item_means(m, released)
+    users, items = fold.test.users, fold.test.items
+    r = PNBM(fold.train.n_items, floor_c=1.0, seed=1).restore(fold.train, m.state_dict())
+    assert torch.equal(r.item_means, m.item_means) and not torch.equal(r.item_means, fold.train.item_means())
+    assert torch.equal(r.predict(users, items), m.predict(users, items))
+    assert r.fallback_.global_mean == pytest.approx(3.3)

@@ -45,7 +45,7 @@ def test_none(tmp_path):
 
 
 def test_dpsgd_mf(tmp_path):
-    m = run(tmp_path, "mechanism=dpsgd", "epsilon=5")
+    m = run(tmp_path, "mechanism=dpsgd_paper", "epsilon=5")  # DPSGD-MF (Berlioz), the paper-faithful form
     check_common(m)
     rep = m["privacy"]
     assert rep["mechanism"].startswith("dpsgd-mf") and rep["relation"].startswith("rating")

@@ -135,3 +135,70 @@ def test_rating_unit_and_bad_norm_are_config_errors(tiny):
     with pytest.raises(ConfigError, match="1 or 2"):
         pc.per_user_grad_norms(model, batch, res, p=3)
     assert torch.allclose(pc.per_example_grad_norms(model, batch, res, "user"), pc.per_user_grad_norms(model, batch, res, p=2))
+
+
+# ------------------------------------------------------------ the floor's kink (issue 15, defect 1)
+def _floor_user(seed: int, straddle: bool):
+    """User 0 rates items 0..10 (so D = 10 = C at S = 1 for every target); user 1 rates all 12 items.
+
+    ``straddle``: s_01 = s_10 = 1 - 2^-24, so targets 0 and 1 have D = 9 + (1 - 2^-24) < C in float64,
+    while the float32 forward sum rounds it to exactly C.
+    """
+    from dprec_torch.data.ratings import Ratings, RatingScale
+
+    g = torch.Generator().manual_seed(seed)
+    users = torch.tensor([0] * 11 + [1] * 12)
+    items = torch.cat([torch.arange(11), torch.arange(12)])
+    vals = torch.randint(1, 6, (23,), generator=g).float()
+    data = Ratings(users, items, vals, 2, 12, RatingScale(1, 5))
+    out = []
+    for form, backend in (("sparse_pair", "numba"), ("sparse_pair", "torch"), ("dense", "torch")):
+        m = PNBM(12, floor_c=10.0, formulation=form, pair_backend=backend).attach(data)
+        with torch.no_grad():
+            m.S.fill_(1.0)
+            if straddle:
+                m.S[0, 1] = m.S[1, 0] = torch.tensor(1 - 2**-24)
+            m.S.fill_diagonal_(0.0)
+        um = torch.tensor([True, False])
+        out.append((m, make_batch(data, m.item_means, um[data.users], um)))
+    return out
+
+
+def _released_l1(model, batch, clipped):
+    model.zero_grad()
+    model.surrogate_loss(batch, clipped).backward()
+    g = model.S.grad.double().clone()
+    g.fill_diagonal_(0.0)
+    return float(g.abs().sum())
+
+
+@pytest.mark.parametrize("straddle", [False, True])
+def test_released_gradient_at_the_floor_is_clipped_to_c(straddle):
+    """D = C exactly (S = 1, 11 ratings, C = 10), and D a hair below C in float64 but = C in the float32
+    forward: the released G_u after clipping stays within c on every backend. The old norm decided the
+    floor in float64 on its own and let the released contribution reach 1.019 c here (seed 2)."""
+    for seed in (2, 3, 5):
+        for model, batch in _floor_user(seed, straddle):
+            res = (model.batch_predict(batch) - batch.values).detach()
+            norms = pc.per_user_grad_norms(model, batch, res, p=1)
+            c = 0.5 * float(norms[0])  # clipping active
+            clipped, _ = pc.clip_user_residuals(model, batch, res, c, p=1)
+            assert _released_l1(model, batch, clipped) <= c * (1 + 1e-5)
+            assert torch.allclose(pc.per_user_gradient(model, batch, res).to_dense()[0],
+                                  autograd_user_gradient(model, batch, res, 0), atol=1e-6, rtol=1e-4)
+
+
+def test_one_floor_mask_is_shared_by_forward_and_norm():
+    """The [D >= C] mask is computed once per (batch, S version) and reused, and refreshed after S changes."""
+    from dprec_torch.models.pnbm import DENOMINATOR_RULE
+
+    assert DENOMINATOR_RULE == "D >= C"
+    model, batch = _floor_user(2, False)[0]
+    _, raw, active = model.denominator_terms(batch)
+    assert bool(active.all()) and torch.all(raw == 10.0)  # the boundary counts as active: |s| term kept
+    _, _, again = model.denominator_terms(batch)
+    assert again is active
+    with torch.no_grad():
+        model.S.mul_(0.5)  # D = 5 < C now: a new S version, a new mask
+    _, _, after = model.denominator_terms(batch)
+    assert after is not active and not bool(after.any())

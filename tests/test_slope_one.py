@@ -134,8 +134,8 @@ def test_laplace_output_noise_scale_and_seed() -> None:
     again = LaplaceOutput(epsilon=0.5, seed=11).wrap(SlopeOne(T=1, phi_m=1, delta_r=4)).fit(train)
     torch.testing.assert_close(again.release(users, items), wrapped.predictor.raw_predict(users, items) + noise)
     report = wrapped.privacy_report()
-    assert report["epsilon"] == 0.5 and report["sensitivity"] == pytest.approx(12.0)
-    assert report["released_values"] == 20000 and report["epsilon_total_basic_composition"] == pytest.approx(10000.0)
+    assert report["epsilon_per_query"] == 0.5 and report["sensitivity"] == pytest.approx(12.0)
+    assert report["released_values"] == 20000 and report["epsilon"] == pytest.approx(10000.0)  # headline: the composed total
 
 
 def test_laplace_output_inf_is_exact_and_predict_clips() -> None:

@@ -38,9 +38,9 @@ mechanism:
 
 def study_cfg(tmp: Path, *extra: str):
     (tmp / "grids" / "grid").mkdir(parents=True, exist_ok=True)
-    (tmp / "grids" / "grid" / "dpsgd_mf_t.yaml").write_text(GRID)
+    (tmp / "grids" / "grid" / "dpsgd_paper_mf_t.yaml").write_text(GRID)
     overrides = ["study=fig1", "dataset=synthetic", 'data_overrides=["preset=tiny"]', "search=t",
-                 f"grid_root={tmp / 'grids'}", "study.epsilons=[1,10]", "study.methods=[{mechanism:dpsgd,model:mf}]",
+                 f"grid_root={tmp / 'grids'}", "study.epsilons=[1,10]", "study.methods=[{mechanism:dpsgd_paper,model:mf}]",
                  'overrides=["device=cpu","baseline_k=20"]', f"folds=[{','.join(map(str, FOLDS))}]",
                  f"out={tmp / 'study'}", f"report={tmp / 'report'}", *extra]
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
@@ -63,7 +63,7 @@ def job_overrides(job: Path) -> list[str]:
 
 
 def test_stage1_picks_the_lowest_validation_rmse(study):
-    selected = yaml.safe_load((study / "study" / "selected.yaml").read_text())["selected"]["dpsgd-mf"]
+    selected = yaml.safe_load((study / "study" / "selected.yaml").read_text())["selected"]["dpsgd_paper-mf"]
     stage1 = jobs(study / "study" / "stage1")
     assert len(stage1) == 2 * len(EPSILONS)
     for eps in EPSILONS:
@@ -80,7 +80,7 @@ def test_stage1_picks_the_lowest_validation_rmse(study):
 
 
 def test_stage2_trains_exactly_the_chosen_overrides_on_every_fold(study):
-    selected = yaml.safe_load((study / "study" / "selected.yaml").read_text())["selected"]["dpsgd-mf"]
+    selected = yaml.safe_load((study / "study" / "selected.yaml").read_text())["selected"]["dpsgd_paper-mf"]
     seen = set()
     for job in jobs(study / "study" / "stage2"):
         cfg = OmegaConf.load(job / ".hydra" / "config.yaml")
@@ -95,7 +95,7 @@ def test_stage2_trains_exactly_the_chosen_overrides_on_every_fold(study):
         seen.add((eps, int(cfg.data.fold)))
     assert seen == {(e, f) for e in EPSILONS for f in FOLDS}
     report = (study / "report" / "report.md").read_text()
-    assert "Stage 1: configuration chosen" in report and "dpsgd-mf" in report
+    assert "Stage 1: configuration chosen" in report and "dpsgd_paper-mf" in report
 
 
 def test_stage1_never_reads_the_test_split(study, monkeypatch, tmp_path):
@@ -126,13 +126,17 @@ def test_stage1_never_reads_the_test_split(study, monkeypatch, tmp_path):
 
 def test_ledger_charges_tuning_as_n_configs_times_epsilon(study):
     ledger = ledger_report(study / "study")
-    (fold1,) = [e for e in ledger["entries"] if e["folds"] == [1]]
-    tuning = {t["epsilon_nominal"]: t for t in fold1["tuning"]}
+    (entry,) = ledger["entries"]  # one population: stage 1 (fold 1's validation split) and stage 2 (folds 1, 2)
+    assert entry["data"] == "synthetic" and entry["folds"] == FOLDS
+    tuning = {t["epsilon_nominal"]: t for t in entry["tuning"]}
     assert set(tuning) == set(EPSILONS)
     for eps, t in tuning.items():
         assert t["configs"] == 2 and t["epsilon_tuning"] == pytest.approx(2 * eps)
         assert "basic composition" in t["statement"] and "rating level" in t["statement"]
-    assert not fold1["warnings"] or not any("TEST split" in w for w in fold1["warnings"])  # one test run per cell
+    assert not any("TEST split" in w for w in entry["warnings"])  # one test run per (cell, fold)
+    stage2 = [r for r in entry["per_run"] if not r["validation"]]
+    assert len(stage2) == len(EPSILONS) * len(FOLDS)
+    assert entry["epsilon_rating_level"] == pytest.approx(sum(r["epsilon"] for r in entry["per_run"]))  # all composed
 
 
 def test_ledger_says_nothing_is_defended_for_null_epsilon(tmp_path):
@@ -140,7 +144,7 @@ def test_ledger_says_nothing_is_defended_for_null_epsilon(tmp_path):
         d = tmp_path / f"r{k}"
         d.mkdir()
         (d / "metrics.json").write_text(json.dumps({
-            "data": "ml-100k" + validation.VALIDATION_SUFFIX, "mechanism": "dpsgd", "model": "pnbm", "epsilon": 1.0,
+            "data": "ml-100k" + validation.VALIDATION_SUFFIX, "mechanism": "dpsgd_paper", "model": "pnbm", "epsilon": 1.0,
             "test_rmse": 0.9, "folds": [{"fold": 1}], "privacy": {"epsilon": None, "relation": "rating"}}))
     (t,) = ledger_report(tmp_path)["entries"][0]["tuning"]
     assert t["configs"] == 3 and math.isinf(t["epsilon_tuning"]) and "none defended" in t["statement"]
@@ -151,8 +155,8 @@ def test_ledger_says_nothing_is_defended_for_null_epsilon(tmp_path):
 def test_optuna_stage1_two_trials(tmp_path):
     """``study.py sweeper=optuna n_trials=2``: the same search-space file, two TPE trials, the better one chosen."""
     cfg = study_cfg(tmp_path, "sweeper=optuna", "n_trials=2", "study.epsilons=[1]")
-    choice = run_stage1(cfg, Path(cfg.out))["dpsgd-mf"][1.0]
-    sweep = Path(cfg.out) / "stage1" / "dpsgd-mf" / "eps1"
+    choice = run_stage1(cfg, Path(cfg.out))["dpsgd_paper-mf"][1.0]
+    sweep = Path(cfg.out) / "stage1" / "dpsgd_paper-mf" / "eps1"
     assert (sweep / "optimization_results.yaml").exists()
     runs = [json.loads((j / "metrics.json").read_text())["test_rmse"] for j in jobs(sweep)]
     assert len(runs) == 2 and choice.n_configs == 2

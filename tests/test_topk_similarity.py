@@ -166,7 +166,7 @@ def test_hydra_config_trains_one_epoch(tmp_path):
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose(config_name="config", overrides=["model=pnbm_topk", "model.sparse_k=30", "data=synthetic",
                                                        "device=cpu", "compare_baselines=false", "tensorboard=false",
-                                                       "mechanism=dpsgd", "epsilon=5", "mechanism.epochs=1",
+                                                       "mechanism=dpsgd_paper", "epsilon=5", "mechanism.epochs=1",
                                                        f"output_dir={tmp_path}"])
     out = train(cfg)
     assert 0 < out["test_rmse"] < 2.5

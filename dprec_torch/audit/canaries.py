@@ -6,6 +6,15 @@ real user rates, so its training statistics come from the canary alone.
 ``kind=rating`` (rating-level audits): canary c is ONE rating (u_c, i_c, r_max) added to an existing
 user u_c (distinct users, distinct canary items), i.e. exactly a rating-level neighbour.
 
+Edge designs (issue 15: the inputs where a sensitivity bound is tight or was broken), user canaries
+whose profile size is chosen by :func:`canary_history`:
+
+* ``kind=floor`` -- |R_c| = C / s0 + 1 ratings, so at the data-independent start S = s0 (1 - I) of
+  ``init=constant`` every target of the canary has D = sum_{j != i} |s_ij| = C EXACTLY: the kink of
+  the Eq. (2) floor, where the clipped norm and the released gradient once could follow different rules.
+* ``kind=tau`` -- |R_c| = tau ratings, exactly the cap ``mechanism.max_user_ratings``: the largest
+  profile the cap keeps whole, i.e. the user whose whole-profile sensitivity the cap is there to bound.
+
 The auditor knows every canary's data. Its score for canary c is how well the released model
 predicts the canary rating: ``-|r_hat(u_c, i_c) - r_max|`` computed with Eq. (2) from the released
 S and r_bar and the canary owner's known history (canary rating included) -- higher when the
@@ -21,7 +30,27 @@ import torch
 from dprec_torch.data.ratings import Ratings
 from dprec_torch.errors import ConfigError
 
-KINDS = ("user", "rating")
+KINDS = ("user", "rating", "floor", "tau")
+USER_KINDS = ("user", "floor", "tau")  # a canary is a new user with a whole profile
+
+
+def canary_history(kind: str, history: int, floor_c: float | None = None, init_value: float | None = None,
+                   tau: int | None = None) -> int:
+    """History items per user canary (the canary item comes on top): ``history`` for ``user``;
+    C / s0 for ``floor`` (then D = C exactly at S = s0 (1 - I)); tau - 1 for ``tau`` (|R_c| = tau)."""
+    if kind == "floor":
+        if floor_c is None or not init_value:
+            raise ConfigError("audit.canary=floor needs model.floor_c and mechanism.init=constant with init_value > 0")
+        h = float(floor_c) / float(init_value)
+        if h < 1 or abs(h - round(h)) > 1e-9:
+            raise ConfigError(f"audit.canary=floor needs model.floor_c / mechanism.init_value to be a whole number >= 1 "
+                              f"(D = C exactly), got {floor_c:g} / {init_value:g}")
+        return int(round(h))
+    if kind == "tau":
+        if not tau or int(tau) < 2:
+            raise ConfigError("audit.canary=tau needs the cap: set +mechanism.max_user_ratings=<tau >= 2>")
+        return int(tau) - 1
+    return int(history)
 
 
 @dataclass
@@ -69,10 +98,12 @@ def make_canaries(base: Ratings, m: int, kind: str = "user", history: int = 5, s
     n_items = base.n_items + m
     target_item = torch.arange(base.n_items, n_items)
     hi = float(base.scale.hi)
-    if kind == "user":
+    if kind in USER_KINDS:
         n_users = base.n_users + m
         target_user = torch.arange(base.n_users, n_users)
-        popular = torch.argsort(base.item_counts(), descending=True)[: max(history * 4, history)]
+        if history > base.n_items:
+            raise ConfigError(f"user canaries need {history} history items, the data has {base.n_items}")
+        popular = torch.argsort(base.item_counts(), descending=True)[: min(base.n_items, max(history * 4, history))]
         keys = torch.rand(m, popular.numel(), generator=gen)
         pick = popular[torch.argsort(keys, dim=1)[:, :history]]  # m random subsets of the popular items
         means = base.item_means()

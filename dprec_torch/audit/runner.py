@@ -20,11 +20,9 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
 from dprec_torch.audit.bounds import epsilon_lower_bound, guesses
-from dprec_torch.audit.canaries import CanarySet, make_canaries, score_canaries
+from dprec_torch.audit.canaries import CanarySet, canary_history, make_canaries, score_canaries
 from dprec_torch.data.ratings import Fold, Ratings
 from dprec_torch.errors import ConfigError
-from dprec_torch.mechanisms.context import TrainingContext, prior_precision_for
-from dprec_torch.models.batching import PoissonBatchSampler
 from dprec_torch.seeding import make_generator, seed_everything
 from dprec_torch.training.trainer import Trainer
 
@@ -60,6 +58,14 @@ def canary_kind(cfg: DictConfig) -> str:
     return "user" if rel == "user" else "rating"
 
 
+def history_for(cfg: DictConfig, kind: str) -> int:
+    """History items per user canary: ``audit.history``, or the edge size of ``floor`` / ``tau`` canaries."""
+    init = cfg.mechanism.get("init")
+    init_value = cfg.mechanism.get("init_value") if init == "constant" else None
+    return canary_history(kind, int(cfg.audit.history), cfg.model.get("floor_c"), init_value,
+                          cfg.mechanism.get("max_user_ratings"))
+
+
 def claimed_epsilon(report: dict[str, Any]) -> float | None:
     """The epsilon the mechanism states: the defended one, else the paper's claim, else the nominal one."""
     for key in ("epsilon", "epsilon_claimed_by_paper", "epsilon_nominal"):
@@ -70,30 +76,17 @@ def claimed_epsilon(report: dict[str, Any]) -> float | None:
 
 
 def train_once(cfg: DictConfig, train: Ratings, probe: Ratings, seed: int) -> tuple[torch.nn.Module, dict[str, Any]]:
-    """One training run as ``train.py`` does it (no files); returns the model and its privacy report."""
-    from dprec_torch.training.run import _accepted, instantiate_node
+    """One training run exactly as ``train.py`` builds it (``setup_training``: the tau cap of user-level
+    mechanisms, model, sampler, mechanism), without files; returns the model and its privacy report."""
+    from dprec_torch.training.run import setup_training
 
     c = cfg.copy()
     OmegaConf.set_struct(c, False)
     c.seed = int(seed)
     seed_everything(int(seed))
-    mech_cls = get_class(c.mechanism._target_)
-    model_cls = get_class(c.model._target_)
-    model = instantiate_node(c.model, **_accepted(model_cls, n_items=train.n_items, n_users=train.n_users))
-    model.attach(train)
-    ratio = float(c.mechanism.get("sampling_ratio", 1.0))
-    unit = c.mechanism.get("unit") or ("user" if getattr(mech_cls, "relation", None) == "user" else "rating")
-    sampler = PoissonBatchSampler(train, model.item_means if hasattr(model, "item_means") else train.item_means(),
-                                  ratio, unit, make_generator(int(seed) + 1))
-    epochs = int(c.mechanism.epochs)
-    prior = prior_precision_for(mech_cls, model, train, ratio * len(train))
-    context = TrainingContext(total_steps=epochs * sampler.steps_per_epoch(), steps_per_epoch=sampler.steps_per_epoch(),
-                              n_ratings=len(train), n_users=train.n_users, scale=train.scale,
-                              max_user_ratings=c.mechanism.get("max_user_ratings"),
-                              entry_bound=getattr(model, "gradient_entry_bound", None), prior_precision=prior)
-    optimizer = instantiate_node(c.mechanism, _convert_="all")(params=model.parameters(), context=context)
-    Trainer(model, optimizer, sampler, epochs).fit(Fold(1, train, probe))
-    return model, optimizer.privacy_report()
+    s = setup_training(c, Fold(1, train, probe), torch.device("cpu"))
+    Trainer(s.model, s.optimizer, s.sampler, s.epochs).fit(s.fold)
+    return s.model, s.optimizer.privacy_report()
 
 
 def run_audit(cfg: DictConfig, base: Ratings, probe: Ratings) -> AuditResult:
@@ -105,7 +98,7 @@ def run_audit(cfg: DictConfig, base: Ratings, probe: Ratings) -> AuditResult:
     if not 0 < alpha < 1:
         raise ConfigError(f"audit.alpha must be in (0, 1), got {alpha}")
     kind = canary_kind(cfg)
-    canaries: CanarySet = make_canaries(base, m, kind, int(a.history), int(cfg.seed))
+    canaries: CanarySet = make_canaries(base, m, kind, history_for(cfg, kind), int(cfg.seed))
     probe = Ratings(probe.users, probe.items, probe.values, canaries.base.n_users, canaries.base.n_items, probe.scale)
     gen = make_generator(int(cfg.seed) + 7919)
     scores, included, report = [], [], {}

@@ -13,20 +13,26 @@ then the cap; test sets are never touched, so every configuration is scored on
 the same ratings (a filtered-out user becomes an unknown user at test time).
 Both functions are vectorised (sort + rank within user, no loop over users) and
 keep the id space (``n_users``, ``n_items``) unchanged.
+
+The cap is a PER-USER function: which of u's ratings survive depends on (seed, fold, u's raw id,
+u's own ratings) only, through a hash of (seed, raw user id, raw item id) per rating. Neighbouring
+datasets (user level) differ by one user's whole profile, and the raw-id map of the loaded data may
+be rebuilt without that user (contiguous ids shift); every other user's capped profile stays the
+same, so a user-level bound on capped profiles (B = phi^2 tau, capped dpsgd_l1 / gaussian) holds.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import Any
+from typing import Any, Sequence
 
+import numpy as np
 import torch
 
 from dprec_torch.data.ratings import Fold, RatingDataset, Ratings, RatingScale
 from dprec_torch.data.splits import CAP_STREAM, derive_seed
 from dprec_torch.errors import ConfigError, DataError
-from dprec_torch.seeding import make_generator
 
 log = logging.getLogger(__name__)
 
@@ -37,30 +43,117 @@ def _check_count(value: Any, key: str, minimum: int) -> int:
     return value
 
 
-def cap_user_ratings(ratings: Ratings, tau: int, generator: torch.Generator) -> tuple[Ratings, int]:
-    """Keep at most ``tau`` ratings per user, chosen uniformly at random (Sec. 4.3).
+MASK32 = 0xFFFFFFFF
+FNV_OFFSET, FNV_PRIME = np.uint64(0xCBF29CE484222325), np.uint64(0x100000001B3)
+USER_KEYS, ITEM_KEYS = "user_keys", "item_keys"  # Ratings.meta entries: stable keys per contiguous id
 
-    Every rating gets a random key; ratings are sorted by (user, key) and a rating
-    is kept when its rank within its user is ``< tau``. So each user keeps exactly
-    ``min(|R_u|, tau)`` ratings and, given the generator state, the result is
-    deterministic. Returns ``(capped ratings in their original order, number dropped)``.
-    Works on any device: keys are drawn on the generator's device and moved.
+
+def stable_id_keys(ids: Sequence[Any]) -> torch.Tensor:
+    """An int64 key per contiguous index that depends on that raw id ALONE (not on the id map).
+
+    Integer ids are their own key; text ids are hashed (FNV-1a over their UTF-8 bytes, vectorised
+    over ids: the loop runs over the characters of the longest id). Contiguous indices shift when a
+    user is removed and the id map is rebuilt, raw ids do not, so the cap keys by these.
+    """
+    arr = np.asarray(list(ids))
+    if arr.size == 0:
+        return torch.zeros(0, dtype=torch.long)
+    if arr.dtype.kind in "iu":
+        return torch.from_numpy(arr.astype(np.int64))
+    raw = np.char.encode(arr.astype(str), "utf-8")
+    lengths = np.char.str_len(raw)
+    width = max(raw.dtype.itemsize, 1)
+    chars = np.frombuffer(raw.tobytes(), dtype=np.uint8).reshape(arr.size, width).astype(np.uint64)
+    h = np.full(arr.size, FNV_OFFSET, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for col in range(width):  # padding bytes (col >= length) leave the hash alone
+            h = np.where(col < lengths, (h ^ chars[:, col]) * FNV_PRIME, h)
+    return torch.from_numpy((h >> np.uint64(1)).astype(np.int64))
+
+
+def _mul32(h: torch.Tensor, c: int) -> torch.Tensor:
+    """(h * c) mod 2^32 for 0 <= h < 2^32 in int64 without overflow (c split in 16-bit halves)."""
+    lo, hi = c & 0xFFFF, c >> 16
+    return (h * lo + (((h * hi) & 0xFFFF) << 16)) & MASK32
+
+
+def _mix32(h: torch.Tensor) -> torch.Tensor:
+    """A 32-bit avalanche (Wellons' lowbias32) on int64 tensors holding 32-bit values."""
+    h = h ^ (h >> 16)
+    h = _mul32(h, 0x7FEB352D)
+    h = h ^ (h >> 15)
+    h = _mul32(h, 0x846CA68B)
+    return h ^ (h >> 16)
+
+
+def _id_hash(seed: int, keys: torch.Tensor) -> torch.Tensor:
+    """A 32-bit hash per id of (seed, its 64-bit key)."""
+    h = _mix32(torch.full_like(keys, seed & MASK32))
+    h = _mix32(h ^ (keys & MASK32))
+    return _mix32(h ^ ((keys >> 32) & MASK32))
+
+
+def rating_keys(seed: int, user_keys: torch.Tensor, item_keys: torch.Tensor, users: torch.Tensor,
+                items: torch.Tensor) -> torch.Tensor:
+    """A pseudo-random 32-bit key per rating (users[k], items[k]), a function of (seed, the user's key,
+    the item's key) only: each id is hashed once, then one mix per rating."""
+    h_user = _id_hash(seed, user_keys)
+    h_item = _id_hash((seed >> 32) ^ 0x9E3779B9, item_keys)
+    return _mix32(h_user[users] ^ h_item[items])
+
+
+def _as_seed(seed: int | torch.Generator) -> int:
+    if isinstance(seed, torch.Generator):  # older call sites passed make_generator(seed): only its seed is used
+        return int(seed.initial_seed())
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise ConfigError(f"the cap's seed must be an integer, got {seed!r}")
+    return int(seed) % 2**63
+
+
+def cap_user_ratings(
+    ratings: Ratings,
+    tau: int,
+    seed: int | torch.Generator,
+    user_keys: torch.Tensor | None = None,
+    item_keys: torch.Tensor | None = None,
+) -> tuple[Ratings, int]:
+    """Keep at most ``tau`` ratings per user, chosen at random PER USER (Sec. 4.3).
+
+    Each rating (u, i) gets the 32-bit key ``rating_keys(seed, key(u), key(i))``; user u keeps its
+    ``tau`` ratings of smallest key (ties by item key). So u's capped profile is a function of
+    (seed, u's raw id, u's own ratings) only: removing or adding another user never changes it,
+    which every user-level bound that assumes a capped profile (B = phi^2 tau, capped dpsgd_l1 /
+    gaussian) needs. The neighbouring relation is add/remove one user's whole (uncapped) profile;
+    the keys come from RAW ids (``stable_id_keys``: the arguments, else ``ratings.meta`` where the
+    loaders store them, else the contiguous ids -- stable only while the id map is).
+    Each user keeps exactly ``min(|R_u|, tau)`` ratings, uniformly chosen over seeds. Returns
+    ``(capped ratings in their original order, number dropped)``. Vectorised; any device.
     """
     tau = _check_count(tau, "data.max_user_ratings (tau)", 1)
     n = len(ratings)
     if n == 0:
         return ratings.select(torch.zeros(0, dtype=torch.long, device=ratings.device)), 0
-    keys = torch.rand(n, generator=generator, device=generator.device).to(ratings.device)
-    by_key = torch.argsort(keys)
-    order = by_key[torch.argsort(ratings.users[by_key], stable=True)]  # sorted by (user, key)
+    dev = ratings.device
+    user_keys = ratings.meta.get(USER_KEYS) if user_keys is None else user_keys
+    item_keys = ratings.meta.get(ITEM_KEYS) if item_keys is None else item_keys
+    uk = torch.arange(ratings.n_users, device=dev) if user_keys is None else user_keys.to(dev)
+    ik = torch.arange(ratings.n_items, device=dev) if item_keys is None else item_keys.to(dev)
+    keys = rating_keys(_as_seed(seed), uk, ik, ratings.users, ratings.items)
+    order = torch.argsort(ik[ratings.items], stable=True)  # ties in the key: by item key
+    order = order[torch.argsort(((ratings.users << 32) | keys)[order], stable=True)]  # by (user, key, item key)
     counts = ratings.user_counts()
     first = torch.cumsum(counts, 0) - counts  # position of each user's first rating in `order`
-    sorted_users = ratings.users[order]
-    rank = torch.arange(n, device=ratings.device) - first[sorted_users]
-    keep = torch.zeros(n, dtype=torch.bool, device=ratings.device)
+    rank = torch.arange(n, device=dev) - first[ratings.users[order]]
+    keep = torch.zeros(n, dtype=torch.bool, device=dev)
     keep[order] = rank < tau
     kept = ratings.select(keep)
     return kept, n - len(kept)
+
+
+def cap_seed(seed: int, fold_index: int) -> int:
+    """The cap's seed for one fold; ``data.max_user_ratings`` and the runner's mechanism cap share it,
+    so capping twice (tau' <= tau) keeps the tau' smallest keys of the same order."""
+    return derive_seed(int(seed), int(fold_index), CAP_STREAM)
 
 
 def filter_min_user_ratings(ratings: Ratings, min_count: int) -> tuple[Ratings, int]:
@@ -92,8 +185,7 @@ def preprocess_fold(
     stats["min_filter_dropped_users"] = users_before - _n_users(train)
     if max_user_ratings is not None:
         capped_users = int((train.user_counts() > max_user_ratings).sum())
-        gen = make_generator(derive_seed(seed, fold.index, CAP_STREAM))
-        train, dropped = cap_user_ratings(train, max_user_ratings, gen)
+        train, dropped = cap_user_ratings(train, max_user_ratings, cap_seed(seed, fold.index))
     else:
         capped_users, dropped = 0, 0
     stats["cap_dropped_ratings"] = dropped
@@ -128,7 +220,10 @@ def build_dataset(
         folds={},
     )
     out = []
+    keys = {USER_KEYS: stable_id_keys(user_ids), ITEM_KEYS: stable_id_keys(item_ids)}  # what the cap keys by
     for fold in folds:  # a handful of folds
+        fold.train.meta.update(keys)
+        fold.test.meta.update(keys)
         for side, part in (("train", fold.train), ("test", fold.test)):
             if len(part) == 0:
                 raise DataError(f"{name} fold {fold.name}: the {side} set has no ratings; check the split files or data.test_fraction")

@@ -24,7 +24,9 @@ from dprec_torch.errors import ConfigError
 from dprec_torch.evaluation.cross_validate import cross_validate, score_predictor
 from dprec_torch.io import atomic_write_json
 from dprec_torch.seeding import seed_everything
+from dprec_torch.privacy.scope import diagnostics_enabled
 from dprec_torch.training.baselines import baseline_metrics
+from dprec_torch.training.checkpoint import read_checkpoint
 from dprec_torch.training.run import build_model, instantiate_node, is_trainable, mechanism_fold, output_dir, validate
 
 log = logging.getLogger(__name__)
@@ -66,35 +68,71 @@ def evaluate_predictor(cfg: DictConfig) -> tuple[dict[str, Any], str]:
     return metrics, "\n".join(lines)
 
 
+def _run_diagnostics(cfg: DictConfig, run_dir: Path) -> bool:
+    """The run's ``log_private_diagnostics`` (auto: from the epsilon its metrics.json reports; off if unknown)."""
+    setting = cfg.get("log_private_diagnostics")
+    if setting is not None:
+        return diagnostics_enabled(setting, {})
+    path = run_dir / "metrics.json"
+    if not path.exists():
+        return False
+    return diagnostics_enabled(None, json.loads(path.read_text()).get("privacy", {}))
+
+
 def evaluate_run(run_dir: Path, device: torch.device) -> tuple[dict[str, Any], str]:
-    """Reload each fold's checkpoint of a train.py run and score it next to PCC/COS."""
+    """Reload each fold's released model from a train.py run and score it (next to PCC/COS when the run
+    logs non-private diagnostics).
+
+    The model is RESTORED (``model.restore``): S / the factors, the item means -- the DP release for a
+    mechanism that made one -- and the fallback all come from the checkpoint; only the users' own
+    training histories are re-bound (PNBM reads them), so this scores exactly the private model trained.
+    """
     cfg_path = run_dir / "config_resolved.json"
     if not cfg_path.exists():
         raise ConfigError(f"{run_dir} is not a train.py run dir (no config_resolved.json); pass run=<outputs/...>")
     cfg = OmegaConf.create(json.loads(cfg_path.read_text()))
     dataset = instantiate_node(cfg.data)
+    diagnostics = _run_diagnostics(cfg, run_dir)
     rows, records = [], []
     for fold in dataset.folds:
         ckpt_path = run_dir / f"checkpoint_fold{fold.index}.pt"
         if not ckpt_path.exists():
             raise ConfigError(f"missing checkpoint {ckpt_path}; was the run trained on fold {fold.index}?")
+        ckpt = read_checkpoint(ckpt_path, map_location=device)
+        if int(ckpt["epoch"]) != int(cfg.mechanism.epochs):
+            log.warning("%s holds epoch %d of %d: the run did not finish", ckpt_path, ckpt["epoch"], cfg.mechanism.epochs)
         fold = mechanism_fold(cfg, fold.to(device))
         model = build_model(cfg, fold).to(device)
-        model.load_state_dict(torch.load(ckpt_path, map_location=device, weights_only=False)["model"])
-        model.attach(fold.train)
+        try:
+            model.restore(fold.train, ckpt["model"])
+        except RuntimeError as err:
+            raise ConfigError(f"checkpoint {ckpt_path} does not fit model={cfg.model.get('name')} "
+                              f"({str(err).splitlines()[0][:160]}); retrain the run with this version") from None
         m = score_predictor(model, fold)
-        b = baseline_metrics(fold, int(cfg.baseline_k))
-        records.append({"fold": fold.index, "test_rmse": m["rmse"], "test_mae": m["mae"], "baselines": b})
+        b = baseline_metrics(fold, int(cfg.baseline_k)) if diagnostics else None
+        records.append({"fold": fold.index, "test_rmse": m["rmse"], "test_mae": m["mae"], "epoch": int(ckpt["epoch"]),
+                        **({"baselines": b} if b else {})})
         rows.append((fold.index, m, b))
     metrics = {
         "model": cfg.model.get("name"), "mechanism": cfg.mechanism.get("name"), "data": dataset.name, "dataset": dataset.record(), "run": str(run_dir),
         "epsilon": cfg.epsilon, "test_rmse": float(np.mean([r["test_rmse"] for r in records])),
         "test_mae": float(np.mean([r["test_mae"] for r in records])), "folds": records,
-        "baselines": {n: {k: float(np.mean([r["baselines"][n][k] for r in records])) for k in ("rmse", "mae")} for n in ("PCC", "COS")},
     }
+    if diagnostics:
+        metrics["baselines"] = {n: {k: float(np.mean([r["baselines"][n][k] for r in records])) for k in ("rmse", "mae")}
+                                for n in ("PCC", "COS")}
+    return metrics, _run_table(rows, metrics)
+
+
+def _run_table(rows: list[tuple], metrics: dict[str, Any]) -> str:
+    def base(b: dict | None, name: str) -> str:
+        return f"{b[name]['rmse']:>9.4f}" if b else f"{'-':>9}"
+
     lines = [f"{'fold':>5} {'model RMSE':>11} {'MAE':>7} {'PCC RMSE':>9} {'COS RMSE':>9}"]
     for idx, m, b in rows:
-        lines.append(f"{idx:>5} {m['rmse']:>11.4f} {m['mae']:>7.4f} {b['PCC']['rmse']:>9.4f} {b['COS']['rmse']:>9.4f}")
-    lines.append(f"{'mean':>5} {metrics['test_rmse']:>11.4f} {metrics['test_mae']:>7.4f} "
-                 f"{metrics['baselines']['PCC']['rmse']:>9.4f} {metrics['baselines']['COS']['rmse']:>9.4f}")
-    return metrics, "\n".join(lines)
+        lines.append(f"{idx:>5} {m['rmse']:>11.4f} {m['mae']:>7.4f} {base(b, 'PCC')} {base(b, 'COS')}")
+    mb = metrics.get("baselines")
+    lines.append(f"{'mean':>5} {metrics['test_rmse']:>11.4f} {metrics['test_mae']:>7.4f} {base(mb, 'PCC')} {base(mb, 'COS')}")
+    if not mb:
+        lines.append("(PCC/COS not shown: the run does not log non-private diagnostics; log_private_diagnostics=true)")
+    return "\n".join(lines)

@@ -7,6 +7,12 @@ with the non-private PCC and COS lines taken from the runs' own baselines.
 For a two-stage study (``study.py``) it also tabulates the configuration chosen per
 (method, epsilon) on the validation split (``selected.yaml``), and the privacy ledger
 covers both stages (``ledger_dir``), including the epsilon spent on tuning.
+
+Method names are ``<mechanism>-<model>`` with the mechanism's config name. ``dpsgd_paper`` and
+``sgld_paper`` are Wang & Tang's Alg. 1 and 2 as printed; ``dpsgd`` and ``sgld`` are the provable
+forms whose reported epsilon is the typed one. Runs written before that rename (issue 15, #9) called
+the paper-faithful forms ``dpsgd``/``sgld``; :func:`mechanism_name` recognises them by their privacy
+record and labels them ``*_paper``, and :func:`relabel` rewrites an old report folder accordingly.
 """
 
 from __future__ import annotations
@@ -35,6 +41,33 @@ class Cell:
     runs: int = 0
 
 
+#: the paper-faithful forms, as the mechanism names of runs written before the rename
+PAPER_FORMS = {"dpsgd": "dpsgd_paper", "sgld": "sgld_paper"}
+#: printed under every report table
+FORMS_NOTE = ("Methods `dpsgd_paper-*` and `sgld_paper-*` are the PAPER-FAITHFUL forms (Wang & Tang Alg. 1/2 as printed; "
+              "with MF: DPSGD-MF of Berlioz et al. and DPPS-MF as the paper ran them): ε is the configured figure and "
+              "'ε guaranteed' is what the run defends (none for PNBM). `dpsgd-*`/`sgld-*` are the provable defaults, "
+              "whose guaranteed ε is the configured one.")
+
+
+def mechanism_name(metrics: dict) -> str:
+    """A run's mechanism config name; a pre-rename ``dpsgd``/``sgld`` run (a paper-faithful class, told apart by its
+    privacy record: the provable ``dpsgd`` reports ``dpsgd_l1 ...``, the provable ``sgld`` a "provable form") gets ``*_paper``."""
+    name = str(metrics.get("mechanism", "none"))
+    record = str((metrics.get("privacy") or {}).get("mechanism", ""))
+    if name == "dpsgd" and not record.startswith("dpsgd_l1"):
+        return PAPER_FORMS[name]
+    if name == "sgld" and "provable form" not in record:
+        return PAPER_FORMS[name]
+    return name
+
+
+def legacy_method(method: str) -> str:
+    """``dpsgd-pnbm`` -> ``dpsgd_paper-pnbm`` for a method name read from a report written before the rename."""
+    mech, _, model = method.partition("-")
+    return f"{PAPER_FORMS.get(mech, mech)}-{model}" if model else method
+
+
 def _eps(value: object) -> float:
     return float("inf") if value in ("inf", "Infinity") else float(value)  # type: ignore[arg-type]
 
@@ -52,7 +85,7 @@ def collect(sweep_dir: Path) -> tuple[dict, dict]:
         m = json.loads(path.read_text())
         if "epsilon" not in m or "test_rmse" not in m:
             continue
-        method = f"{m.get('mechanism', 'none')}-{m['model']}"
+        method = f"{mechanism_name(m)}-{m['model']}"
         cell = cells[(m["data"], method, _eps(m["epsilon"]))]
         cell.runs += 1
         for f in m["folds"]:
@@ -118,6 +151,8 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None, ledge
             writer.writerow([data, name, float(np.mean(vals)), float(np.std(vals)), len(vals)])
     for (data, name), vals in sorted(baselines.items()):
         lines.append(f"| {data} | {name} (non-private) | – | {np.mean(vals):.4f} ± {np.std(vals):.4f} | | {len(vals)} | ∞ |")
+    if any(r["method"].split("-", 1)[0] in PAPER_FORMS.values() for r in rows):
+        lines += ["", FORMS_NOTE]
     from dprec_torch.privacy.ledger import format_ledger, ledger_report
 
     ledger = ledger_report(ledger_dir or sweep_dir)
@@ -158,3 +193,47 @@ def _figures(rows: list[dict], baselines: dict, out: Path) -> None:
         fig.tight_layout()
         fig.savefig(out / f"rmse_vs_epsilon_{data}.png", dpi=120)
         plt.close(fig)
+
+
+def relabel(folder: str | Path) -> list[str]:
+    """Rewrite a report folder written before the rename: ``dpsgd-*``/``sgld-*`` -> ``dpsgd_paper-*``/``sgld_paper-*``
+    in ``report.csv``, ``report.md``, ``selected.yaml`` and ``ledger.json``, and redraw the figure from ``report.csv``
+    and ``baselines.csv`` (the run folders are not needed). No number changes. Returns the files rewritten."""
+    import re
+
+    folder = Path(folder)
+    pattern = re.compile(r"(?<![\w./])(dpsgd|sgld)-(pnbm|mf)(?![\w/])")  # a method name, not a run path
+    done = []
+    for name in ("report.csv", "report.md", "selected.yaml", "ledger.json"):
+        path = folder / name
+        if path.exists():
+            text = path.read_text()
+            new = pattern.sub(lambda m: f"{PAPER_FORMS[m.group(1)]}-{m.group(2)}", text)
+            new = re.sub(r"(\"mechanism\": \")(dpsgd|sgld)(\")", lambda m: m.group(1) + PAPER_FORMS[m.group(2)] + m.group(3), new)
+            if name == "report.md" and FORMS_NOTE not in new:
+                new = new.replace("\n\n## ", f"\n\n{FORMS_NOTE}\n\n## ", 1) if "\n\n## " in new else new + f"\n{FORMS_NOTE}\n"
+            if new != text:
+                path.write_text(new)
+                done.append(str(path))
+    if (folder / "ledger.json").exists():  # regroup by dataset (issue 15, #5) and reprint the ledger section
+        from dprec_torch.privacy.ledger import format_ledger, merge_legacy
+
+        ledger = merge_legacy(json.loads((folder / "ledger.json").read_text()))
+        atomic_write_json(folder / "ledger.json", ledger)
+        md = folder / "report.md"
+        if md.exists() and "## Privacy ledger" in md.read_text():
+            head = md.read_text().split("## Privacy ledger", 1)[0]
+            md.write_text(head + "## Privacy ledger\n\n```\n" + format_ledger(ledger) + "\n```\n")
+        done += [] if str(folder / "ledger.json") in done else [str(folder / "ledger.json")]
+    if (folder / "report.csv").exists():
+        rows = [{**r, "epsilon": _eps(r["epsilon"]), "rmse_mean": float(r["rmse_mean"]), "rmse_std": float(r["rmse_std"])}
+                for r in csv.DictReader(open(folder / "report.csv"))]
+        base: dict = defaultdict(list)
+        if (folder / "baselines.csv").exists():
+            for r in csv.DictReader(open(folder / "baselines.csv")):
+                base[(r["data"], r["method"])].append(float(r["rmse_mean"]))
+        elif (folder / "report.md").exists():  # older reports kept the baselines only as report.md rows
+            for m in re.finditer(r"^\| (\S+) \| (\w+) \(non-private\) \| – \| ([0-9.]+) ±", (folder / "report.md").read_text(), re.M):
+                base[(m.group(1), m.group(2))].append(float(m.group(3)))
+        _figures(rows, base, folder)
+    return done

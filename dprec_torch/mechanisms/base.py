@@ -1,13 +1,16 @@
 """The Opacus-style optimizer template shared by every training mechanism.
 
 ``step()`` is a short fixed sequence -- ``add_noise()``, ``scale_grad()``,
-``apply_update()``, then the accountant hook -- and a mechanism overrides only
+``apply_update()``, then ``account()`` -- and a mechanism overrides only
 the pieces that differ. Per-example clipping happens one stage earlier, on the
 residuals, through ``clip_residuals()`` (Alg. 1 line 5), because for PNBM and
 MF every example's gradient is ``e_ui * d r_hat_ui / d theta``.
 
 Optimizer state (step counter, noise generator state, last noise scale) lives in
-``self.state`` so it round-trips through ``state_dict()`` into checkpoints.
+``self.state`` so it round-trips through ``state_dict()`` into checkpoints; so does the
+mechanism's accountant, which lives in ONE attribute, ``self.accountant`` (an
+:class:`~dprec_torch.privacy.accountants.Accountant`, None for a mechanism without one):
+this base class saves and restores it, so no mechanism can forget to.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch.optim import Optimizer
 
+from dprec_torch.privacy.accountants import Accountant
 from dprec_torch.privacy.pnbm_clipping import clip_factors
 from dprec_torch.seeding import make_generator
 
@@ -27,13 +31,14 @@ class MechanismOptimizer(Optimizer):
     name = "none"
     relation: str | None = None
     uses_prior_precision = False  # reads TrainingContext.prior_precision (SGLD's H)
+    #: the mechanism's accountant (set in ``__init__``); saved and restored by ``state_dict`` below
+    accountant: Accountant | None = None
 
     def __init__(self, params: Iterable[torch.Tensor], defaults: dict[str, Any], seed: int = 0) -> None:
         super().__init__(params, defaults)
         device = self.param_groups[0]["params"][0].device
         self.generator = make_generator(int(seed), device)
         self.state["mechanism"] = {"t": 0, "noise_scale": 0.0, "grad_norm": 0.0, "residual_bound": float("inf")}
-        self.step_hooks: list[Callable[["MechanismOptimizer"], None]] = []
 
     # ----------------------------------------------------------------- template
     @property
@@ -72,6 +77,9 @@ class MechanismOptimizer(Optimizer):
     def scale_grad(self) -> None:
         """Rescale ``p.grad`` before the update; no-op by default."""
 
+    def account(self) -> None:
+        """Record the step just taken in ``self.accountant`` (no-op by default; Opacus's step hook)."""
+
     def apply_update(self) -> None:
         """Plain gradient descent with L2 penalty: p <- p - lr (grad + weight_decay p)."""
         for group in self.param_groups:
@@ -95,8 +103,7 @@ class MechanismOptimizer(Optimizer):
         self.scale_grad()
         self.apply_update()
         self.state["mechanism"]["t"] += 1
-        for hook in self.step_hooks:
-            hook(self)
+        self.account()
         return loss
 
     # ----------------------------------------------------------------- reporting
@@ -112,16 +119,22 @@ class MechanismOptimizer(Optimizer):
 
     # ------------------------------------------------------------ checkpointing
     def state_dict(self) -> dict[str, Any]:
+        """torch's optimizer state (incl. ``self.state["mechanism"]``: t, ...) + noise RNG + accountant."""
         sd = super().state_dict()
         sd["generator_state"] = self.generator.get_state()
+        if self.accountant is not None:
+            sd["accountant"] = self.accountant.state_dict()
         return sd
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         state_dict = dict(state_dict)
         gen = state_dict.pop("generator_state", None)
+        acc = state_dict.pop("accountant", None)
         super().load_state_dict(state_dict)
         if gen is not None:
             self.generator.set_state(gen.cpu() if self.generator.device.type == "cpu" else gen)
+        if acc is not None and self.accountant is not None:
+            self.accountant.load_state_dict(acc)
 
 
 def laplace_noise(shape: torch.Size, scale: float, generator: torch.Generator, device: torch.device) -> torch.Tensor:

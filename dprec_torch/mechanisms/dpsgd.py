@@ -43,7 +43,7 @@ from dprec_torch.errors import ConfigError
 from dprec_torch.mechanisms.base import add_laplace_noise_, laplace_noise
 from dprec_torch.mechanisms.context import TrainingContext
 from dprec_torch.mechanisms.sgd import MapSGD
-from dprec_torch.privacy.accountants import PureDPAccountant
+from dprec_torch.privacy.accountants import PureDPAccountant, amplified_epsilon
 
 PER_ENTRY_CAVEAT = (
     "Wang & Tang's Delta F bounds one gradient ENTRY; one rating moves row i of G and the row of every "
@@ -73,7 +73,6 @@ class DPSGDLaplace(MapSGD):
         perturb_residuals: bool | None = None,
         e_max: float | None = None,
         delta: float = 0.0,
-        **unused: Any,
     ) -> None:
         epsilon = float(epsilon)
         if not epsilon > 0:
@@ -189,8 +188,11 @@ class DPSGDLaplace(MapSGD):
             for p in group["params"]:
                 if p.grad is not None:
                     add_laplace_noise_(p.grad, scale, self.generator)
-        # Theorem 1: eps_t = eps / (K gamma) per step, subsampled with ratio gamma
-        self.accountant.step(self.epsilon / (self.context.total_steps * self.sampling_ratio), self.sampling_ratio)
+
+    def account(self) -> None:
+        """Theorem 1: eps_t = eps / (K gamma) per noisy step, subsampled with ratio gamma."""
+        if not self.perturb_residuals and self.state["mechanism"]["noise_scale"] > 0:
+            self.accountant.step(self.epsilon / (self.context.total_steps * self.sampling_ratio), self.sampling_ratio)
 
     def epsilon_spent(self) -> float:
         """Theorem 1's running total (per gradient entry; see the caveat).
@@ -218,7 +220,7 @@ class DPSGDLaplace(MapSGD):
             "epsilon_nominal": self.epsilon,
             "epsilon_claimed_by_paper": self.epsilon,
             "epsilon": None,
-            "epsilon_exact_amplification_per_entry": k * math.log1p(q * math.expm1(eps_t)) if math.isfinite(eps_t) else float("inf"),
+            "epsilon_exact_amplification_per_entry": k * amplified_epsilon(eps_t, q) if math.isfinite(eps_t) else float("inf"),
             "delta": 0.0,
             "accountant": "pure-DP basic composition (Theorem 1, linear subsampling amplification)",
             "analysis": "Theorem 1: eps/(K gamma) per step, amplified to eps/K by sampling ratio gamma, K steps composed. " + PER_ENTRY_CAVEAT,

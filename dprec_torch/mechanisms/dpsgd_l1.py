@@ -15,12 +15,14 @@ amplifies it to ln(1 + q(e^{eps_s} - 1)); T steps compose. For PNBM the item mea
 every gradient and form the prediction baseline are released first by the Laplace mechanism
 (:mod:`dprec_torch.privacy.item_means`, eps_0 = ``mean_fraction`` x eps). In total
 
-    eps = eps_0 + g T ln(1 + q (e^{eps_s} - 1)),      g = 2 if relation=rating with unit=user, else 1,
+    eps = eps_0 + g T ln(1 + q (e^{eps_s} - 1)),      g = 2 if relation=rating, else 1,
 
 and eps_s is solved from the configured eps. ``relation=user`` defends add/remove of one user's
-profile; ``relation=rating`` defends add/remove/change of one rating (a changed profile = two
-user-level steps, g = 2; the item means then use rating-level sensitivity). ``epsilon`` in
-``privacy_report()`` is the defended figure.
+profile (g = 1); ``relation=rating`` defends add/remove/change of one rating, g = 2 for either unit:
+changing a rating's value replaces one clipped contribution (the rating's own with unit=rating, its
+user's G_u with unit=user) by another, which moves the clipped sum by up to 2c, not c
+(:func:`~dprec_torch.privacy.analysis.dpsgd_l1_group_factor`; the item means then use rating-level
+sensitivity). ``epsilon`` in ``privacy_report()`` is the defended figure.
 
 PNBM-specific choices: ``init=constant`` starts from S = s0 (1 - I) (data-independent): Eq. (2) is then
 r_bar_i + the user's mean centred rating (shrunk by the floor C), a strong baseline that a noisy
@@ -43,7 +45,7 @@ from dprec_torch.mechanisms.base import add_laplace_noise_
 from dprec_torch.mechanisms.context import TrainingContext
 from dprec_torch.mechanisms.sgd import MapSGD
 from dprec_torch.privacy.accountants import PureDPAccountant
-from dprec_torch.privacy.analysis import analyse_dpsgd_l1, composed_epsilon, laplace_step_epsilon
+from dprec_torch.privacy.analysis import analyse_dpsgd_l1, composed_epsilon, dpsgd_l1_group_factor, laplace_step_epsilon
 from dprec_torch.privacy.item_means import dp_item_means, install_item_means
 from dprec_torch.privacy.pnbm_clipping import DEFAULT_CHUNK_PAIRS, per_user_grad_norms, zero_diagonal_
 
@@ -108,7 +110,6 @@ class ClippedLaplaceDPSGD(MapSGD):
         chunk_pairs: int = DEFAULT_CHUNK_PAIRS,
         seed: int = 0,
         model: Any = None,
-        **unused: Any,
     ) -> None:
         epsilon, clip_norm, q = float(epsilon), float(clip_norm), float(sampling_ratio)
         if not epsilon > 0:
@@ -136,7 +137,7 @@ class ClippedLaplaceDPSGD(MapSGD):
             raise ConfigError("mechanism=dpsgd_l1 unit=rating clips per rating, which cannot defend relation=user")
         self.epsilon, self.clip_norm, self.sampling_ratio = epsilon, clip_norm, q
         self.unit, self.defended_relation, self.chunk_pairs = unit, relation, int(chunk_pairs)
-        self.group = 2 if (relation == "rating" and unit == "user") else 1
+        self.group = dpsgd_l1_group_factor(relation, unit)  # 2 for relation=rating: a changed rating moves 2c
         steps = int(context.total_steps)
         self.mean_release = None
         self.mean_epsilon = 0.0

@@ -223,6 +223,13 @@ def window_chain(
     return BirthDeathChain(log_w, dt), members
 
 
+#: What the epsilon protects: one entry of ONE user's score row C_i, never a training rating (a rating moves
+#: many entries of C). Its first word is not ``user``/``rating``, so the privacy ledger charges it as no
+#: training-data guarantee at all.
+SCORE_ENTRY_RELATION = ("score-entry (C_i and C'_i differ in one entry of one user's score row; "
+                        "not a training rating, not a user)")
+
+
 # ----------------------------------------------------------- the mechanism
 class ExponentialTopK:
     """Config object for ``mechanism=exponential_topk``; :meth:`wrap` gives a private ``recommend``.
@@ -363,7 +370,7 @@ class ExponentialTopKRecommender:
             )
         return {
             "mechanism": "exponential_topk",
-            "relation": "rating",
+            "relation": SCORE_ENTRY_RELATION,
             "unit": "one entry of the user's score row C_i (Sec. 4.1 dynamic attack)",
             "neighbouring": "C, C' differ in one entry; training data and the excluded (rated) items are fixed",
             "sensitivity": self.sensitivity_,

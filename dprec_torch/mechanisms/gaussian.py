@@ -66,7 +66,6 @@ class GaussianDPSGD(MechanismOptimizer):
         weight_decay: float = 0.0,
         sampling_ratio: float = 0.01,
         seed: int = 0,
-        **unused: Any,
     ) -> None:
         epsilon, delta, clip_norm = float(epsilon), float(delta), float(clip_norm)
         if unit not in UNITS:

@@ -59,7 +59,6 @@ class GaussianPNBM(GaussianDPSGD):
         unit: str = "user",
         seed: int = 0,
         model: Any = None,
-        **unused: Any,
     ) -> None:
         epsilon, delta = float(epsilon), float(delta)
         if unit != "user":

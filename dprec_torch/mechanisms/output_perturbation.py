@@ -7,12 +7,15 @@ for cosine). The noise is added to the *unclipped* output the theorem bounds
 (``raw_predict``/``score`` when the predictor has them); clipping afterwards is
 post-processing.
 
-What epsilon covers. As in the paper, epsilon is *per released prediction (per query)*.
-One rating reaches every prediction through the item-item matrix, so releasing q
-predictions is only ``q * epsilon``-DP by basic composition, and a top-N list ranked from
-M noised scores costs ``M * epsilon`` for that user. :meth:`LaplaceOutputPredictor.privacy_report`
-counts the values released so far and states both numbers, plus the per-query epsilon
-that survives where the paper's sensitivity is loose (``sensitivity_report`` of the predictor).
+What epsilon covers. The configured epsilon (as in the paper) calibrates the noise of ONE
+released prediction (per query). One rating reaches every prediction through the item-item
+matrix, so the released values do not depend on disjoint data and parallel composition does
+not apply: releasing q predictions is ``q * epsilon_query``-DP by basic composition, and a
+top-N list ranked from M noised scores costs ``M * epsilon_query`` for that user.
+:meth:`LaplaceOutputPredictor.privacy_report` counts the values released so far and headlines
+that composed total as ``epsilon`` (what the run's releases cost together), with the per-query
+figure beside it (``epsilon_per_query``, which is larger than the configured epsilon where the
+paper's sensitivity is loose, ``sensitivity_report`` of the predictor).
 """
 
 from __future__ import annotations
@@ -131,7 +134,7 @@ class LaplaceOutputPredictor:
 
     # ------------------------------------------------------------- privacy
     def privacy_report(self) -> dict[str, Any]:
-        """Unit, Delta f, noise scale, and plainly what epsilon covers (per released prediction)."""
+        """Unit, Delta f, noise scale; ``epsilon`` = the composed total over every value released so far."""
         delta_f = self.sensitivity
         sr = self.predictor.sensitivity_report() if hasattr(self.predictor, "sensitivity_report") else {}
         eps = self.epsilon
@@ -141,6 +144,7 @@ class LaplaceOutputPredictor:
         eps_query = eps * max(1.0, guaranteed / delta_f) if delta_f > 0 else math.inf
         eps_add_remove = eps * max(1.0, add_remove / delta_f) if delta_f > 0 else math.inf
         n = self.n_released_
+        total = eps_query * n if n else 0.0  # basic composition; nothing released yet costs nothing
         theorem = sr.get("theorem", f"{type(self.predictor).__name__}.output_sensitivity()")
         neighbouring = sr.get("neighbouring", "as declared by the predictor")
         return {
@@ -153,19 +157,22 @@ class LaplaceOutputPredictor:
             "noise": f"Lap(b) on every released prediction, b = Delta f / epsilon = {self.noise_scale:.4g} "
                      "(scale, std = b*sqrt(2))",
             "noise_scale": self.noise_scale,
-            "epsilon": eps_query,
+            "epsilon": total,
+            "epsilon_scope": (f"total over the {n} values released so far, by basic composition of the per-query "
+                              "epsilon (every released value reads the same ratings, so parallel composition does not apply)"),
+            "epsilon_per_query": eps_query,
             "epsilon_nominal": eps,
-            "epsilon_scope": "per released prediction (per query), as in Park & Acharya",
+            "epsilon_nominal_scope": "per released prediction (per query), as in Park & Acharya",
             "epsilon_add_remove_per_query": eps_add_remove,
             "released_values": n,
-            "epsilon_total_basic_composition": eps_query * n,
+            "epsilon_total_basic_composition": total,
             "delta": 0.0,
             "details": sr,
             "analysis": (
                 f"Theorem 2.1 with Delta f = {delta_f:.4g} from {theorem}: each released prediction is "
                 f"{eps_query:g}-DP under {neighbouring}. One rating reaches every prediction through the "
-                f"item-item matrix, so the {n} values released so far are only {eps_query * n:g}-DP together "
-                f"(basic composition); a top-N list ranked from M noised scores costs M*epsilon per user. "
-                + sr.get("caveats", "")
+                f"item-item matrix, so the {n} values released so far are {total:g}-DP together "
+                f"(basic composition; this is the epsilon reported); a top-N list ranked from M noised scores costs "
+                f"M*{eps_query:g} per user. " + sr.get("caveats", "")
             ),
         }

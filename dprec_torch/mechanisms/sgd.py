@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Iterable
 
 import torch
 
@@ -27,7 +27,6 @@ class MapSGD(MechanismOptimizer):
         weight_decay: float = 0.005,
         beta: float = 10.0,
         seed: int = 0,
-        **unused: Any,
     ) -> None:
         params = list(params)
         super().__init__(params, dict(lr=float(lr), weight_decay=float(weight_decay), beta=float(beta)), seed=seed)

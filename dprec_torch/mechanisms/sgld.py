@@ -1,20 +1,40 @@
-"""``mechanism=sgld``: scaled-posterior sampling by SGLD, Wang & Tang Algorithm 2.
+"""``mechanism=sgld`` / ``mechanism=sgld_paper``: scaled-posterior sampling by SGLD, Wang & Tang Algorithm 2.
 
-Neighbouring relation: user-level (add/remove one user's whole profile).
+Neighbouring relation: user-level (add/remove one user's whole profile, each user capped at tau ratings).
 Alg. 2, line 5:
-    S <- S - (eps / 4B) (eta_t / 2) (L g_bar + lambda S o H^-1) + z_t,   z_t ~ N(0, rho eta_t)
-with eta_t = eta_1 t^(-xi), B = (r_max - r_min)^2 tau (each user capped at tau ratings),
-L g_bar = (1/gamma) sum over the mini-batch (the unbiased estimate of the full-data sum),
-and H the prior correction of Sec. 4.2 (Eq. (11)).
+    S <- S - (eps_s / 4B) (eta_t / 2) (L g_bar + lambda (S - S_0) o H^-1) + z_t,   z_t ~ N(0, rho eta_t)
+with eta_t = eta_1 t^(-xi), L g_bar = (1/gamma) sum over the mini-batch (the unbiased estimate of the
+full-data gradient of sum_{(u,i)} e_ui^2 / 2), H the prior correction of Sec. 4.2 (Eq. (11)) and S_0
+the centre of the Gaussian prior (the paper: 0).
 
-Privacy (Wang et al. 2015, used by Theorem 2): one exact sample from the posterior
-scaled by eps/(4B) is eps-DP when every user's log-likelihood is bounded by B.
-SGLD with noise N(0, rho eta_t) instead of N(0, eta_t) samples the posterior raised
-to 1/rho, i.e. scaled by eps/(4B rho): the epsilon actually delivered is eps/rho
-(the paper's rho = 0.004 multiplies eps by 250). That is the epsilon we log and save.
-The guarantee is (eps/rho, (1 + e^(eps/rho)) delta) where delta is the unquantified
-total-variation distance between the SGLD iterate's law and the target posterior.
-Releasing the mean of m thinned samples costs m times the per-sample epsilon.
+Privacy (Wang et al. 2015, used by Theorem 2). One EXACT sample from the posterior scaled by
+eps_s/(4B) is eps_s-DP when every user's log-likelihood sum_{i in R_u} e_ui^2 / 2 is bounded by B
+and the prior does not depend on the data. SGLD with noise N(0, rho eta_t) instead of N(0, eta_t)
+samples the posterior raised to 1/rho: the epsilon of an exact sample is eps_s/rho. SGLD after
+finitely many steps only APPROXIMATES that sample, so the released parameters are
+(eps, (1 + e^eps) delta)-DP with delta the total-variation distance of the chain's law from the
+target posterior, which nobody quantifies here: delta is reported as unquantified, never as 0.
+
+The bound B (``likelihood_bound``):
+  * ``paper``: B = phi^2 tau, phi = r_max - r_min (Wang & Tang). It holds when |e_ui| <= phi, i.e. for
+    a model whose training predictions are clipped to the scale (MF, ``clip_training_predictions``).
+    PNBM's Eq. (2) gives r_hat in [r_bar_i - phi, r_bar_i + phi], so |e_ui| <= 2 phi and the true bound
+    is 4 phi^2 tau: the epsilon REPORTED is then (e_max/phi)^2 x eps_s/rho, not eps_s/rho.
+  * ``model``: B = e_max^2 tau with e_max the model's own error bound (phi for clipped predictions,
+    2 phi for PNBM), used in the update itself, so the reported epsilon is eps_s/rho.
+
+Two forms (conf/mechanism/):
+  * ``mechanism=sgld`` (default; provable): rho = 1, ``likelihood_bound: model``, no data-dependent H,
+    and for PNBM the item means r_bar are released first by the Laplace mechanism
+    (:mod:`dprec_torch.privacy.item_means`, eps_0 = ``mean_fraction`` x eps, user level); the sample
+    gets eps_s = eps - eps_0, so the reported epsilon eps_0 + eps_s IS the typed epsilon (delta
+    unquantified). ``prior_kappa`` keeps the stationary law's prior precision kappa = (eps_s/4B) lambda
+    fixed across epsilons (lambda = kappa 4B / eps_s), and ``prior_mean`` centres the prior at the
+    data-independent start S_0 = s_0 (1 - I) of ``init: constant``.
+  * ``mechanism=sgld_paper`` (paper-faithful): rho = 0.004 (the paper's code), B = phi^2 tau, H, a
+    prior at 0, and PNBM's EXACT training item means, which no noise covers: no epsilon is defended
+    for the released model (``epsilon`` null); ``epsilon_for_sample_only`` is what the sample of S
+    alone would cost. Releasing the mean of m thinned samples costs m times the per-sample epsilon.
 """
 
 from __future__ import annotations
@@ -27,6 +47,27 @@ import torch
 from dprec_torch.errors import ConfigError
 from dprec_torch.mechanisms.base import MechanismOptimizer
 from dprec_torch.mechanisms.context import TrainingContext
+from dprec_torch.mechanisms.dpsgd_l1 import bound_model, is_pnbm, recentre_batch_
+from dprec_torch.privacy.item_means import dp_item_means, install_item_means
+
+BOUNDS = ("paper", "model")
+INITS = ("random", "constant")
+
+
+def error_bound(model: Any, span: float) -> float | None:
+    """Largest |e_ui| = |r_hat_ui - r_ui| the model can produce while training (None: not bounded).
+
+    MF with ``clip_training_predictions``: clip(r_hat) and r both lie in the scale, so phi. PNBM
+    (Eq. (2)): r_hat - r_bar_i is a weighted average (weights s_ij / max(C, sum |s_ij|), absolute sum
+    <= 1) of centred ratings in [-phi, phi], and r_bar_i, r lie in the scale, so 2 phi.
+    """
+    if model is None:
+        return None
+    if bool(getattr(model, "clip_training_predictions", False)):
+        return span
+    if is_pnbm(model):
+        return 2.0 * span
+    return None
 
 
 class ScaledPosteriorSGLD(MechanismOptimizer):
@@ -51,31 +92,83 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
         average_samples: bool = False,
         init_scale: float = 1.0,
         seed: int = 0,
-        **unused: Any,
+        likelihood_bound: str = "paper",
+        prior_correction: bool = True,
+        prior_kappa: float | None = None,
+        prior_mean: float = 0.0,
+        init: str = "random",
+        init_value: float = 1.0,
+        mean_fraction: float = 0.0,
+        mean_global_fraction: float = 0.25,
+        mean_shrinkage: float = 8.0,
     ) -> None:
         epsilon = float(epsilon)
         if not epsilon > 0:
             raise ConfigError(f"epsilon must be > 0 (epsilon=inf samples the unscaled posterior), got {epsilon}")
         if not 0 < temperature <= 1:
             raise ConfigError(f"mechanism.temperature (rho) must be in (0, 1], got {temperature}")
+        if likelihood_bound not in BOUNDS:
+            raise ConfigError(f"mechanism.likelihood_bound must be one of {BOUNDS}, got '{likelihood_bound}'")
+        if init not in INITS:
+            raise ConfigError(f"mechanism.init must be one of {INITS}, got '{init}'")
+        if not 0 <= float(mean_fraction) < 1:
+            raise ConfigError(f"mechanism.mean_fraction must be in [0, 1), got {mean_fraction}")
+        if prior_kappa is not None and not float(prior_kappa) > 0:
+            raise ConfigError(f"mechanism.prior_kappa must be > 0 or null, got {prior_kappa}")
+        if prior_kappa is not None and float(weight_decay) != 0:
+            raise ConfigError(f"mechanism.weight_decay={weight_decay} and mechanism.prior_kappa={prior_kappa} both set lambda: "
+                              "give one (mechanism.prior_kappa=null to set lambda directly)")
         params = list(params)
         super().__init__(params, dict(lr=float(lr), weight_decay=float(weight_decay)), seed=seed)
-        with torch.no_grad():  # starting point of the chain only; not part of the privacy analysis
-            for p in params:
-                p.mul_(float(init_scale))
+        model = bound_model(context)
+        self.pnbm = is_pnbm(model)
+        if float(prior_mean) != 0.0 and not self.pnbm:
+            raise ConfigError("mechanism.prior_mean != 0 centres PNBM's S at s_0 (1 - I); other models need prior_mean=0")
         self.context, self.epsilon = context, epsilon
         self.eta1, self.decay, self.rho = float(lr), float(decay), float(temperature)
         self.sampling_ratio, self.tau = float(sampling_ratio), int(max_user_ratings)
         self.burn_in_epochs, self.average_samples = int(burn_in_epochs), bool(average_samples)
-        self.B = context.scale.span**2 * self.tau
-        self.prior_precision = list(context.prior_precision) or [None] * len(params)
+        self.bound_mode, self.prior_mean = likelihood_bound, float(prior_mean)
+        span = context.scale.span
+        self.e_max = error_bound(model, span)
+        if likelihood_bound == "model" and self.e_max is None:
+            raise ConfigError(f"mechanism.likelihood_bound=model: {type(model).__name__} does not bound its training "
+                              "error |r_hat - r| (clip its training predictions), so no B bounds a user's log-likelihood")
+        # B used in the update (Alg. 2's eps/4B) and the B that truly bounds a user's log-likelihood
+        self.B = (span**2 if likelihood_bound == "paper" else self.e_max**2) * self.tau
+        self.B_true = None if self.e_max is None else self.e_max**2 * self.tau
+        # DP item means first (PNBM): the rest of the budget goes to the sample
+        self.mean_release, self.mean_epsilon = None, 0.0
+        if self.pnbm and float(mean_fraction) > 0 and math.isfinite(epsilon):
+            if model.history is None:
+                raise ConfigError("mechanism=sgld needs the PNBM attached to its training data before the mechanism")
+            self.mean_epsilon = float(mean_fraction) * epsilon
+            self.mean_release = dp_item_means(model.history, relation="user", noise="laplace", epsilon=self.mean_epsilon,
+                                              global_fraction=float(mean_global_fraction),
+                                              shrinkage=float(mean_shrinkage), generator=self.generator)
+            install_item_means(model, self.mean_release)
+        self.sample_epsilon = epsilon - self.mean_epsilon  # eps_s
+        if prior_kappa is not None:  # lambda = kappa 4B / eps_s (kappa itself for the unscaled posterior, epsilon = inf)
+            self.param_groups[0]["weight_decay"] = float(prior_kappa) / self.posterior_scale
+        self.prior_kappa = None if prior_kappa is None else float(prior_kappa)
+        with torch.no_grad():  # starting point of the chain only (data-independent)
+            for p in params:
+                if init == "constant" and self.pnbm and p.dim() == 2 and p.shape[0] == p.shape[1]:
+                    p.fill_(float(init_value)).fill_diagonal_(0.0)
+                else:
+                    p.mul_(float(init_scale))
+        pp = list(context.prior_precision) if prior_correction else []
+        self.prior_correction = bool(prior_correction)
+        self.prior_precision = pp or [None] * len(params)
+        if self.prior_mean != 0.0 and any(h is not None for h in self.prior_precision):
+            raise ConfigError("mechanism.prior_mean != 0 needs prior_correction=false (H is data-dependent anyway)")
         self.state["mechanism"]["samples_averaged"] = 0
 
     # ------------------------------------------------------------------ pieces
     @property
     def posterior_scale(self) -> float:
-        """eps / (4B); 1 (the unscaled posterior) when epsilon = inf."""
-        return 1.0 if math.isinf(self.epsilon) else self.epsilon / (4.0 * self.B)
+        """eps_s / (4B); 1 (the unscaled posterior) when epsilon = inf."""
+        return 1.0 if math.isinf(self.epsilon) else self.sample_epsilon / (4.0 * self.B)
 
     def step_size(self, t: int | None = None) -> float:
         """eta_t = eta_1 t^(-xi)."""
@@ -86,6 +179,12 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
         """z_t ~ N(0, rho eta_t): std sqrt(rho eta_t) (Alg. 2 line 4)."""
         return math.sqrt(self.rho * self.step_size(t))
 
+    def clip_residuals(self, residuals: torch.Tensor, batch: Any = None, model: Any = None) -> torch.Tensor:
+        """No clipping (B bounds the log-likelihood); re-centre a batch cached before the DP means were installed."""
+        if self.mean_release is not None and batch is not None and model is not None and recentre_batch_(batch, model):
+            residuals = (model.batch_predict(batch) - batch.values).detach()
+        return residuals
+
     def scale_grad(self) -> None:
         """L g_bar = (1/gamma) sum over the batch (unbiased for the full-data gradient sum)."""
         if self.sampling_ratio < 1:
@@ -95,7 +194,7 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
                         p.grad.div_(self.sampling_ratio)
 
     def apply_update(self) -> None:
-        """Alg. 2 line 5."""
+        """Alg. 2 line 5 (prior centred at ``prior_mean`` off the diagonal; PNBM's diagonal is projected to 0)."""
         eta, lam = self.step_size(), self.param_groups[0]["weight_decay"]
         std = self.noise_std()
         self.state["mechanism"]["noise_scale"] = std
@@ -105,54 +204,92 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
             g = p.grad  # in place on the gradient buffer: no M x M temporaries
             if h is None:
                 g.add_(p, alpha=lam)
+                if self.prior_mean:
+                    g.sub_(lam * self.prior_mean)
             else:
                 g.addcdiv_(p, h, value=lam)
             p.add_(g, alpha=-self.posterior_scale * eta / 2)
             p.add_(torch.randn(p.shape, generator=self.generator, device=p.device), alpha=std)
 
     # --------------------------------------------------------------- reporting
+    def sample_epsilon_delivered(self) -> float | None:
+        """The epsilon of one exact sample of S: (eps_s / rho) (B_true / B); None if B_true is unknown."""
+        if self.B_true is None:
+            return None
+        base = 4.0 * self.B if math.isinf(self.epsilon) else self.sample_epsilon
+        return base / self.rho * (self.B_true / self.B)
+
     def delivered_epsilon(self) -> float:
-        """eps / rho per released sample (unscaled posterior: 4B / rho)."""
-        base = 4.0 * self.B if math.isinf(self.epsilon) else self.epsilon
-        return base / self.rho
+        """eps_0 (DP item means) + the sample's epsilon (inf when it is not bounded)."""
+        s = self.sample_epsilon_delivered()
+        return math.inf if s is None else self.mean_epsilon + s
 
     def epsilon_spent(self) -> float:
-        """The delivered eps/rho of the current sample (one release)."""
+        """The whole release's epsilon (item means + one sample); the SAME at every epoch: it is the epsilon
+        of the current sample of S, not a running total."""
         return self.delivered_epsilon()
 
     def releases_exact_statistics(self) -> bool:
         """True when the model also releases non-private training statistics (PNBM's exact item means)."""
         model = self.context.model
-        return model is not None and hasattr(model, "item_means") and not getattr(model, "dp_item_means", False)
+        return model is not None and hasattr(model, "item_means") and self.mean_release is None
 
     def privacy_report(self) -> dict[str, Any]:
         k = self.context.total_steps
         m = max(1, int(self.state["mechanism"]["samples_averaged"])) if self.average_samples else 1
-        eps_sample = self.delivered_epsilon() * m
+        sample = self.sample_epsilon_delivered()
+        eps_sample = None if sample is None else sample * m
         exact_means = self.releases_exact_statistics()
-        eps = None if exact_means else eps_sample
+        eps = None if (exact_means or eps_sample is None) else self.mean_epsilon + eps_sample
+        provable = self.bound_mode == "model" and not exact_means
+        form = ("provable form: rho = %g, B = e_max^2 tau from the model's error bound" % self.rho if provable
+                else "paper-faithful form (Wang & Tang Alg. 2)")
+        notes = []
+        if self.B_true is not None and self.B_true != self.B:
+            notes.append(f"The update uses the paper's B = phi^2 tau = {self.B:g}, but this model's training error reaches "
+                         f"e_max = {self.e_max:g}, so a user's log-likelihood is bounded only by e_max^2 tau = {self.B_true:g}: "
+                         f"the sample's epsilon is (eps_s/rho) x {self.B_true / self.B:g}.")
+        if self.rho != 1:
+            notes.append(f"SGLD at temperature rho={self.rho} samples the posterior raised to 1/rho, so the sample's "
+                         f"epsilon is eps_s/rho, not the nominal {self.epsilon:g}.")
+        if exact_means:
+            notes.append("The model also releases exact training item means r_bar_i (Eq. (2)), which no noise covers, "
+                         "so the released model as a whole has NO defended epsilon; epsilon_for_sample_only covers the "
+                         "sample of S alone (mechanism=sgld releases DP item means instead).")
+        if self.mean_release is not None:
+            notes.append(f"Item means released first by the Laplace mechanism at user level, eps_0 = {self.mean_epsilon:.4g}; "
+                         f"the sample gets eps_s = {self.sample_epsilon:.4g}. Predictions for u also read u's own "
+                         "ratings (joint DP).")
         return {
-            "mechanism": "sgld (Wang & Tang Alg. 2, scaled-posterior sampling)",
+            "mechanism": f"sgld (scaled-posterior sampling by SGLD, Wang & Tang Alg. 2; {form})",
             "relation": "user",
-            "guarantee": "user-level, (eps, (1+e^eps) delta) with delta the unquantified distance of SGLD from the target posterior",
-            "sensitivity": {"log_likelihood_bound_B": self.B, "formula": "B = (r_max - r_min)^2 tau", "tau": self.tau},
+            "guarantee": ("user-level (eps, (1 + e^eps) delta)-DP: an EXACT sample of the scaled posterior is eps-DP "
+                          "(Wang et al. 2015); SGLD only approximates it, and delta (the chain's distance from the "
+                          "posterior) is UNQUANTIFIED"),
+            "sensitivity": {"log_likelihood_bound_B": self.B_true if self.B_true is not None else None,
+                            "B_in_update": self.B, "error_bound_e_max": self.e_max,
+                            "formula": "B = e_max^2 tau (paper: phi^2 tau, phi = r_max - r_min)", "tau": self.tau},
             "noise": f"Gaussian z_t ~ N(0, rho eta_t), rho={self.rho}, eta_1={self.eta1}, xi={self.decay}",
             "steps": k,
             "sampling_ratio": self.sampling_ratio,
             "temperature": self.rho,
             "posterior_scale": self.posterior_scale,
+            "prior": {"weight_decay_lambda": self.param_groups[0]["weight_decay"], "kappa": self.prior_kappa,
+                      "centre": self.prior_mean, "H_correction": self.prior_correction},
             "samples_released": m,
             "epsilon_nominal": self.epsilon,
+            "epsilon_item_means": self.mean_epsilon,
+            "epsilon_sample": self.sample_epsilon,
             "epsilon_for_sample_only": eps_sample,
             "epsilon": eps,
             "delta": None,
-            "accountant": "one exact posterior sample is eps-DP (Wang et al. 2015); temperature rho delivers eps/rho; m averaged samples compose to m*eps/rho",
+            "delta_note": "unquantified: SGLD is only asymptotically exact (never reported as 0)",
+            "item_means": self.mean_release.report() if self.mean_release is not None else None,
+            "accountant": ("basic composition of the DP item means (eps_0) and one exact posterior sample "
+                           "(eps_s/rho x B_true/B); m averaged samples compose to m times the sample's epsilon"),
             "analysis": (
-                f"Sampling the posterior scaled by eps/(4B) is eps-DP at user level; SGLD at temperature rho={self.rho} "
-                f"samples it raised to 1/rho, so the delivered epsilon is eps/rho = {self.delivered_epsilon():.4g}, not the "
-                f"nominal {self.epsilon:g}. Delta is unquantified (SGLD is only asymptotically exact)."
-                + (" The model also releases exact training item means r_bar_i (Eq. (2)), which no noise covers, "
-                   "so the released model as a whole has NO defended epsilon; the figure above covers the sample "
-                   "of S alone (see mechanism=dpsgd_l1/gaussian for DP item means)." if exact_means else "")
+                f"Sampling the posterior scaled by eps_s/(4B) is eps_s-DP at user level when every user's "
+                f"log-likelihood is bounded by B; " + " ".join(notes)
+                + (f" Released model: epsilon = {eps:.4g} (user level), delta unquantified." if eps is not None else "")
             ),
         }

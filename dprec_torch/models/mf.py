@@ -33,6 +33,7 @@ from torch import nn
 from dprec_torch.data.ratings import Ratings, RatingScale
 from dprec_torch.errors import ConfigError
 from dprec_torch.models.batching import UserBatch
+from dprec_torch.models.release import fallback_from_state, fallback_state
 from dprec_torch.predictors.base import MeanFallback
 
 FALLBACKS = ("mean", "model")
@@ -102,15 +103,33 @@ class MF(nn.Module):
 
     # ---------------------------------------------------------------- set-up
     def attach(self, train: Ratings) -> "MF":
-        """Bind the rating scale (public), set mu_0 to its midpoint and build the mean fallback if used."""
-        if train.n_items != self.n_items or train.n_users != self.n_users:
-            raise ConfigError(f"model has {self.n_users} users x {self.n_items} items but the data has "
-                              f"{train.n_users} x {train.n_items}")
+        """BUILD from data (before training): the rating scale (public), mu_0 := its midpoint, the mean fallback if used."""
+        self._check_shape(train)
         self.scale_ = train.scale
         with torch.no_grad():
             self.mu_offset.fill_((train.scale.lo + train.scale.hi) / 2)
         self.fallback_ = MeanFallback(train) if self.fallback == "mean" else None
         return self
+
+    def _check_shape(self, train: Ratings) -> None:
+        if train.n_items != self.n_items or train.n_users != self.n_users:
+            raise ConfigError(f"model has {self.n_users} users x {self.n_items} items but the data has "
+                              f"{train.n_users} x {train.n_items}")
+
+    def restore(self, train: Ratings, state: dict) -> "MF":
+        """RESTORE what was released (models/release.py): parameters, mu_0, scale and fallback from ``state``;
+        ``train`` is only checked for its id space (MF predicts from its parameters alone)."""
+        self._check_shape(train)
+        self.load_state_dict(state)
+        return self
+
+    def get_extra_state(self) -> dict:
+        scale = None if self.scale_ is None else [float(self.scale_.lo), float(self.scale_.hi)]
+        return {"scale": scale, "fallback": fallback_state(self.fallback_)}
+
+    def set_extra_state(self, state: dict) -> None:
+        self.scale_ = None if state["scale"] is None else RatingScale(*state["scale"])
+        self.fallback_ = fallback_from_state(state["fallback"], self.global_bias.device)
 
     @property
     def scale(self) -> RatingScale:

@@ -11,7 +11,10 @@ and their gradients are scatters onto the same pairs,
 
     dL/ds_ij = sum_{(u,i) targets, j in R_u} g_num_ui x_uj + g_abs_ui sign(s_ij) w_uj + g_lin_ui w_uj,
 
-so a full-batch epoch touches sum_u |T_u| |R_u| entries of S (an SDDMM forward and an
+(sign(0) = 0, explicitly: ``sign_table``). The kernels stop at the raw sums: the floor max(C, abs)
+and its kink are applied by the caller (:class:`dprec_torch.models.pnbm.FlooredDenominator` with the
+batch's one [D >= C] mask), so ``g_abs`` arrives here already zero where the floor is active.
+A full-batch epoch touches sum_u |T_u| |R_u| entries of S (an SDDMM forward and an
 SpGEMM-shaped backward), never a dense |B| x M block. The dense formulation
 (``torch.sparse.mm(csr, S.T)``) does nnz_B M multiply-adds into a dense |B| x M block instead.
 

@@ -5,7 +5,9 @@ Same maths as :mod:`dprec_torch.models.pair_kernels` (see its docstring): for ev
 
     num_ui = sum_j s_ij x_uj,   abs_ui = sum_j |s_ij| w_uj,   lin_ui = sum_j s_ij w_uj
 
-and the backward scatter dL/ds_ij += g_num_ui x_uj + g_abs_ui sign(s_ij) w_uj + g_lin_ui w_uj.
+and the backward scatter dL/ds_ij += g_num_ui x_uj + g_abs_ui sign(s_ij) w_uj + g_lin_ui w_uj,
+with sign(0) = 0 written out (``_gradient_entry``). The floor max(C, abs) is not applied here:
+``g_abs`` arrives already masked by the caller's one [D >= C] mask (:mod:`dprec_torch.models.pnbm`).
 
 Why a compiled kernel: the torch chunk path makes about eight passes over padded
 (target x history) temporaries per chunk; here every pair is one read of S, one of x (and w)

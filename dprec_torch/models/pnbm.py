@@ -15,9 +15,23 @@ count. Ratings stay sparse. Two formulations compute the same numbers
   are read (nnz_B M multiply-adds and |B| M memory; good on a GPU for small M);
 * ``auto`` -- ``sparse_pair`` on the CPU; on an accelerator ``dense`` up to
   ``dense_max_items`` items, else ``sparse_pair``.
+
+The floor's kink. d = max(C, D) with D = sum_j |s_ij| I_uj has no derivative at D = C, and
+|s| none at s = 0. Both are fixed here, explicitly, never left to autograd's choice:
+
+* ``denominator_active(D, C) = [D >= C]`` (``DENOMINATOR_RULE``): where it holds d = D and
+  d d / d D = 1 (the |s| term of the gradient is kept), elsewhere d = C and the term is 0.
+  The mask is computed ONCE per (batch, S version) from the forward's own D, in the forward's
+  precision, and cached on the batch (``denominator_mask``); the forward value, the autograd
+  gradient (:class:`FlooredDenominator`) and the per-user norms that the private mechanisms clip
+  (:mod:`dprec_torch.privacy.pnbm_clipping`) all read that one tensor.
+* d|s|/ds = sign(s) with sign(0) = 0 (:class:`SignedAbs` on the dense path; ``sign_table`` /
+  the numba flush on the sparse-pair paths; ``torch.sign`` in the norms).
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 from torch import nn
@@ -28,10 +42,67 @@ from dprec_torch.models.batching import UserBatch
 from dprec_torch.models.pair_kernels import DEFAULT_BUDGET, PairPlan, build_history, build_plan, centred_history, pair_sums
 from dprec_torch.models import pair_numba
 from dprec_torch.models.pair_numba import BACKENDS
+from dprec_torch.models.release import fallback_from_state, fallback_state
 from dprec_torch.predictors.base import MeanFallback
 
 GRADIENTS = ("exact", "paper_eq5")
 FORMULATIONS = ("auto", "dense", "sparse_pair")
+DENOMINATOR_RULE = "D >= C"  # where the Eq. (2) denominator is D (gradient through |s|); below C it is the floor
+
+
+def denominator_active(raw: torch.Tensor, floor_c: float) -> torch.Tensor:
+    """[D >= C] per target: True where d = max(C, D) is D itself (``DENOMINATOR_RULE``, module docstring)."""
+    return raw.detach() >= floor_c
+
+
+class FlooredDenominator(torch.autograd.Function):
+    """d = D where ``active`` else C, with dd/dD = ``active`` exactly (no subgradient left to autograd)."""
+
+    @staticmethod
+    def forward(ctx, raw: torch.Tensor, active: torch.Tensor, floor_c: float):  # type: ignore[override]
+        ctx.save_for_backward(active)
+        return torch.where(active, raw, torch.full_like(raw, floor_c))
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        (active,) = ctx.saved_tensors
+        return torch.where(active, grad, torch.zeros_like(grad)), None, None
+
+
+class SignedAbs(torch.autograd.Function):
+    """|S| with d|s|/ds = sign(s), sign(0) = 0, stated explicitly (the dense path's |s|)."""
+
+    @staticmethod
+    def forward(ctx, S: torch.Tensor):  # type: ignore[override]
+        ctx.save_for_backward(S)
+        return S.abs()
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        (S,) = ctx.saved_tensors
+        return grad * torch.sign(S)
+
+
+def floored(raw: torch.Tensor, active: torch.Tensor, floor_c: float) -> torch.Tensor:
+    """max(C, D) through the shared mask: the value is max(C, D) wherever ``active`` = [D >= C] of this D."""
+    return FlooredDenominator.apply(raw, active, float(floor_c))
+
+
+def denominator_mask(batch: UserBatch, S: torch.Tensor, raw: torch.Tensor, floor_c: float) -> torch.Tensor:
+    """The one [D >= C] mask of ``batch`` for this S (object and version), cached on the batch.
+
+    The first caller (the forward of ``batch_predict``, or the clipping norms) computes it from its
+    D; every later forward, gradient or norm of the same (batch, S version) reuses that tensor, so
+    they cannot disagree at D = C, whatever the precision or summation order of each computation.
+    """
+    key = (S._version, S.data_ptr(), S.dtype, S.device, floor_c, batch.ind, batch.rows, batch.items)
+    hit = batch.__dict__.get("_denominator_mask")
+    if hit is not None and hit[0]() is S and len(hit[1]) == len(key) and all(
+            a is b if isinstance(a, torch.Tensor) else a == b for a, b in zip(hit[1], key)):
+        return hit[2]
+    mask = denominator_active(raw, floor_c)
+    batch.__dict__["_denominator_mask"] = (weakref.ref(S), key, mask)
+    return mask
 
 
 class PNBM(nn.Module):
@@ -98,13 +169,31 @@ class PNBM(nn.Module):
 
     # ---------------------------------------------------------------- set-up
     def attach(self, train: Ratings) -> "PNBM":
-        """Bind the training ratings: r_bar_i and the users' histories R_u used by Eq. (2)."""
-        if train.n_items != self.n_items:
-            raise ConfigError(f"model has {self.n_items} items but the data has {train.n_items}")
-        self.history = train
+        """BUILD from data (before training): bind the histories R_u, r_bar_i := the training means, fallback."""
+        self.bind(train)
         self.item_means.copy_(train.item_means().to(self.item_means.device))
         self.fallback_ = MeanFallback(train)
         return self
+
+    def bind(self, train: Ratings) -> "PNBM":
+        """Bind the users' training histories R_u that Eq. (2) reads; computes nothing from them."""
+        if train.n_items != self.n_items:
+            raise ConfigError(f"model has {self.n_items} items but the data has {train.n_items}")
+        self.history = train
+        self._predict_cache.clear()
+        return self
+
+    def restore(self, train: Ratings, state: dict) -> "PNBM":
+        """RESTORE what was released (models/release.py): S, r_bar and the fallback from ``state``."""
+        self.bind(train)
+        self.load_state_dict(state)
+        return self
+
+    def get_extra_state(self) -> dict:
+        return {"fallback": fallback_state(self.fallback_)}
+
+    def set_extra_state(self, state: dict) -> None:
+        self.fallback_ = fallback_from_state(state["fallback"], self.item_means.device)
 
     @torch.no_grad()
     def project_(self, block: int = 512) -> None:
@@ -166,14 +255,20 @@ class PNBM(nn.Module):
     # --------------------------------------------------------------- training
     def batch_terms(self, batch: UserBatch, S: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Numerator S_i R_u^- and floored denominator max(C, |S_i| I_u^-) of Eq. (2) at the batch targets."""
+        num, raw, active = self.denominator_terms(batch, S)
+        return num, floored(raw, active, self.floor_c)
+
+    def denominator_terms(self, batch: UserBatch, S: torch.Tensor | None = None
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(S_i R_u^-, D = |S_i| I_u^-, [D >= C]) at the batch targets; the mask is the batch's shared one."""
         S = self.S if S is None else S
         plan = self._sparse_plan(batch, S)
         if plan is not None:
-            num, ab, _ = pair_sums(S, plan, self.gradient == "paper_eq5")
-            return num, ab.clamp_min(self.floor_c)
-        num = torch.sparse.mm(batch.x, S.T)[batch.rows, batch.items]
-        den = torch.sparse.mm(batch.ind, S.abs().T)[batch.rows, batch.items]
-        return num, den.clamp_min(self.floor_c)
+            num, raw, _ = pair_sums(S, plan, self.gradient == "paper_eq5")
+        else:
+            num = torch.sparse.mm(batch.x, S.T)[batch.rows, batch.items]
+            raw = torch.sparse.mm(batch.ind, SignedAbs.apply(S).T)[batch.rows, batch.items]
+        return num, raw, denominator_mask(batch, S, raw, self.floor_c)
 
     def batch_predict(self, batch: UserBatch) -> torch.Tensor:
         """r_hat at the batch targets (Eq. (2), all neighbours, differentiable in S)."""
@@ -194,7 +289,7 @@ class PNBM(nn.Module):
         plan = self._sparse_plan(batch, self.S)
         if plan is not None:
             num, ab, lin = pair_sums(self.S, plan, True)
-            den = ab.detach().clamp_min(self.floor_c)
+            den = floored(ab.detach(), denominator_mask(batch, self.S, ab, self.floor_c), self.floor_c)
             centred = num.detach() / den
             return (e * (num - centred * lin) / den).sum()
         num = torch.sparse.mm(batch.x, self.S.T)[batch.rows, batch.items]

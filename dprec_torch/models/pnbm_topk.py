@@ -26,6 +26,9 @@ and is logged at ``attach``). Use them for non-private runs and the accuracy/mem
 comparison; ``random`` is data-independent, so the mechanism's guarantee is unaffected, at
 a cost in accuracy.
 
+The floor max(C, D) and |v| follow dense PNBM's explicit rule at their kinks (``[D >= C]`` keeps the
+|v| term, sign(0) = 0; :mod:`dprec_torch.models.pnbm`), through the batch's one cached mask.
+
 Kernels: on the CPU (``pair_backend=auto|numba``) the fused loops of
 :func:`dprec_torch.models.pair_numba.topk_sums` / ``topk_grad``, which rebuild row i of S (and
 accumulate row i of the gradient) in per-thread M-vectors; otherwise (``torch``, any device) the
@@ -50,7 +53,8 @@ from dprec_torch.models.batching import UserBatch
 from dprec_torch.models import pair_numba
 from dprec_torch.models.pair_kernels import (DEFAULT_BUDGET, HistoryTables, PairPlan, build_history, build_plan,
                                               centred_history, gram_row_blocks, row_groups, sign_table)
-from dprec_torch.models.pnbm import GRADIENTS
+from dprec_torch.models.pnbm import GRADIENTS, denominator_mask, floored
+from dprec_torch.models.release import fallback_from_state, fallback_state
 from dprec_torch.predictors.base import MeanFallback
 
 log = logging.getLogger(__name__)
@@ -262,11 +266,10 @@ class PNBMTopK(nn.Module):
 
     # ---------------------------------------------------------------- set-up
     def attach(self, train: Ratings) -> "PNBMTopK":
-        """Bind r_bar and the histories; choose the support N(i) (see ``support``) and symmetrise."""
-        if train.n_items != self.n_items:
-            raise ConfigError(f"model has {self.n_items} items but the data has {train.n_items}")
+        """BUILD from data (before training): bind the histories, r_bar, the fallback; choose the support N(i)
+        (see ``support``) and symmetrise."""
         dev = self.S_values.device
-        self.history = train
+        self.bind(train)
         self.item_means.copy_(train.item_means().to(dev))
         self.fallback_ = MeanFallback(train)
         if self.support == "random":
@@ -286,6 +289,27 @@ class PNBMTopK(nn.Module):
         self.mirror.copy_(mirror_index(self.neighbors))
         self.project_()
         return self
+
+    def bind(self, train: Ratings) -> "PNBMTopK":
+        """Bind the users' training histories that Eq. (2) reads; computes nothing from them."""
+        if train.n_items != self.n_items:
+            raise ConfigError(f"model has {self.n_items} items but the data has {train.n_items}")
+        self.history = train
+        self._predict_cache.clear()
+        return self
+
+    def restore(self, train: Ratings, state: dict) -> "PNBMTopK":
+        """RESTORE what was released (models/release.py): S, the support, r_bar and the fallback from ``state``."""
+        self.bind(train)
+        self.load_state_dict(state)
+        return self
+
+    def get_extra_state(self) -> dict:
+        return {"fallback": fallback_state(self.fallback_), "privacy_caveat": self.privacy_caveat}
+
+    def set_extra_state(self, state: dict) -> None:
+        self.fallback_ = fallback_from_state(state["fallback"], self.item_means.device)
+        self.privacy_caveat = state.get("privacy_caveat")
 
     @torch.no_grad()
     def project_(self) -> None:
@@ -331,8 +355,9 @@ class PNBMTopK(nn.Module):
 
     def batch_terms(self, batch: UserBatch, S: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Numerator and floored denominator of Eq. (2) at the batch targets (``S`` = M x k values)."""
-        num, ab, _ = self._sums(batch, self.S_values if S is None else S)
-        return num, ab.clamp_min(self.floor_c)
+        values = self.S_values if S is None else S
+        num, ab, _ = self._sums(batch, values)
+        return num, floored(ab, denominator_mask(batch, values, ab, self.floor_c), self.floor_c)
 
     def batch_predict(self, batch: UserBatch) -> torch.Tensor:
         """r_hat at the batch targets (Eq. (2) on the support, differentiable in the values)."""
@@ -343,9 +368,10 @@ class PNBMTopK(nn.Module):
         """Scalar whose gradient is G = sum e_ui d r_hat_ui / dv (exact, or the paper's Eq. (5))."""
         e = residuals.detach()
         num, ab, lin = self._sums(batch, self.S_values)
+        active = denominator_mask(batch, self.S_values, ab, self.floor_c)  # the one [D >= C] mask (pnbm.py)
         if self.gradient == "exact":
-            return (e * (num / ab.clamp_min(self.floor_c))).sum()
-        den = ab.detach().clamp_min(self.floor_c)
+            return (e * (num / floored(ab, active, self.floor_c))).sum()
+        den = floored(ab.detach(), active, self.floor_c)
         return (e * (num - (num.detach() / den) * lin) / den).sum()
 
     # ------------------------------------------------------- privacy quantities

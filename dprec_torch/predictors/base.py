@@ -24,6 +24,15 @@ class Predictor(Protocol):
     def predict(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor: ...
 
 
+@runtime_checkable
+class ReportsFallback(Protocol):
+    """A predictor that counts how many pairs of its last ``predict`` call got the fallback
+    (unknown ids, or no usable neighbour) instead of its own prediction; the evaluator records it
+    as ``fallback_rate`` in ``metrics.json``."""
+
+    fallback_rate_: float | None
+
+
 class MeanFallback:
     """Learned state for the documented fallback: item mean, then global mean.
 
@@ -51,10 +60,17 @@ class MeanFallback:
         i = items.clamp(0, self.item_means_.numel() - 1)
         return torch.where(ok_i, self.item_means_[i], torch.full_like(self.item_means_[i], self.global_mean))
 
-    def finish(self, users: torch.Tensor, items: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
-        """Replace predictions for unknown users/items with the fallback, then clip to the scale."""
-        out = torch.where(self.known(users, items), raw, self.fallback(items))
+    def finish(self, users: torch.Tensor, items: torch.Tensor, raw: torch.Tensor,
+               usable: torch.Tensor | None = None) -> torch.Tensor:
+        """Replace predictions for unknown users/items (and, where given, pairs with ``usable`` False:
+        no neighbour carried weight) with the fallback, then clip to the scale."""
+        out = torch.where(self.answered(users, items, usable), raw, self.fallback(items))
         return self.scale.clip(out)
+
+    def answered(self, users: torch.Tensor, items: torch.Tensor, usable: torch.Tensor | None = None) -> torch.Tensor:
+        """True where the model's own prediction is served (known ids, and ``usable`` where given)."""
+        known = self.known(users, items)
+        return known if usable is None else known & usable
 
 
 def gather_pair_scores(score: "callable", users: torch.Tensor, items: torch.Tensor, n_items: int, block: int) -> torch.Tensor:
@@ -82,6 +98,8 @@ class BasePredictor:
     def __init__(self, device: torch.device | str | None = None) -> None:
         self.device = torch.device(device) if device is not None else None
         self.fallback_: MeanFallback | None = None
+        #: share of the last predict() call's pairs answered by the fallback (ReportsFallback)
+        self.fallback_rate_: float | None = None
 
     def _prepare(self, train: Ratings) -> Ratings:
         """Move ``train`` to this predictor's device and set up the fallback."""
@@ -91,6 +109,14 @@ class BasePredictor:
             self.device = train.device
         self.fallback_ = MeanFallback(train)
         return train
+
+    def _finish_and_count(self, users: torch.Tensor, items: torch.Tensor, raw: torch.Tensor,
+                usable: torch.Tensor | None = None) -> torch.Tensor:
+        """:meth:`MeanFallback.finish`, counting the pairs that fell back in ``fallback_rate_``."""
+        fb = self._check_fitted()
+        answered = fb.answered(users, items, usable)
+        self.fallback_rate_ = float((~answered).float().mean()) if answered.numel() else 0.0
+        return fb.finish(users, items, raw, usable)
 
     def _check_fitted(self) -> MeanFallback:
         if self.fallback_ is None:

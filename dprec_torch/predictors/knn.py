@@ -47,7 +47,7 @@ class ItemKNN(BasePredictor):
     def __init__(
         self,
         similarity: str = "pearson",
-        k: int = 900,
+        k: int | None = 900,
         min_support: int = 1,
         shrinkage: float = 0.0,
         positive_only: bool = True,
@@ -57,6 +57,9 @@ class ItemKNN(BasePredictor):
         super().__init__(device=device)
         if similarity not in SIMILARITIES:
             raise ConfigError(f"unknown similarity '{similarity}'; choose one of {sorted(SIMILARITIES)}")
+        if k is None:
+            raise ConfigError("model.k=null is resolved from the dataset by train.py/evaluate.py (900 on ML-100K, "
+                              "1300 on ML-1M); pass an integer k when building ItemKNN directly")
         if int(k) <= 0:
             raise ConfigError(f"model.k must be a positive integer, got {k}")
         self.similarity, self.k = similarity, int(k)
@@ -84,4 +87,5 @@ class ItemKNN(BasePredictor):
         plan = build_plan(self.history_, u, i, max(DEFAULT_BUDGET, self.batch_size))
         num, den, _ = plan.sums(self.sim_, top_k=self.k)
         out = self.item_means_[i] + torch.where(den > 0, num / den.clamp_min(1e-12), torch.zeros_like(num))
-        return fb.finish(users, items, torch.where(known, out, torch.zeros_like(out)))
+        # den = 0: no rated neighbour with a non-zero similarity -- the item mean is the fallback, counted as such
+        return self._finish_and_count(users, items, torch.where(known, out, torch.zeros_like(out)), usable=den > 0)

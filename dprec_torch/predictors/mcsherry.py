@@ -272,6 +272,7 @@ class McSherryMironov(BasePredictor):
         top = torch.topk(s, kk, dim=2)
         r = resid[:, None, :].expand_as(s).gather(2, top.indices)
         wsum = top.values.sum(2) + self.knn_shrinkage * self.sigma_ / self.sensitivity_  # 0 at eps = inf
+        self.last_usable_ = top.values.sum(2) > 0  # some rated neighbour has a positive similarity
         return torch.where(wsum > 0, (top.values * r).sum(2) / wsum.clamp_min(1e-12), torch.zeros_like(wsum))
 
     def _finish(self, users: torch.Tensor, items: torch.Tensor, neighbour: torch.Tensor) -> torch.Tensor:
@@ -304,10 +305,16 @@ class McSherryMironov(BasePredictor):
         grid = torch.zeros(uniq.numel(), width, dtype=torch.long, device=users.device)
         grid[inv, slot] = ic
         out = torch.zeros(uniq.numel(), width, device=users.device)
+        usable = torch.zeros(uniq.numel(), width, dtype=torch.bool, device=users.device)
         for start in range(0, uniq.numel(), batch):  # batches of users
             u = uniq[start:start + batch]
             rated, resid, valid = self._padded_rows(u)
             out[start:start + batch] = self._knn_scores(grid[start:start + batch], rated, resid, valid)
+            usable[start:start + batch] = self.last_usable_
+        # fallback rate: unknown user or item, or no rated neighbour with a positive similarity (baselines only)
+        known = (users >= 0) & (users < n_u) & (items >= 0) & (items < n_i)
+        answered = known & (self.user_counts_[uc] > 0) & usable[inv, slot]
+        self.fallback_rate_ = float((~answered).float().mean()) if answered.numel() else 0.0
         return self._finish(users, items, out[inv, slot])
 
     def recommend(self, users: torch.Tensor, n: int, batch: int = 8) -> torch.Tensor:

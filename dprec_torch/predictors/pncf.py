@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -133,40 +134,50 @@ def row_sensitivity(
 
 # --------------------------------------------------------- Alg. 2: private selection
 def truncated_scores(sim: torch.Tensor, k: int, w: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Alg. 2 lines 1-2: truncated scores ``max(s, s_k - w)``, the row floors ``s_k - w`` and the C1 mask.
+    """Alg. 2 lines 1-2 over the last dimension: truncated scores ``max(s, s_k - w)``, the floors
+    ``s_k - w`` and the C1 mask.
 
-    ``sim`` must carry ``-inf`` on entries that are not candidates (the target itself).
+    ``sim`` must carry ``-inf`` on entries that are not candidates (the target itself, items the active
+    user did not rate); rows need at least ``k`` candidates.
     """
-    s_k = torch.topk(sim, k, dim=1).values[:, -1]
+    s_k = torch.topk(sim, k, dim=-1).values[..., -1]
     w_row = s_k.clamp_min(0.0) if w is None else torch.full_like(s_k, float(w))
     floor = s_k - w_row
-    in_c1 = sim >= floor[:, None]
-    scores = torch.maximum(sim, floor[:, None])
+    in_c1 = sim >= floor[..., None]
+    scores = torch.maximum(sim, floor[..., None])
     return scores, floor, in_c1
 
 
 def round_probabilities(scores: torch.Tensor, available: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
-    """Alg. 2 line 5: ``P(j) = exp(coef_i s_hat_ij) / sum_{available} exp(coef_i s_hat)`` with ``coef_i = eps/(4k RS_i)``.
+    """Alg. 2 line 5: ``P(j) = exp(coef s_hat_j) / sum_{available} exp(coef s_hat)`` with ``coef = eps/(4k RS_i)``.
 
     C0 members share the floor score, so their total mass is ``|C0| exp(coef (s_k - w)) / Z`` as in the paper.
     """
-    logits = coef[:, None] * scores
+    logits = coef[..., None] * scores
     logits = logits.masked_fill(~available, float("-inf"))
-    return torch.softmax(logits, dim=1)
+    return torch.softmax(logits, dim=-1)
 
 
 def private_neighbours(sim: torch.Tensor, rs: torch.Tensor, k: int, epsilon: float, w: float | None, gen: torch.Generator) -> torch.Tensor:
-    """Alg. 2: k rounds of the exponential mechanism at eps/(2k) each, without replacement, for every target at once."""
-    scores, _, _ = truncated_scores(sim, k, w)
-    available = torch.isfinite(sim)
+    """Alg. 2 for every row of ``sim`` (``[..., L]``, ``-inf`` = not a candidate) at once: k rounds of the
+    exponential mechanism at eps/(2k), without replacement. Returns the ``[..., k]`` picked positions.
+
+    The k sequential rounds are drawn in one pass by the Gumbel-top-k trick: the k largest of
+    ``logit_j + G_j`` (G_j iid Gumbel(0, 1)) are distributed exactly as k successive softmax draws without
+    replacement (Plackett-Luce; Vieira 2014, Kool et al. 2019). A row with at most k candidates picks all of
+    them (there is nothing to choose); its remaining positions point at non-candidates (``-inf`` in ``sim``).
+    """
+    n_cand = torch.isfinite(sim).sum(-1)
+    kk = min(k, sim.shape[-1])
+    # rows with fewer than k candidates: pad their k-th value so truncated_scores is defined (they take all)
+    padded = torch.where((n_cand[..., None] < kk) & ~torch.isfinite(sim), torch.full_like(sim, -1e9), sim)
+    scores, _, _ = truncated_scores(padded, kk, w)
     coef = torch.where(rs > 0, epsilon / (4.0 * k * rs.clamp_min(1e-12)), torch.zeros_like(rs))
-    picks = []
-    for _ in range(k):  # the k rounds of Alg. 2 line 3
-        probs = round_probabilities(scores, available, coef)
-        pick = torch.multinomial(probs, 1, generator=gen).squeeze(1)
-        picks.append(pick)
-        available[torch.arange(sim.shape[0], device=sim.device), pick] = False
-    return torch.stack(picks, dim=1)
+    logits = (coef[..., None] * scores).masked_fill(~torch.isfinite(sim), float("-inf"))
+    u = torch.rand(sim.shape, generator=gen, device=sim.device, dtype=torch.float64).clamp_(1e-300, 1.0)
+    gumbel = -torch.log(-torch.log(u)).to(sim.dtype)
+    keys = torch.where(torch.isfinite(logits), logits + gumbel, torch.full_like(logits, float("-inf")))
+    return torch.topk(keys, kk, dim=-1).indices
 
 
 def laplace(shape: tuple[int, ...], scale: torch.Tensor | float, gen: torch.Generator, device: torch.device) -> torch.Tensor:
@@ -176,23 +187,44 @@ def laplace(shape: tuple[int, ...], scale: torch.Tensor | float, gen: torch.Gene
     return (x * torch.as_tensor(scale, dtype=torch.float64, device=device)).to(torch.float32)
 
 
+@dataclass
+class Neighbourhoods:
+    """The neighbours chosen for a batch of queries (Alg. 1 lines 2-3), ``[Q, k]`` each.
+
+    ``entity``: the neighbour ids (items for item-based, users for user-based), all rated by / raters of
+    the query's counterpart; ``sim``: their true similarity to the target; ``released``: the similarity used
+    in the prediction (``sim`` plus the perturbation noise); ``dev``: the neighbour's centred rating;
+    ``valid``: False on padding (fewer than k candidates).
+    """
+
+    entity: torch.Tensor
+    sim: torch.Tensor
+    released: torch.Tensor
+    dev: torch.Tensor
+    valid: torch.Tensor
+
+
 # ------------------------------------------------------------------------ predictor
 class PNCF(BasePredictor):
-    """Private Neighbor CF (Alg. 1): private neighbour selection + Laplace perturbation, user- or item-based.
+    """Private Neighbor CF (Alg. 1): per query, private neighbour selection among what the active user rated
+    (item-based) or among the raters of the target item (user-based), then Laplace perturbation.
 
     Args:
-        epsilon: the per-target budget of the paper (``inf`` = non-private kNN, same class).
-        k: neighbours per target (Alg. 2 rounds).
-        mode: ``"item"`` (neighbours of the target item) or ``"user"`` (neighbours of the active user).
+        epsilon: the per-query budget of the paper (``inf`` = non-private kNN, same class).
+        k: neighbours per query (Alg. 2 rounds).
+        mode: ``"item"`` (neighbours of the target item among the user's rated items) or ``"user"``
+            (neighbours of the active user among the target item's raters; Sun's evaluation).
         perturb: ``"similarity"`` (the paper) or ``"rating"`` (Sun's variant).
-        w: truncation parameter; ``None`` uses ``max(s_k(i), 0)`` per target.
+        w: truncation parameter; ``None`` uses ``max(s_k, 0)`` per query (Sun's experiments: 0.01).
         perturb_scale: ``"alg1"`` = ``Lap(2k RS_i/eps)`` (Alg. 1 line 3), ``"section_b"`` = ``Lap(2 RS_i/eps)``.
         shrinkage: support shrinkage of the similarity (0 = plain PCC as in the paper).
-        seed: seeds the explicit generator for selection and noise.
+        seed: seeds the explicit generator of selection and noise (drawn afresh for every query answered).
     """
 
     name = "pncf"
     task = "both"
+    #: query cells (queries x candidates) scored per batch: bounds predict's working memory
+    cell_budget = 1 << 22
 
     def __init__(
         self,
@@ -237,56 +269,92 @@ class PNCF(BasePredictor):
         return r.users, r.items, r.n_users, r.n_items
 
     def fit(self, train: Ratings) -> "PNCF":
-        """Similarities + RS, private neighbour selection (Alg. 2), then perturbation (Alg. 1 line 3)."""
+        """Similarities and RS (Alg. 1 line 1); the rating variant's noise. Neighbours are chosen per query."""
         if len(train) == 0:
             raise DataError("pncf: the training set is empty; check the data split")
         train = self._prepare(train)
         ent, oth, n_ent, n_oth = self._orient(train)
-        if n_ent - 1 < self.k:
-            raise ConfigError(f"pncf: k={self.k} but only {n_ent - 1} candidate neighbours exist; lower model.k")
-        gen = make_generator(self.seed, train.device)
+        self.gen_ = make_generator(self.seed, train.device)
         self.means_ = train.item_means() if self.mode == "item" else train.user_means()
         dev = train.values - self.means_[ent]
-
         num, sq, support = pcc_statistics(ent, oth, dev, n_ent, n_oth)
-        sim = pcc_from_statistics(num, sq, sq.t(), support, self.shrinkage)
-        sim.fill_diagonal_(float("-inf"))  # the target is not its own candidate
+        self.sim_ = pcc_from_statistics(num, sq, sq.t(), support, self.shrinkage)
         if self.private:
-            rs = row_sensitivity(ent, oth, dev, n_ent, n_oth, num, sq, support, self.shrinkage)
-            nb = private_neighbours(sim, rs, self.k, self.epsilon, self.w, gen)
+            self.rs_ = row_sensitivity(ent, oth, dev, n_ent, n_oth, num, sq, support, self.shrinkage)
         else:
-            rs = torch.zeros(n_ent, device=sim.device)
-            nb = torch.topk(sim, self.k, dim=1).indices
-        s_nb = sim.gather(1, nb)
-        if self.private and self.perturb == "similarity":
-            factor = 2.0 * self.k if self.perturb_scale == "alg1" else 2.0
-            s_nb = s_nb + laplace(tuple(s_nb.shape), (factor * rs / self.epsilon)[:, None], gen, sim.device)
+            self.rs_ = torch.zeros(n_ent, device=self.sim_.device)
         if self.private and self.perturb == "rating":
-            dev = dev + laplace(tuple(dev.shape), 2.0 * train.scale.span / self.epsilon, gen, dev.device)
-        self.rs_, self.neighbours_, self.neighbour_sims_ = rs, nb, s_nb
-        # sorted (entity, other) keys for O(log n) rating look-ups at predict time
-        keys = ent * n_oth + oth
-        order = torch.argsort(keys)
-        self.keys_, self.dev_ = keys[order], dev[order]
+            dev = dev + laplace(tuple(dev.shape), 2.0 * train.scale.span / self.epsilon, self.gen_, dev.device)
+        # candidates of a query: the entities linked to its counterpart (CSR over `oth`)
+        order = torch.argsort(oth * n_ent + ent)
+        counts = torch.bincount(oth, minlength=n_oth)
+        self.crow_ = torch.zeros(n_oth + 1, dtype=torch.long, device=train.device)
+        self.crow_[1:] = torch.cumsum(counts, 0)
+        self.cand_, self.cand_dev_, self.cand_counts_ = ent[order], dev[order], counts
         self.n_ent_, self.n_oth_ = n_ent, n_oth
         self.train_ = train
-        log.info("pncf(%s, k=%d, eps=%g): RS_i in [%.3g, %.3g]", self.mode, self.k, self.epsilon, float(rs.min()), float(rs.max()))
+        log.info("pncf(%s, k=%d, eps=%g): RS_i in [%.3g, %.3g]", self.mode, self.k, self.epsilon, float(self.rs_.min()), float(self.rs_.max()))
         return self
 
-    # -------------------------------------------------------------- predict
-    def _raw(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
-        """Alg. 1 line 4 for in-range ids: target mean + weighted neighbour deviations."""
+    # -------------------------------------------------------------- select
+    def _select_block(self, tgt: torch.Tensor, oth: torch.Tensor) -> Neighbourhoods:
+        """Alg. 2 + Alg. 1 line 3 for queries ``[Q]`` (in-range ids) sharing one padded candidate width."""
+        lens = self.cand_counts_[oth]
+        width = max(int(lens.max()) if lens.numel() else 0, 1)
+        ar = torch.arange(width, device=tgt.device)
+        pos = (self.crow_[oth][:, None] + ar[None, :]).clamp_max(max(self.cand_.numel() - 1, 0))
+        cand, cdev = self.cand_[pos], self.cand_dev_[pos]
+        ok = (ar[None, :] < lens[:, None]) & (cand != tgt[:, None])  # the target is not its own neighbour
+        sim = self.sim_[tgt[:, None], cand]
+        masked = sim.masked_fill(~ok, float("-inf"))
+        if self.private:
+            pick = private_neighbours(masked, self.rs_[tgt], self.k, self.epsilon, self.w, self.gen_)
+        else:
+            pick = torch.topk(masked, min(self.k, width), dim=1).indices
+        valid = ok.gather(1, pick)
+        s = sim.gather(1, pick)
+        released = s
+        if self.private and self.perturb == "similarity":
+            factor = 2.0 * self.k if self.perturb_scale == "alg1" else 2.0
+            released = s + laplace(tuple(s.shape), (factor * self.rs_[tgt] / self.epsilon)[:, None], self.gen_, s.device)
+        return Neighbourhoods(cand.gather(1, pick), s, released, cdev.gather(1, pick), valid)
+
+    def _blocks(self, oth: torch.Tensor) -> list[torch.Tensor]:
+        """Query positions in batches of similar candidate width (sorted by width): each batch's
+        queries x its widest candidate list stays within ``cell_budget`` (one batch per loop turn)."""
+        widths, order = torch.sort(self.cand_counts_[oth].clamp_min(1), stable=True)
+        blocks, start, n = [], 0, order.numel()
+        while start < n:
+            cost = torch.arange(1, n - start + 1, device=widths.device) * widths[start:]  # non-decreasing
+            stop = start + max(1, int(torch.searchsorted(cost, torch.tensor(self.cell_budget, device=cost.device), right=True)))
+            blocks.append(order[start:stop])
+            start = stop
+        return blocks
+
+    def select(self, users: torch.Tensor, items: torch.Tensor) -> Neighbourhoods:
+        """The neighbourhood of every query (in-range ids): private selection among the candidates of the
+        query (Alg. 2), and the perturbed similarities (Alg. 1 line 3). A fresh draw per call."""
         tgt, oth = (items, users) if self.mode == "item" else (users, items)
-        nb = self.neighbours_[tgt]  # [Q, k]
-        s = self.neighbour_sims_[tgt]
-        keys = nb * self.n_oth_ + oth[:, None]
-        pos = torch.searchsorted(self.keys_, keys).clamp_max(self.keys_.numel() - 1)
-        found = self.keys_[pos] == keys
-        dev = torch.where(found, self.dev_[pos], torch.zeros_like(s))
-        wsum = (s.abs() * found).sum(1)
-        num = (s * dev).sum(1)
-        base = self.means_[tgt]
-        return torch.where(wsum > 0, base + num / wsum.clamp_min(1e-12), base)
+        q, kk = tgt.numel(), self.k
+        out = Neighbourhoods(*(torch.zeros(q, kk, dtype=d, device=tgt.device) for d in (torch.long, torch.float32, torch.float32, torch.float32, torch.bool)))
+        for idx in self._blocks(oth):
+            nb = self._select_block(tgt[idx], oth[idx])
+            w = nb.entity.shape[1]
+            for name in ("entity", "sim", "released", "dev", "valid"):
+                getattr(out, name)[idx, :w] = getattr(nb, name).to(getattr(out, name).dtype)
+        return out
+
+    # -------------------------------------------------------------- predict
+    def _raw(self, users: torch.Tensor, items: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Alg. 1 line 4 for in-range ids: target mean + weighted neighbour deviations, and whether any
+        selected neighbour carries weight (False: the prediction is the fallback)."""
+        nb = self.select(users, items)
+        s = nb.released * nb.valid
+        wsum = s.abs().sum(1)
+        num = (s * nb.dev).sum(1)
+        base = self.means_[items if self.mode == "item" else users]
+        usable = wsum > 0
+        return torch.where(usable, base + num / wsum.clamp_min(1e-12), base), usable
 
     def _check_ids(self, users: torch.Tensor, items: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         users = torch.as_tensor(users, dtype=torch.long, device=self.device)
@@ -296,14 +364,14 @@ class PNCF(BasePredictor):
         return users, items
 
     def predict(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
-        """Predicted ratings, clipped; unknown users/items get the item mean, then the global mean."""
-        fb = self._check_fitted()
+        """Predicted ratings, clipped; unknown users/items, and queries none of whose selected neighbours
+        carries weight, get the item mean, then the global mean (counted in ``fallback_rate_``)."""
+        self._check_fitted()
         users, items = self._check_ids(users, items)
-        ok = fb.known(users, items)
-        raw = self._raw(users.clamp(0, self.train_.n_users - 1), items.clamp(0, self.train_.n_items - 1))
-        return fb.finish(users, items, torch.where(ok, raw, torch.zeros_like(raw)))
+        raw, usable = self._raw(users.clamp(0, self.train_.n_users - 1), items.clamp(0, self.train_.n_items - 1))
+        return self._finish_and_count(users, items, raw, usable)
 
-    def recommend(self, users: torch.Tensor, n: int, batch: int = 256) -> torch.Tensor:
+    def recommend(self, users: torch.Tensor, n: int, batch: int = 64) -> torch.Tensor:
         """Top-n items by predicted rating, excluding the user's training items; -1 pads."""
         self._check_fitted()
         users = torch.as_tensor(users, dtype=torch.long, device=self.device)
@@ -318,26 +386,29 @@ class PNCF(BasePredictor):
         rs_txt = "RS_i = max_j max_x |s(i,j) - s_-x(i,j)| (local, data-dependent)"
         if rs is not None:
             rs_txt += f"; observed range [{float(rs.min()):.3g}, {float(rs.max()):.3g}]"
+        cands = "the active user's rated items" if self.mode == "item" else "the target item's raters"
         if self.perturb == "similarity":
             factor = "2k" if self.perturb_scale == "alg1" else "2"
-            noise = f"exponential mechanism, {self.k} rounds at eps/(2k) with truncated scores (w={self.w}); Lap({factor}*RS_i/eps) on the {self.k} selected similarities"
-            per_target = self.epsilon if self.perturb_scale == "alg1" else self.epsilon / 2 + self.k * self.epsilon / 2
+            noise = (f"per query, among {cands}: exponential mechanism, {self.k} rounds at eps/(2k) with truncated scores "
+                     f"(w={self.w}); Lap({factor}*RS_i/eps) on the {self.k} selected similarities")
+            per_query = self.epsilon if self.perturb_scale == "alg1" else self.epsilon / 2 + self.k * self.epsilon / 2
         else:
-            noise = f"exponential mechanism, {self.k} rounds at eps/(2k); Lap(2*{self.train_.scale.span:g}/eps) added once to every training rating deviation"
-            per_target = self.epsilon
+            noise = (f"per query, among {cands}: exponential mechanism, {self.k} rounds at eps/(2k); "
+                     f"Lap(2*{self.train_.scale.span:g}/eps) added once to every training rating deviation")
+            per_query = self.epsilon
         return {
             "mechanism": f"PNCF ({self.mode}-based, perturb={self.perturb})",
             "relation": "rating",
             "sensitivity": rs_txt,
             "noise": noise,
             "epsilon": float("inf"),
-            "epsilon_nominal": per_target,
+            "epsilon_nominal": per_query,
             "delta": 0.0,
             "analysis": (
-                "Per target: k exponential-mechanism rounds at eps/(2k) plus Laplace perturbation, sequential composition "
-                f"(Sun Sec. 3.2 A) gives the nominal {per_target:g} per target only if RS_i were a global bound. RS_i is a local "
-                "(data-dependent) sensitivity, each rating feeds many targets' similarity rows and the unperturbed means, so no "
-                "end-to-end epsilon is claimed."
+                "Per query (Alg. 1 for one (u_a, t_i)): k exponential-mechanism rounds at eps/(2k) plus Laplace perturbation, "
+                f"sequential composition (Sun Sec. 3.2 A) gives the nominal {per_query:g} per query only if RS_i were a global "
+                "bound. RS_i is a local (data-dependent) sensitivity, every query draws afresh (answers compose), each rating "
+                "feeds many similarity rows and the unperturbed means, so no end-to-end epsilon is claimed."
             ),
         }
 

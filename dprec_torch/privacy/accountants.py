@@ -1,14 +1,38 @@
-"""Privacy accountants behind one small interface (Opacus style):
-``step(...)``, ``get_epsilon(delta)``, ``state_dict()`` / ``load_state_dict()``.
+"""Privacy accountants behind one small interface (Opacus's ``IAccountant``):
+``step(...)``, ``get_epsilon(delta)``, ``steps``, ``state_dict()`` / ``load_state_dict()``.
 
-The optimizers notify their accountant through a hook after each step, so the
-accounting never tangles with the update.
+A mechanism holds its accountant in ONE attribute, ``MechanismOptimizer.accountant``; the base
+class saves and restores it with the optimizer's state (so a resumed run keeps the epsilon it has
+spent) and the checkpoint loader refuses a checkpoint that lacks it. Implementations:
+:class:`PureDPAccountant` (Laplace steps, below) and
+:class:`dprec_torch.privacy.opacus_accounting.OpacusAccountant` (Gaussian steps, RDP/PRV).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class Accountant(Protocol):
+    """What every accountant offers (the shape of Opacus's ``IAccountant``)."""
+
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        """Record one (or ``steps``) applications of the mechanism."""
+
+    def get_epsilon(self, delta: float) -> float:
+        """The epsilon of the history recorded so far (at ``delta``; pure-DP accountants ignore it)."""
+
+    @property
+    def steps(self) -> int:
+        """The number of recorded steps."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """The recorded history, picklable (saved in every checkpoint)."""
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Replace the history by a saved one."""
 
 
 def amplified_epsilon(epsilon: float, sampling_ratio: float) -> float:

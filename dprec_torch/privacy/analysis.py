@@ -141,6 +141,17 @@ def analyse_dpsgd_paper(epsilon: float, steps: int, q: float, phi: float, floor_
     )
 
 
+def dpsgd_l1_group_factor(relation: str, unit: str) -> int:
+    """g of ``analyse_dpsgd_l1``: 2 for ``relation=rating`` (add/remove/CHANGE one rating), else 1.
+
+    Changing one rating's value replaces one clipped contribution by another -- the rating's own
+    (unit=rating) or its user's whole G_u (unit=user) -- so the clipped sum moves by up to 2c in L1
+    (two add/remove steps); adding or removing one rating under unit=user also replaces G_u.
+    ``relation=user`` with ``unit=user``: add/remove a whole profile moves the sum by c, g = 1.
+    """
+    return 2 if relation == RATING else 1
+
+
 def analyse_dpsgd_l1(epsilon: float, steps: int, q: float, clip_norm: float, mean_epsilon: float,
                      relation: str = USER, unit: str = USER) -> MechanismAnalysis:
     """``mechanism=dpsgd_l1`` (:mod:`dprec_torch.mechanisms.dpsgd_l1`).
@@ -149,10 +160,10 @@ def analyse_dpsgd_l1(epsilon: float, steps: int, q: float, clip_norm: float, mea
     gradient contribution (PNBM: user u's G_u over rows and columns R_u), clipped in L1 to c, so the
     add/remove-one-unit L1 sensitivity is c and the step is eps_s-DP on its sample. Poisson(q) over
     units amplifies it to ln(1 + q(e^{eps_s} - 1)); with the item-mean release eps_0 (PNBM only) and
-    T steps: eps = eps_0 + g T ln(1 + q(e^{eps_s} - 1)), g = 2 for a rating change under user
-    sampling (a changed profile), 1 otherwise.
+    T steps: eps = eps_0 + g T ln(1 + q(e^{eps_s} - 1)), g = :func:`dpsgd_l1_group_factor` (2 for
+    ``relation=rating``: a changed rating moves the clipped sum by 2c; 1 for ``relation=user``).
     """
-    group = 2 if (relation == RATING and unit == USER) else 1
+    group = dpsgd_l1_group_factor(relation, unit)
     eps_s = laplace_step_epsilon(epsilon, steps, q, mean_epsilon, group)
     return MechanismAnalysis(
         mechanism="dpsgd_l1 (clipped-Laplace DP-SGD, whole-update L1 sensitivity)",
@@ -160,7 +171,8 @@ def analyse_dpsgd_l1(epsilon: float, steps: int, q: float, clip_norm: float, mea
         guarantee=f"pure eps-DP, {relation} level" + (" (add/remove one user)" if relation == USER else
                                                       " (add/remove/change one rating)"),
         sensitivity={"norm": "L1", "clip_norm": clip_norm, "of": f"each {unit}'s whole gradient contribution",
-                     "add_remove": clip_norm, "group_factor": group},
+                     "add_remove": clip_norm if relation == USER or unit == RATING else 2 * clip_norm,
+                     "change_one_rating": 2 * clip_norm if relation == RATING else None, "group_factor": group},
         noise=f"Laplace, scale c / eps_s = {clip_norm / eps_s:.4g} on every parameter entry",
         sampling=f"Poisson over {unit}s, q = {q:g}",
         composition="exact pure-DP amplification ln(1 + q(e^eps_s - 1)) per step, basic composition, "

@@ -1,24 +1,39 @@
-"""Privacy ledger: what a whole sweep spent on the same data, and whether it tuned on the test split.
+"""Privacy ledger: what a whole sweep spent on the same people, and whether it tuned on the test split.
 
 Every run writes ``metrics.json`` with ``privacy`` (its mechanism's report: ``epsilon``, ``delta``,
-``relation``). Runs on the same users compose: by basic composition a sweep of runs with
-(eps_k, delta_k) on the same data is (sum eps_k, sum delta_k)-DP, and choosing the best run
-afterwards is post-processing of all of them (so the SUM is what the released choice costs,
-not the chosen run's eps). Units: a user-level eps_k gives 2 eps_k at rating level (a changed
-rating is a changed profile); a rating-level guarantee gives nothing at user level. A run whose
-epsilon is ``None`` (not established) or ``inf`` makes the total ``inf``.
+``relation``). The ledger charges every released model to the POPULATION it was trained on, i.e.
+the dataset: ML-100K's five folds (and ML-1M's repeated hold-outs, and a fold's validation split)
+all train on the same 943 (6,040) people, so their epsilons compose. By basic composition a set of
+releases with (eps_k, delta_k) on the same people is (sum eps_k, sum delta_k)-DP, and choosing the
+best run afterwards is post-processing of all of them (so the SUM is what the released choice costs,
+not the chosen run's eps).
+
+What one run charges (:func:`charged_epsilon`):
+
+* one model per fold it trained: a ``fold=all`` run released five models, so it charges the sum of
+  its folds' epsilons (each fold record's ``privacy_epsilon`` when the runner wrote it, else the
+  run's ``privacy.epsilon`` once per fold);
+* per-query mechanisms (``laplace_output``, Park & Acharya) whose report gives the epsilon of one
+  released value charge its composition over all ``released_values`` (basic composition: every
+  released value reads the same ratings, so parallel composition does not apply). Reports that
+  already headline the composed total (``epsilon_scope`` "total ...") are charged as they are.
+
+Units: a user-level eps_k gives 2 eps_k at rating level (a changed rating is a changed profile); a
+rating-level guarantee gives nothing at user level, and any other relation (e.g. one entry of a
+score matrix) gives nothing about the training data. A run whose epsilon is ``None`` (not
+established) or ``inf`` makes the total ``inf``.
 
 Validation runs (data name ending in ``+validation``, :mod:`dprec_torch.data.validation`) train
-on a subset of the same fold's training users, so they are charged to the same ledger entry.
-Several runs of the same cell (mechanism, model, nominal epsilon) evaluated on the TEST split of one
-dataset trigger a warning: picking among them by ``test_rmse`` tunes hyperparameters on the test set.
+on a subset of the same people, so they are charged to the same ledger entry. Several runs of the
+same cell (mechanism, model, nominal epsilon, folds) evaluated on the TEST split of one dataset
+trigger a warning: picking among them by ``test_rmse`` tunes hyperparameters on the test set.
 
 Tuning cost (``tuning`` in each entry, the two-stage study of ``study.py``): the validation runs of one
-(mechanism, model, nominal epsilon) on one fold are the configurations tried for that cell. Releasing
-the model chosen among n of them costs, by basic composition on the same training users,
-sum_k eps_k (= n x eps when every configuration has the same eps) at the mechanism's relation, on
-the train side of that fold, before the final run's own eps. For mechanisms whose epsilon is null
-(the paper-faithful ``dpsgd`` and ``sgld`` on PNBM), nothing is defended, for tuning or otherwise.
+(mechanism, model, nominal epsilon) are the configurations tried for that cell. Releasing the model
+chosen among n of them costs, by basic composition on the same people, sum_k eps_k (= n x eps when
+every configuration has the same eps) at the mechanism's relation, before the final runs' own eps.
+For mechanisms whose epsilon is null (the paper-faithful ``dpsgd_paper`` and ``sgld_paper`` on
+PNBM), nothing is defended, for tuning or otherwise.
 
 ``python ledger.py SWEEP_DIR`` prints the table; :func:`ledger_report` returns it as a dict.
 """
@@ -36,6 +51,8 @@ from dprec_torch.data.validation import VALIDATION_SUFFIX
 
 @dataclass
 class LedgerRun:
+    """One ``metrics.json``: ``epsilon`` is what the run charges (all its models, all its releases)."""
+
     path: str
     data: str
     folds: tuple[int, ...]
@@ -47,15 +64,20 @@ class LedgerRun:
     test_rmse: float | None
     model: str = "?"
     epsilon_nominal: float | None = None
+    models: int = 1
+    epsilon_per_model: float = math.nan
 
 
 @dataclass
 class LedgerEntry:
-    """All runs on one dataset + folds (the same users)."""
+    """All runs on one dataset: the same people, whatever the fold."""
 
     data: str
-    folds: tuple[int, ...]
     runs: list[LedgerRun] = field(default_factory=list)
+
+    @property
+    def folds(self) -> tuple[int, ...]:
+        return tuple(sorted({f for r in self.runs for f in r.folds}))
 
     def total(self, relation: str) -> tuple[float, float]:
         """(sum eps, sum delta) at ``relation`` level (user or rating) by basic composition."""
@@ -85,11 +107,12 @@ class LedgerEntry:
         for (mech, model, eps_nom), runs in sorted(cells.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] or 0.0)):
             eps = [r.epsilon for r in runs]
             rel = runs[0].relation
-            folds = ",".join(map(str, self.folds))
+            folds = ",".join(map(str, sorted({f for r in runs for f in r.folds})))
             if all(math.isfinite(e) for e in eps) and all(r.relation == rel for r in runs):
                 total = float(sum(eps))
                 how = (f"{len(runs)} x {eps[0]:.4g}" if len(set(eps)) == 1 else f"sum over {len(runs)} configs")
-                statement = (f"{how} = {total:.4g} ({rel} level, basic composition, train side of fold {folds})")
+                statement = (f"{how} = {total:.4g} ({rel} level, basic composition, on the people of {self.data}; "
+                             f"tuned on the train side of fold {folds})")
             else:
                 total = math.inf
                 statement = f"none defended: the {len(runs)} configs tried have epsilon null (nothing is defended)"
@@ -99,13 +122,13 @@ class LedgerEntry:
 
     def warnings(self) -> list[str]:
         out = []
-        cells: dict[tuple[str, str, float | None], int] = {}
+        cells: dict[tuple[str, str, float | None, tuple[int, ...]], int] = {}
         for r in self.test_runs:
-            key = (r.mechanism, r.model, r.epsilon_nominal)
+            key = (r.mechanism, r.model, r.epsilon_nominal, r.folds)
             cells[key] = cells.get(key, 0) + 1
         if any(n > 1 for n in cells.values()):
-            out.append(f"{len(self.test_runs)} runs on {self.data} folds {list(self.folds)} were scored on the TEST split, "
-                       f"up to {max(cells.values())} of them for the same (mechanism, model, epsilon): "
+            out.append(f"{len(self.test_runs)} runs on {self.data} were scored on the TEST split, "
+                       f"up to {max(cells.values())} of them for the same (mechanism, model, epsilon, folds): "
                        "choosing hyperparameters by their test metrics tunes on the test set; tune with data=<name>-val "
                        "(dprec_torch.data.validation) and report one test run")
         bad = [r.path for r in self.runs if not math.isfinite(r.epsilon)]
@@ -114,14 +137,28 @@ class LedgerEntry:
         return out
 
 
-def _epsilon(privacy: dict[str, Any]) -> float:
-    eps = privacy.get("epsilon")
-    if eps is None:
+def _epsilon(value: Any) -> float:
+    """A reported epsilon as a float; ``None`` or garbage (not established) is ``inf``."""
+    if value is None:
         return math.inf
     try:
-        return float(eps)
+        return float(value)
     except (TypeError, ValueError):
         return math.inf
+
+
+def is_per_query(privacy: dict[str, Any]) -> bool:
+    """True when the report's ``epsilon`` covers ONE released value (Park & Acharya's per-query figure)."""
+    scope = str(privacy.get("epsilon_scope", "")).lower()
+    return scope.startswith(("per released prediction", "per query", "per released value")) and "released_values" in privacy
+
+
+def charged_epsilon(privacy: dict[str, Any]) -> float:
+    """The epsilon one trained model's report costs: composed over its releases for per-query mechanisms."""
+    eps = _epsilon(privacy.get("epsilon"))
+    if is_per_query(privacy) and math.isfinite(eps):
+        return eps * max(int(privacy.get("released_values") or 0), 1)
+    return eps
 
 
 def read_run(path: Path) -> LedgerRun | None:
@@ -136,36 +173,44 @@ def read_run(path: Path) -> LedgerRun | None:
     data = str(m.get("data", "?"))
     validation = data.endswith(VALIDATION_SUFFIX)
     base = data[: -len(VALIDATION_SUFFIX)] if validation else data
-    folds = tuple(sorted(int(f["fold"]) for f in m.get("folds", []) if "fold" in f)) or (0,)
+    fold_records = [f for f in m.get("folds", []) if isinstance(f, dict)]
+    folds = tuple(sorted(int(f["fold"]) for f in fold_records if "fold" in f)) or (0,)
+    per_model = charged_epsilon(priv)
+    # one released model per fold record; a fold's own privacy record wins over the run's (fold 1's)
+    charges = [charged_epsilon(f["privacy"]) if isinstance(f.get("privacy"), dict)
+               else _epsilon(f["privacy_epsilon"]) if "privacy_epsilon" in f else per_model
+               for f in fold_records] or [per_model]
     rel = priv.get("relation")
     rel = rel.split()[0] if isinstance(rel, str) and rel else None
-    delta = priv.get("delta") or 0.0
+    delta = float(priv.get("delta") or 0.0) * len(charges)
     nominal = m.get("epsilon")
-    nominal = None if nominal is None else _epsilon({"epsilon": nominal})
-    return LedgerRun(str(path), base, folds, str(m.get("mechanism")), rel, _epsilon(priv), float(delta), validation,
-                     m.get("test_rmse"), str(m.get("model", "?")), nominal)
+    nominal = None if nominal is None else _epsilon(nominal)
+    return LedgerRun(str(path), base, folds, str(m.get("mechanism")), rel, float(sum(charges)), delta, validation,
+                     m.get("test_rmse"), str(m.get("model", "?")), nominal, len(charges), per_model)
 
 
 def collect(sweep_dir: str | Path) -> list[LedgerEntry]:
-    """Every ``metrics.json`` under ``sweep_dir``, grouped by (dataset, folds)."""
-    entries: dict[tuple[str, tuple[int, ...]], LedgerEntry] = {}
+    """Every ``metrics.json`` under ``sweep_dir``, grouped by dataset (the population of people)."""
+    entries: dict[str, LedgerEntry] = {}
     for path in sorted(Path(sweep_dir).rglob("metrics.json")):
         run = read_run(path)
         if run is None:
             continue
-        entries.setdefault((run.data, run.folds), LedgerEntry(run.data, run.folds)).runs.append(run)
+        entries.setdefault(run.data, LedgerEntry(run.data)).runs.append(run)
     return list(entries.values())
 
 
 def ledger_report(sweep_dir: str | Path) -> dict[str, Any]:
-    """The ledger as a dict: per (data, folds) the runs, totals at user and rating level, warnings."""
+    """The ledger as a dict: per dataset the runs, totals at user and rating level, warnings."""
     out = []
     for e in collect(sweep_dir):
         eu, du = e.total("user")
         er, dr = e.total("rating")
         out.append({"data": e.data, "folds": list(e.folds), "runs": len(e.runs), "validation_runs": len(e.runs) - len(e.test_runs),
+                    "models": sum(r.models for r in e.runs),
                     "epsilon_user_level": eu, "epsilon_rating_level": er, "delta": du,
                     "per_run": [{"path": r.path, "mechanism": r.mechanism, "relation": r.relation, "epsilon": r.epsilon,
+                                 "models": r.models, "epsilon_per_model": r.epsilon_per_model, "folds": list(r.folds),
                                  "delta": r.delta, "validation": r.validation, "test_rmse": r.test_rmse} for r in e.runs],
                     "tuning": e.tuning(), "warnings": e.warnings()})
     return {"sweep_dir": str(sweep_dir), "entries": out}
@@ -173,13 +218,53 @@ def ledger_report(sweep_dir: str | Path) -> dict[str, Any]:
 
 def format_ledger(report: dict[str, Any]) -> str:
     """A short text table (one line per dataset, then its warnings)."""
-    lines = [f"privacy ledger for {report['sweep_dir']}",
-             f"{'data':<14} {'folds':<8} {'runs':>5} {'val':>4} {'eps(user)':>10} {'eps(rating)':>12} {'delta':>9}"]
+    lines = [f"privacy ledger for {report['sweep_dir']} (one line per dataset: every fold trains on the same people)",
+             f"{'data':<14} {'folds':<10} {'runs':>5} {'val':>4} {'models':>6} {'eps(user)':>10} {'eps(rating)':>12} {'delta':>9}"]
     for e in report["entries"]:
-        lines.append(f"{e['data']:<14} {','.join(map(str, e['folds'])):<8} {e['runs']:>5} {e['validation_runs']:>4} "
-                     f"{e['epsilon_user_level']:>10.4g} {e['epsilon_rating_level']:>12.4g} {e['delta']:>9.3g}")
+        lines.append(f"{e['data']:<14} {','.join(map(str, e['folds'])):<10} {e['runs']:>5} {e['validation_runs']:>4} "
+                     f"{e.get('models', e['runs']):>6} {e['epsilon_user_level']:>10.4g} {e['epsilon_rating_level']:>12.4g} "
+                     f"{e['delta']:>9.3g}")
         for t in e.get("tuning", []):
             nominal = "?" if t["epsilon_nominal"] is None else f"{t['epsilon_nominal']:g}"
             lines.append(f"  tuning {t['method']} eps={nominal}: {t['statement']}")
         lines += [f"  WARNING: {w}" for w in e["warnings"]]
     return "\n".join(lines)
+
+
+def merge_legacy(report: dict[str, Any]) -> dict[str, Any]:
+    """A ledger report written when entries were keyed by (data, folds), regrouped by dataset (the same people).
+
+    Rebuilt from its ``per_run`` records (one model per fold of the old entry); the old ``tuning`` lines and
+    warnings are kept as they were (their per-cell statements do not depend on the grouping). No run folder
+    is needed, so a published report can be corrected without re-running it.
+    """
+    grouped: dict[str, LedgerEntry] = {}
+    tuning: dict[str, list] = {}
+    warnings: dict[str, list] = {}
+    for old in report.get("entries", []):
+        folds = tuple(old.get("folds") or (0,))
+        entry = grouped.setdefault(old["data"], LedgerEntry(old["data"]))
+        for r in old.get("per_run", []):
+            if "models" in r:  # already in the new format
+                runs, per_model, run_folds = int(r["models"]), _epsilon(r.get("epsilon_per_model")), tuple(r.get("folds", folds))
+            else:
+                runs, per_model, run_folds = len(folds), _epsilon(r.get("epsilon")), folds
+            rel = r.get("relation")
+            entry.runs.append(LedgerRun(r["path"], old["data"], run_folds, str(r.get("mechanism")), rel, per_model * runs,
+                                        float(r.get("delta") or 0.0) * runs, bool(r.get("validation")),
+                                        r.get("test_rmse"), models=runs, epsilon_per_model=per_model))
+        tuning.setdefault(old["data"], []).extend(old.get("tuning", []))
+        warnings.setdefault(old["data"], [])
+        warnings[old["data"]] += [w for w in old.get("warnings", []) if w not in warnings[old["data"]]]
+    out = []
+    for data, e in grouped.items():
+        eu, du = e.total("user")
+        er, _ = e.total("rating")
+        out.append({"data": data, "folds": list(e.folds), "runs": len(e.runs), "validation_runs": len(e.runs) - len(e.test_runs),
+                    "models": sum(r.models for r in e.runs), "epsilon_user_level": eu, "epsilon_rating_level": er,
+                    "delta": du,
+                    "per_run": [{"path": r.path, "mechanism": r.mechanism, "relation": r.relation, "epsilon": r.epsilon,
+                                 "models": r.models, "epsilon_per_model": r.epsilon_per_model, "folds": list(r.folds),
+                                 "delta": r.delta, "validation": r.validation, "test_rmse": r.test_rmse} for r in e.runs],
+                    "tuning": tuning[data], "warnings": warnings[data]})
+    return {"sweep_dir": report.get("sweep_dir"), "entries": out}

@@ -9,8 +9,13 @@ so the gradient of target (u, i) is supported on row i, columns j in R_u:
 
     d r_hat_ui / d s_ij = x_uj / d_ui - a_ui sign(s_ij) I_uj,   a_ui = [D_ui >= C] n_ui / d_ui^2      (*)
 
-(the second term is the |s| in the denominator; it vanishes where the floor C is active;
-``[D >= C]`` is autograd's convention for ``clamp_min`` at the boundary, and sign(0) = 0).
+(the second term is the |s| in the denominator). At the kinks the model fixes the rule
+explicitly (:mod:`dprec_torch.models.pnbm`, ``DENOMINATOR_RULE``): where D_ui >= C -- the
+boundary D = C included -- d = D and the |s| term is KEPT; where D_ui < C, d = C and the term is 0;
+sign(0) = 0. The mask [D >= C] is not recomputed here: it is the batch's one cached mask
+(``PNBM.denominator_terms``), the same tensor the forward and the released gradient use, so the
+norm that is clipped and the gradient that is released cannot follow different rules (a user
+with D = C exactly, e.g. S = constant 1, C = 10 and 11 ratings, is the case that matters).
 User u's whole contribution to the summed gradient is
 
     G_u = sum_{i in R_u} e_ui d r_hat_ui / dS,    supported on rows i in R_u x columns j in R_u,
@@ -54,13 +59,19 @@ def _check_pnbm(model: Any) -> None:
 
 @torch.no_grad()
 def target_terms(model: Any, batch: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(n_ui, d_ui, a_ui) of (*) at every batch target, in float64."""
+    """(n_ui, d_ui, a_ui) of (*) at every batch target, in float64.
+
+    The values are recomputed in float64; WHICH branch of the floor each target takes is the
+    model's shared mask (``model.denominator_terms``), never a float64 re-decision: at D ~ C a
+    float32 forward and a float64 norm could otherwise round to opposite sides of C.
+    """
+    _, _, active = model.denominator_terms(batch)
     S = model.S.detach().double()
     x, ind = batch.x.to(torch.float64), batch.ind.to(torch.float64)
     num = torch.sparse.mm(x, S.T)[batch.rows, batch.items]
     raw = torch.sparse.mm(ind, S.abs().T)[batch.rows, batch.items]
-    den = raw.clamp_min(model.floor_c)
-    a = torch.where(raw >= model.floor_c, num / (den * den), torch.zeros_like(num))
+    den = torch.where(active, raw, torch.full_like(raw, model.floor_c))
+    a = torch.where(active, num / (den * den), torch.zeros_like(num))
     return num, den, a
 
 

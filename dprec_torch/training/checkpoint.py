@@ -1,21 +1,89 @@
-"""Atomic per-epoch checkpoints: model, optimizer (with its noise RNG), all RNG states, epoch."""
+"""Atomic per-epoch checkpoints: model, optimizer (with its noise RNG and accountant), all RNG states,
+epoch, and the resolved config they were trained under.
+
+Resume trusts nothing it is given (issue 15 #8):
+
+* the run dir's ``config_resolved.json`` (written before training) and each checkpoint's own copy of
+  the config are compared with the new config; any difference outside :data:`RESUME_SAFE_KEYS`
+  refuses to resume, naming the keys (a model trained at epsilon=20 must not be reported at 5);
+* a truncated or corrupt checkpoint, or one that lacks the mechanism's accountant state, gives one
+  line naming the file and the fix, and nothing is written over it.
+"""
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from dprec_torch.io import atomic_torch_save
+from dprec_torch.errors import ConfigError
+from dprec_torch.io import _json_default, _sanitize, atomic_torch_save, atomic_write_json
 from dprec_torch.seeding import rng_state, set_rng_state
 
 log = logging.getLogger(__name__)
 
+#: top-level keys that may change between a run and its resume: where/how it runs and what it logs,
+#: never what is trained, on which data, or under which privacy parameters
+RESUME_SAFE_KEYS = ("resume", "device", "tensorboard", "output_dir", "hydra", "log_private_diagnostics",
+                    "compare_baselines", "baseline_k")
+CHECKPOINT_KEYS = ("model", "optimizer", "sampler_generator", "rng", "epoch", "history")
+FIX = "delete it to restart from scratch, or point hydra.run.dir (output_dir) elsewhere"
+
+
+def normalised_config(config: Any) -> Any:
+    """The config as ``config_resolved.json`` stores it (inf as "inf", tuples as lists), for comparison."""
+    return json.loads(json.dumps(_sanitize(config), default=_json_default))
+
+
+def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(obj, dict):
+        out: dict[str, Any] = {}
+        for k, v in obj.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+        return out or {prefix[:-1]: {}}
+    return {prefix[:-1]: obj}
+
+
+def config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Dotted keys whose values differ between two resolved configs, resume-safe keys left out."""
+    a, b = _flatten(normalised_config(old)), _flatten(normalised_config(new))
+    keys = sorted(k for k in set(a) | set(b) if a.get(k, "<absent>") != b.get(k, "<absent>"))
+    return [k for k in keys if k.split(".")[0] not in RESUME_SAFE_KEYS]
+
+
+def check_resume_config(old: dict[str, Any], new: dict[str, Any], source: Path) -> None:
+    """Refuse to resume when anything but a resume-safe key changed since ``source`` was written."""
+    diff = config_differences(old, new)
+    if diff:
+        a, b = _flatten(normalised_config(old)), _flatten(normalised_config(new))
+        shown = ", ".join(f"{k} ({a.get(k, '<absent>')} -> {b.get(k, '<absent>')})" for k in diff[:8])
+        more = f" and {len(diff) - 8} more" if len(diff) > 8 else ""
+        raise ConfigError(f"resume=true refused: the config differs from the one in {source}: {shown}{more}; "
+                          f"resume with the original values, or start a new run (resume=false) in another hydra.run.dir")
+
+
+def prepare_run_dir(out: Path, config: dict[str, Any]) -> None:
+    """Check a resume against the run dir's recorded config, THEN (re)write ``config_resolved.json``."""
+    path = out / "config_resolved.json"
+    if config.get("resume") and path.exists():
+        try:
+            old = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"{path} is unreadable ({_first_line(err)}); {FIX}") from None
+        check_resume_config(old, config, path)
+    elif not config.get("resume"):
+        stale = sorted(p.name for p in out.glob("checkpoint_fold*.pt"))
+        if stale:
+            log.warning("resume=false: %s in %s (an earlier run) will be overwritten", ", ".join(stale), out)
+    atomic_write_json(path, config)
+
 
 def save_checkpoint(path: Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, sampler_generator: torch.Generator,
-                    epoch: int, history: list[dict], extra: dict[str, Any] | None = None) -> None:
+                    epoch: int, history: list[dict], extra: dict[str, Any] | None = None,
+                    config: dict[str, Any] | None = None) -> None:
     """Write everything needed to resume after ``epoch`` (temp file + rename)."""
     atomic_torch_save(path, {
         "model": model.state_dict(),
@@ -25,16 +93,47 @@ def save_checkpoint(path: Path, *, model: torch.nn.Module, optimizer: torch.opti
         "epoch": epoch,
         "history": history,
         "extra": extra or {},
+        "config": None if config is None else normalised_config(config),
     })
 
 
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    line = text[0] if text else type(err).__name__
+    return line if len(line) <= 160 else line[:157] + "..."
+
+
+def read_checkpoint(path: Path, map_location: Any = "cpu") -> dict[str, Any]:
+    """``torch.load`` a checkpoint; a truncated/corrupt/foreign file gives one line naming it and the fix."""
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=False)
+    except Exception as err:  # noqa: BLE001 - torch raises RuntimeError, EOFError, UnpicklingError, ...
+        raise ConfigError(f"checkpoint {path} is truncated or corrupt ({_first_line(err)}); {FIX}") from None
+    missing = [k for k in CHECKPOINT_KEYS if not isinstance(ckpt, dict) or k not in ckpt]
+    if missing:
+        raise ConfigError(f"checkpoint {path} is not a dprec-torch checkpoint (missing {', '.join(missing)}); {FIX}")
+    return ckpt
+
+
 def load_checkpoint(path: Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    sampler_generator: torch.Generator) -> dict[str, Any]:
-    """Restore a checkpoint written by :func:`save_checkpoint`; returns it (epoch, history, extra)."""
-    ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    model.load_state_dict(ckpt["model"])
-    optimizer.load_state_dict(ckpt["optimizer"])
-    sampler_generator.set_state(ckpt["sampler_generator"])
+                    sampler_generator: torch.Generator, config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Restore a checkpoint written by :func:`save_checkpoint`; returns it (epoch, history, extra).
+
+    Refuses (ConfigError) a damaged file, a config that differs from the checkpoint's in a key that is
+    not resume-safe, and a checkpoint without the accountant state of a mechanism that keeps one.
+    """
+    ckpt = read_checkpoint(path)
+    if config is not None and ckpt.get("config") is not None:
+        check_resume_config(ckpt["config"], config, path)
+    if getattr(optimizer, "accountant", None) is not None and "accountant" not in ckpt["optimizer"]:
+        raise ConfigError(f"checkpoint {path} holds no accountant state for {type(optimizer).__name__} (an older "
+                          f"format): resuming would forget the epsilon already spent; {FIX}")
+    try:
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        sampler_generator.set_state(ckpt["sampler_generator"])
+    except (RuntimeError, KeyError, ValueError, TypeError) as err:
+        raise ConfigError(f"checkpoint {path} does not fit this model/mechanism ({_first_line(err)}); {FIX}") from None
     set_rng_state(ckpt["rng"])
     log.info("resumed from %s after epoch %d", path, ckpt["epoch"])
     return ckpt

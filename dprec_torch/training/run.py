@@ -7,28 +7,31 @@ PNCF, ...), score it, compare with PCC/COS, and write ``metrics.json``.
 
 from __future__ import annotations
 
-import inspect
 import logging
-import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from hydra.errors import InstantiationException
-from hydra.utils import get_class, get_object, instantiate
+from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
+from dprec_torch.data.custom import check_scale_declared
 from dprec_torch.data.ratings import Fold, RatingDataset
 from dprec_torch.device import claimed_device
-from dprec_torch.errors import ConfigError, DprecError
+from dprec_torch.config import RUNNER_KEYS, accepted, check_config, declared_parameters, fill_dataset_defaults, instantiate_node  # noqa: F401 (re-exported)
+from dprec_torch.errors import ConfigError
 from dprec_torch.evaluation.cross_validate import score_predictor
 from dprec_torch.io import atomic_write_json
 from dprec_torch.mechanisms.context import TrainingContext, prior_precision_for
 from dprec_torch.models.batching import PoissonBatchSampler
+from dprec_torch.privacy.scope import diagnostics_enabled, privacy_scope
 from dprec_torch.seeding import make_generator, seed_everything
+from dprec_torch.sweep_cache import shared
 from dprec_torch.training.baselines import baseline_metrics
+from dprec_torch.training.checkpoint import prepare_run_dir
 from dprec_torch.training.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -44,13 +47,11 @@ def output_dir(cfg: DictConfig) -> Path:
 
 
 def validate(cfg: DictConfig) -> None:
-    """Top-level checks that must fail before any data is read."""
-    eps = float(cfg.epsilon)
-    if math.isnan(eps) or eps <= 0:
-        raise ConfigError(f"epsilon must be > 0 (or inf for non-private), got {cfg.epsilon}")
-    delta = float(cfg.get("delta", 0.0))
-    if not 0 <= delta < 1:
-        raise ConfigError(f"delta must be in [0, 1), got {cfg.delta}")
+    """Checks that must fail before any data is read: every key and number of the composed config
+    (:func:`dprec_torch.config.check_config`), then the dataset-dependent defaults (``baseline_k`` and
+    the PCC/COS ``model.k`` of ``null`` become the paper's k for the dataset: 900 on ML-100K, 1300 on ML-1M)."""
+    check_config(cfg)
+    fill_dataset_defaults(cfg)
 
 
 def is_trainable(model_cfg: DictConfig) -> bool:
@@ -61,44 +62,9 @@ def is_trainable(model_cfg: DictConfig) -> bool:
         raise ConfigError(f"cannot import model target '{model_cfg.get('_target_')}': {err}") from err
 
 
-def _accepted(cls: type, **kwargs: Any) -> dict[str, Any]:
-    params = inspect.signature(cls.__init__).parameters
-    return {k: v for k, v in kwargs.items() if k in params}
-
-
-# Keys the runner itself reads (``cfg.model.name`` for labels, ``cfg.mechanism.epochs`` for the
-# schedule). They are passed on to a target that declares them -- ``load_movielens(name=...)`` needs
-# its ``name`` -- and left out only for a target whose signature does not name them.
-RUNNER_KEYS = ("name", "epochs")
-
-
-def _declared_parameters(target: str) -> set[str]:
-    """The named parameters of a ``_target_`` (a class's ``__init__`` or a function)."""
-    try:
-        obj = get_object(target)
-    except Exception as err:  # noqa: BLE001 - report a bad _target_ as a config error
-        raise ConfigError(f"cannot import _target_ '{target}': {err}") from err
-    params = inspect.signature(obj).parameters.values()
-    return {p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
-
-
-def instantiate_node(node: DictConfig, **kwargs: Any) -> Any:
-    """``instantiate`` a config node; a runner-only key (``RUNNER_KEYS``) is dropped only where the
-    target does not declare it, so no real argument is ever lost to the filtering.
-
-    A :class:`DprecError` raised by the target is re-raised as is, not wrapped by Hydra,
-    so the CLI prints its one line.
-    """
-    data = OmegaConf.to_container(node, resolve=True)
-    declared = _declared_parameters(data["_target_"])
-    data = {k: v for k, v in data.items() if k not in RUNNER_KEYS or k in declared}
-    try:
-        return instantiate(data, **kwargs)
-    except InstantiationException as err:
-        cause = err.__cause__
-        if isinstance(cause, DprecError):
-            raise cause from None
-        raise
+# The Hydra glue lives in dprec_torch/config.py; these names stay importable from here.
+_accepted = accepted
+_declared_parameters = declared_parameters
 
 
 def build_model(cfg: DictConfig, fold: Fold) -> torch.nn.Module:
@@ -112,17 +78,29 @@ def mechanism_fold(cfg: DictConfig, fold: Fold) -> Fold:
         raise ConfigError(f"model={cfg.model.get('name', '?')} is trained by a mechanism; choose mechanism=none|dpsgd|sgld")
     mech_cls = get_class(cfg.mechanism._target_)
     if getattr(mech_cls, "relation", None) == "user" and cfg.mechanism.get("max_user_ratings"):
-        from dprec_torch.data.preprocess import cap_user_ratings
+        from dprec_torch.data.preprocess import cap_seed, cap_user_ratings
 
         tau = int(cfg.mechanism.max_user_ratings)
-        train, dropped = cap_user_ratings(fold.train, tau, make_generator(int(cfg.seed) + 17, fold.train.device))
+        # per-user keys from the raw ids (the loader's id map): u's capped profile depends on u alone
+        train, dropped = cap_user_ratings(fold.train, tau, cap_seed(int(cfg.seed), fold.index))
         log.info("capped every user at tau=%d training ratings for the user-level bound (dropped %d)", tau, dropped)
         return Fold(fold.index, train, fold.test, fold.name)
     return fold
 
 
-def train_fold(cfg: DictConfig, fold: Fold, out: Path, device: torch.device) -> dict[str, Any]:
-    """Train a model under ``cfg.mechanism`` on one fold; returns its fold record."""
+@dataclass
+class TrainingSetup:
+    """Everything one fold's training needs, built from the config (the tests build it the same way)."""
+
+    fold: Fold
+    model: torch.nn.Module
+    sampler: PoissonBatchSampler
+    optimizer: Any
+    epochs: int
+
+
+def setup_training(cfg: DictConfig, fold: Fold, device: torch.device) -> TrainingSetup:
+    """Cap the fold for the mechanism, build and attach the model, the batch sampler and the mechanism."""
     fold = mechanism_fold(cfg, fold)
     mech_cls = get_class(cfg.mechanism._target_)
     train = fold.train
@@ -141,17 +119,29 @@ def train_fold(cfg: DictConfig, fold: Fold, out: Path, device: torch.device) -> 
         entry_bound=getattr(model, "gradient_entry_bound", None), prior_precision=prior, model=model,
     )
     optimizer = instantiate_node(cfg.mechanism, _convert_="all")(params=model.parameters(), context=context)
+    return TrainingSetup(fold, model, sampler, optimizer, epochs)
+
+
+def train_fold(cfg: DictConfig, fold: Fold, out: Path, device: torch.device) -> dict[str, Any]:
+    """Train a model under ``cfg.mechanism`` on one fold; returns its fold record."""
+    setup = setup_training(cfg, fold, device)
+    fold, model, sampler, optimizer, epochs = setup.fold, setup.model, setup.sampler, setup.optimizer, setup.epochs
+    train = fold.train
     report = optimizer.privacy_report()
+    check_scale_declared(train, report)  # a finite epsilon needs data.rating_scale on custom data (issue 15, 7)
     log.info("mechanism %s | relation %s | %s", report["mechanism"], report.get("relation"), report["analysis"])
     writer = None
     if cfg.get("tensorboard", True):
         from torch.utils.tensorboard import SummaryWriter
 
         writer = SummaryWriter(log_dir=str(out / "tb" / f"fold{fold.index}"))
-    trainer = Trainer(model, optimizer, sampler, epochs, out / f"checkpoint_fold{fold.index}.pt", writer, bool(cfg.resume))
+    diagnostics = diagnostics_enabled(cfg.get("log_private_diagnostics"), report)
+    trainer = Trainer(model, optimizer, sampler, epochs, out / f"checkpoint_fold{fold.index}.pt", writer, bool(cfg.resume),
+                      config=resolved_config(cfg), private_diagnostics=diagnostics)
     result = trainer.fit(fold)
     metrics = score_predictor(model, fold)
     report = optimizer.privacy_report()
+    report["scope"] = privacy_scope(report, model, diagnostics)
     if writer is not None:
         hparams = {f"mechanism.{k}": v for k, v in OmegaConf.to_container(cfg.mechanism, resolve=True).items()
                    if isinstance(v, (int, float, str, bool)) and not k.startswith("_")}
@@ -160,7 +150,7 @@ def train_fold(cfg: DictConfig, fold: Fold, out: Path, device: torch.device) -> 
         writer.close()
     return {"fold": fold.index, **{f"test_{k}": v for k, v in metrics.items()}, "fit_seconds": result.train_seconds,
             "epochs": result.epochs, "seconds_per_epoch": result.train_seconds / max(result.epochs, 1),
-            "history": result.history, "privacy": report}
+            "history": result.history, "privacy": report, "diagnostics": diagnostics}
 
 
 def fit_fold(cfg: DictConfig, fold: Fold, device: torch.device) -> dict[str, Any]:
@@ -176,9 +166,19 @@ def fit_fold(cfg: DictConfig, fold: Fold, device: torch.device) -> dict[str, Any
     t0 = time.perf_counter()
     predictor.fit(fold.train)
     fit_s = time.perf_counter() - t0
+    if hasattr(predictor, "privacy_report"):
+        check_scale_declared(fold.train, predictor.privacy_report())
     metrics = score_predictor(predictor, fold, int(cfg.eval.topn), float(cfg.eval.relevance_threshold))
+    report = predictor.privacy_report() if hasattr(predictor, "privacy_report") else {"mechanism": "none"}
+    diagnostics = diagnostics_enabled(cfg.get("log_private_diagnostics"), report)
+    report = {**report, "scope": privacy_scope(report, None, diagnostics)}
     return {"fold": fold.index, **{f"test_{k}": v for k, v in metrics.items()}, "fit_seconds": fit_s,
-            "privacy": predictor.privacy_report() if hasattr(predictor, "privacy_report") else {"mechanism": "none"}}
+            "privacy": report, "diagnostics": diagnostics}
+
+
+def resolved_config(cfg: DictConfig) -> dict[str, Any]:
+    """The resolved config as plain containers (what ``config_resolved.json`` and each checkpoint record)."""
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
 
 
 def summarise(cfg: DictConfig, dataset: RatingDataset, folds: list[dict[str, Any]], baselines: list[dict] | None) -> dict[str, Any]:
@@ -195,7 +195,9 @@ def summarise(cfg: DictConfig, dataset: RatingDataset, folds: list[dict[str, Any
         vals = [f[k] for f in folds]
         metrics[k] = float(np.mean(vals))
         metrics[k + "_std"] = float(np.std(vals))
-    metrics["folds"] = [{k: v for k, v in f.items() if k not in ("history", "privacy")} for f in folds]
+    # each fold released its own model: the ledger charges every fold's epsilon (issue 15, 5)
+    metrics["folds"] = [{**{k: v for k, v in f.items() if k not in ("history", "privacy", "diagnostics")},
+                         "privacy_epsilon": f["privacy"].get("epsilon")} for f in folds]
     if "epochs" in folds[0]:
         metrics["epochs"] = folds[0]["epochs"]
         metrics["train_seconds"] = float(sum(f["fit_seconds"] for f in folds))
@@ -221,6 +223,7 @@ def sweep_lock_dir() -> Path | None:
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Run the configured experiment; writes ``metrics.json`` and returns its contents."""
     validate(cfg)
+    diagnostics_enabled(cfg.get("log_private_diagnostics"), {})  # a bad value fails before any data is read
     seed_everything(int(cfg.seed))
     with claimed_device(cfg.device, sweep_lock_dir()) as device:
         return run_experiment(cfg, device)
@@ -230,17 +233,19 @@ def run_experiment(cfg: DictConfig, device: torch.device) -> dict[str, Any]:
     """Train (or fit) on every fold of ``cfg.data`` on ``device``; writes ``metrics.json``."""
     out = output_dir(cfg)
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / "config_resolved.json", OmegaConf.to_container(cfg, resolve=True))
-    dataset = instantiate_node(cfg.data)
+    prepare_run_dir(out, resolved_config(cfg))  # a resume is checked against the recorded config BEFORE it is rewritten
+    # shared(...) is build() itself outside hydra/launcher=batched (dprec_torch/sweep_cache.py)
+    dataset = shared("dataset", cfg.data, lambda: instantiate_node(cfg.data))
     trainable = is_trainable(cfg.model)
     folds, baselines = [], []
     for fold in dataset.folds:
-        fold = fold.to(device)
+        fold = shared("fold", cfg.data, lambda: fold.to(device), fold.index, device)
         log.info("fold %s (%s): train %s | test %d ratings", fold.index, fold.name, fold.train.describe(), len(fold.test))
         record = train_fold(cfg, fold, out, device) if trainable else fit_fold(cfg, fold, device)
         folds.append(record)
-        if cfg.compare_baselines and "test_rmse" in record:
-            baselines.append(baseline_metrics(fold, int(cfg.baseline_k)))
+        if cfg.compare_baselines and record["diagnostics"] and "test_rmse" in record:  # non-private: log_private_diagnostics
+            baselines.append(shared("baselines", cfg.data, lambda: baseline_metrics(fold, int(cfg.baseline_k)),
+                                    fold.index, device, int(cfg.baseline_k)))
     metrics = summarise(cfg, dataset, folds, baselines)
     atomic_write_json(out / "metrics.json", metrics)
     return metrics

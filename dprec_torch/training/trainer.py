@@ -4,6 +4,10 @@ Per step: sample a batch, predict its targets, clip the residuals (the
 mechanism's per-example clipping), back-propagate the surrogate loss whose
 gradient is G = sum e_ui d r_hat_ui / d theta, then ``optimizer.step()`` adds
 noise and updates. Per epoch: evaluate, log to TensorBoard, checkpoint atomically.
+
+``private_diagnostics=False`` (``log_private_diagnostics``; the default for mechanisms with a finite
+epsilon) keeps the quantities no mechanism protects -- :data:`NON_PRIVATE_ROW_KEYS`, the exact train
+RMSE and the pre-noise gradient norm -- out of the history, the log lines and TensorBoard.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ from dprec_torch.training.checkpoint import load_checkpoint, save_checkpoint
 
 log = logging.getLogger(__name__)
 
+#: per-epoch quantities computed from the training data without noise (not covered by any epsilon)
+NON_PRIVATE_ROW_KEYS = ("train_rmse", "grad_norm")
+
 
 @dataclass
 class TrainResult:
@@ -38,9 +45,11 @@ class Trainer:
     """Runs ``epochs`` epochs of ``steps_per_epoch`` mechanism steps on one fold."""
 
     def __init__(self, model: torch.nn.Module, optimizer: MechanismOptimizer, sampler: PoissonBatchSampler, epochs: int,
-                 checkpoint_path: Path | None = None, writer: Any = None, resume: bool = False) -> None:
+                 checkpoint_path: Path | None = None, writer: Any = None, resume: bool = False,
+                 config: dict[str, Any] | None = None, private_diagnostics: bool = True) -> None:
         self.model, self.optimizer, self.sampler, self.epochs = model, optimizer, sampler, int(epochs)
         self.checkpoint_path, self.writer, self.resume = checkpoint_path, writer, resume
+        self.config, self.private_diagnostics = config, bool(private_diagnostics)  # config: saved, checked on resume
 
     def _step(self) -> tuple[float, int]:
         """One mechanism step; returns (sum of squared unclipped errors, #targets)."""
@@ -63,8 +72,8 @@ class Trainer:
         start_epoch = 1
         if self.resume and self.checkpoint_path is not None and self.checkpoint_path.exists():
             ckpt = load_checkpoint(self.checkpoint_path, model=self.model, optimizer=self.optimizer,
-                                   sampler_generator=self.sampler.generator)
-            result.history = ckpt["history"]
+                                   sampler_generator=self.sampler.generator, config=self.config)
+            result.history = [self._filtered(row) for row in ckpt["history"]]
             result.train_seconds = float(ckpt["extra"].get("train_seconds", 0.0))
             start_epoch = int(ckpt["epoch"]) + 1
         for epoch in range(start_epoch, self.epochs + 1):
@@ -83,7 +92,7 @@ class Trainer:
             if self.checkpoint_path is not None:
                 save_checkpoint(self.checkpoint_path, model=self.model, optimizer=self.optimizer,
                                 sampler_generator=self.sampler.generator, epoch=epoch, history=result.history,
-                                extra={"train_seconds": result.train_seconds})
+                                extra={"train_seconds": result.train_seconds}, config=self.config)
         result.epochs = self.epochs
         return result
 
@@ -91,7 +100,7 @@ class Trainer:
     def _epoch_metrics(self, epoch: int, fold: Fold, train_rmse_running: float) -> dict[str, float]:
         test = rating_metrics(self.model.predict(fold.test.users, fold.test.items), fold.test.values)
         state = self.optimizer.state["mechanism"]
-        return {
+        row = {
             "epoch": epoch,
             "train_rmse": train_rmse_running,
             "test_rmse": test["rmse"],
@@ -102,11 +111,22 @@ class Trainer:
             "step_size": float(self.optimizer.step_size()),
             "residual_bound": float(state.get("residual_bound", float("inf"))),
         }
+        return self._filtered(row)
+
+    def _filtered(self, row: dict[str, float]) -> dict[str, float]:
+        """``row`` without :data:`NON_PRIVATE_ROW_KEYS` unless private diagnostics are logged."""
+        return row if self.private_diagnostics else {k: v for k, v in row.items() if k not in NON_PRIVATE_ROW_KEYS}
 
     def _log(self, row: dict[str, float]) -> None:
-        log.info("epoch %3d | train RMSE %.4f | test RMSE %.4f MAE %.4f | noise %.4g | |G| %.4g | eps spent %.4g",
-                 row["epoch"], row["train_rmse"], row["test_rmse"], row["test_mae"], row["noise_scale"],
-                 row["grad_norm"], row["epsilon_spent"])
+        """The per-epoch log line (and TensorBoard scalars)."""
+        diag = (f" | train RMSE {row['train_rmse']:.4f} (non-private) | |G| {row['grad_norm']:.4g} (pre-noise)"
+                if "train_rmse" in row else "")
+        rep = self.optimizer.privacy_report()  # the line says what each epsilon figure covers (issue 15, 9)
+        log.info("epoch %3d | test RMSE %.4f MAE %.4f | noise %.4g | eps spent so far %.4g (as the mechanism counts it) "
+                 "| defended eps of the released model: %s (%s level)%s", row["epoch"], row["test_rmse"], row["test_mae"],
+                 row["noise_scale"], row["epsilon_spent"],
+                 "none" if rep.get("epsilon") is None else f"{float(rep['epsilon']):.4g}",
+                 str(rep.get("relation") or "no").split()[0], diag)
         if self.writer is not None:
             for key, value in row.items():
                 if key != "epoch" and math.isfinite(value):

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Issue 18's GPU check, one prepared script for a session that is lent a GPU (< 8 minutes on one H100/H200):
+#   1. the `-m gpu` tests;
+#   2. benchmarks/gpu_bench.py: ML-1M s/epoch + GPU peak for every PNBM mechanism, start-up, the
+#      batched-vs-separate 7-job sweep, an ML-20M-size synthetic epoch, GPU-vs-CPU RMSE parity;
+#   3. JSON to $OUT (the device run's return folder) and benchmarks/results/gpu-check.json, which
+#      `python benchmarks/publish.py` turns into docs/performance.md's GPU table with the targets' verdicts.
+#
+# Before (on the CPU machine): DPREC_DATA=/work/shared/data bash benchmarks/prepare_gpu_pylibs.sh
+# Then:   run(command="bash benchmarks/gpu_check.sh", carry=[".gpu_pylibs", ".gpu_data"], timeout_s=540)
+# Back:   cp <files_at>/gpu-check.json benchmarks/results/ && python benchmarks/publish.py
+# CPU rehearsal (tiny data, device=cpu, no GPU needed): bash benchmarks/gpu_check.sh --dry-run
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+DRY=""
+BUDGET="${GPU_CHECK_BUDGET:-390}"   # seconds for gpu_bench.py's stages; the tests and set-up come on top (~60 s)
+for arg in "$@"; do
+  case "$arg" in
+    --dry-run) DRY="--dry-run" ;;
+    *) echo "usage: bash benchmarks/gpu_check.sh [--dry-run]" >&2; exit 2 ;;
+  esac
+done
+# the device image has no Hydra/OmegaConf/Opacus/pytest: the carried copies first, then the project itself
+export PYTHONPATH="$ROOT/.gpu_pylibs:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+[ -d "$ROOT/.gpu_data" ] && export DPREC_DATA="${DPREC_DATA:-$ROOT/.gpu_data}"
+export DPREC_CACHE="${DPREC_CACHE:-$(mktemp -d /tmp/dprec-cache.XXXX)}"
+export PYTHONDONTWRITEBYTECODE=0
+OUT_DIR="${OUT:-$ROOT/benchmarks/results}"
+mkdir -p "$OUT_DIR"
+JSON="$OUT_DIR/gpu-check${DRY:+-dry}.json"
+T0=$(date +%s)
+echo "== gpu_check $(date -u +%FT%TZ) dry=${DRY:-no} PYTHONPATH=$PYTHONPATH DPREC_DATA=${DPREC_DATA:-unset}"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python -c "import torch, hydra, omegaconf; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'hydra', hydra.__version__)" \
+  || { echo "missing packages: run benchmarks/prepare_gpu_pylibs.sh and carry .gpu_pylibs" >&2; exit 3; }
+
+TEST_RC=skipped
+if [ -z "$DRY" ]; then
+  echo "== pytest -m gpu"
+  timeout 150 python -m pytest -q -m gpu tests -p no:cacheprovider -x 2>&1 | tail -15
+  TEST_RC=${PIPESTATUS[0]}
+fi
+echo "== gpu_bench (budget ${BUDGET} s)"
+timeout $((BUDGET + 60)) python benchmarks/gpu_bench.py $DRY --budget "$BUDGET" --out "$JSON"
+BENCH_RC=$?
+python - "$JSON" "$TEST_RC" "$BENCH_RC" "$(( $(date +%s) - T0 ))" <<'PY'
+import json, sys
+path, test_rc, bench_rc, wall = sys.argv[1:]
+try:
+    data = json.load(open(path))
+except (OSError, ValueError):
+    data = {"error": "gpu_bench.py wrote no JSON"}
+data["gpu_tests"] = {"exit_code": test_rc, "passed": test_rc == "0"}
+data["bench_exit_code"] = int(bench_rc)
+data["check_wall_seconds"] = int(wall)
+json.dump(data, open(path, "w"), indent=2)
+print(f"wrote {path}: tests exit {test_rc}, bench exit {bench_rc}, {wall} s")
+PY
+[ "$OUT_DIR" != "$ROOT/benchmarks/results" ] && [ -z "$DRY" ] && cp "$JSON" "$ROOT/benchmarks/results/" 2>/dev/null
+exit 0

@@ -1,0 +1,512 @@
+"""The config's shape in one place: which keys a node may carry and which values each number may take.
+
+Hydra composes ``conf/`` as it is (``_target_`` nodes, no dataclasses); this module checks the result once,
+before any data is read (:func:`check_config`, called by ``training.run.validate``):
+
+* every key of the ``data``, ``model`` and ``mechanism`` nodes is a declared parameter of the node's
+  ``_target_``, a key the runner reads itself (:data:`NODE_RUNNER_KEYS`) or a Hydra key (``_partial_``...),
+  so ``mechanism.lerning_rate=0.1`` is an error, not a silently ignored argument;
+* every required parameter of a target is present;
+* every number lies in its domain (:data:`DOMAINS`: key -> type and range, per target where the same
+  name means something else).
+
+Each problem raises :class:`~dprec_torch.errors.ConfigError` with one line naming the key, the value
+and the valid range. :func:`check_command_line` does the same for the command line itself (an unknown
+``mechanism=foo``, a misspelt ``mechanism.lerning_rate=0.1`` that Hydra rejects) before ``@hydra.main``
+runs, so the CLI prints one line and exits 2 instead of Hydra's multi-line report.
+
+The Hydra glue of the runner (:func:`instantiate_node`, :func:`accepted`) lives here as well.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import logging
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from hydra.errors import InstantiationException
+from hydra.utils import get_object, instantiate
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from dprec_torch.errors import ConfigError, DprecError
+
+log = logging.getLogger(__name__)
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+
+# --------------------------------------------------------------------------------------------- keys
+#: Keys the runner reads itself, per node: ``cfg.model.name`` for labels, ``cfg.mechanism.epochs`` /
+#: ``sampling_ratio`` / ``unit`` for the batch schedule, ``max_user_ratings`` for the tau cap of
+#: user-level mechanisms. They are passed on to a target that declares them (``load_movielens(name=...)``)
+#: and dropped for one that does not.
+NODE_RUNNER_KEYS: dict[str, tuple[str, ...]] = {
+    "data": ("name",),
+    "model": ("name",),
+    "mechanism": ("name", "epochs", "sampling_ratio", "unit", "max_user_ratings"),
+}
+RUNNER_KEYS: tuple[str, ...] = tuple(dict.fromkeys(k for keys in NODE_RUNNER_KEYS.values() for k in keys))
+
+#: Keys a target inherits from the base yaml it is swapped into but does not implement: allowed only
+#: at null, and dropped before instantiation (conf/tuned/gaussian_pnbm.yaml puts GaussianPNBM into
+#: conf/mechanism/gaussian.yaml, whose ``noise_multiplier`` it has no use for).
+NULL_ONLY_KEYS: dict[str, tuple[str, ...]] = {
+    "dprec_torch.mechanisms.gaussian_pnbm.GaussianPNBM": ("noise_multiplier",),
+}
+
+#: Usual names of our keys, for the "did you mean" hint of a misspelt key.
+ALIASES = {"learning_rate": "lr", "n_epochs": "epochs", "num_epochs": "epochs", "eps": "epsilon",
+           "lambda": "weight_decay", "l2": "weight_decay", "gamma": "sampling_ratio", "sample_rate": "sampling_ratio"}
+
+#: Parameters the runner passes at instantiation (never in yaml).
+SUPPLIED_BY_RUNNER = frozenset({"params", "context", "n_items", "n_users", "device", "model"})
+HYDRA_KEYS = frozenset({"_target_", "_partial_", "_convert_", "_recursive_", "_args_"})
+
+
+def declared_parameters(target: str) -> dict[str, inspect.Parameter]:
+    """The named parameters of a ``_target_`` (a class's ``__init__`` or a function)."""
+    try:
+        obj = get_object(target)
+    except Exception as err:  # noqa: BLE001 - report a bad _target_ as a config error
+        raise ConfigError(f"cannot import _target_ '{target}': {err}") from err
+    params = inspect.signature(obj).parameters.values()
+    return {p.name: p for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+
+
+def accepted(cls: type, **kwargs: Any) -> dict[str, Any]:
+    """The subset of ``kwargs`` that ``cls.__init__`` names."""
+    params = inspect.signature(cls.__init__).parameters
+    return {k: v for k, v in kwargs.items() if k in params}
+
+
+def instantiate_node(node: DictConfig, **kwargs: Any) -> Any:
+    """``instantiate`` a config node; a runner-only key (:data:`RUNNER_KEYS`) or a null-only key
+    (:data:`NULL_ONLY_KEYS`) is dropped only where the target does not declare it, so no real argument
+    is ever lost to the filtering.
+
+    A :class:`DprecError` raised by the target is re-raised as is, not wrapped by Hydra,
+    so the CLI prints its one line.
+    """
+    data = OmegaConf.to_container(node, resolve=True)
+    declared = declared_parameters(data["_target_"])
+    droppable = set(RUNNER_KEYS) | set(NULL_ONLY_KEYS.get(data["_target_"], ()))
+    data = {k: v for k, v in data.items() if k not in droppable or k in declared}
+    try:
+        return instantiate(data, **kwargs)
+    except InstantiationException as err:
+        cause = err.__cause__
+        if isinstance(cause, DprecError):
+            raise cause from None
+        raise
+
+
+# ------------------------------------------------------------------------------------------ domains
+@dataclass(frozen=True)
+class Domain:
+    """A number's type and valid range; ``null``/``also`` name the non-numeric values allowed."""
+
+    kind: type  # int or float
+    lo: float = -math.inf
+    hi: float = math.inf
+    lo_open: bool = False
+    hi_open: bool = False
+    null: bool = False
+    also: tuple[str, ...] = ()
+    note: str = ""
+
+    def __str__(self) -> str:
+        if self.kind is int:
+            if math.isinf(self.hi):
+                text = f"an integer >= {self.lo:g}"
+            else:
+                text = f"an integer in [{self.lo:g}, {self.hi:g}]"
+        else:
+            text = f"a number in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
+        extras = [*(["null"] if self.null else []), *self.also]
+        text += "".join(f" or {e}" for e in extras)
+        return text + (f" ({self.note})" if self.note else "")
+
+    def accepts(self, value: Any) -> bool:
+        if value is None:
+            return self.null
+        if isinstance(value, str) and value in self.also:
+            return True
+        if isinstance(value, bool):
+            return False
+        if self.kind is int:
+            if not isinstance(value, int):
+                return False
+            x = float(value)
+        else:
+            try:
+                x = float(value)  # "inf" or "1e-3" from yaml are strings
+            except (TypeError, ValueError):
+                return False
+        if math.isnan(x):
+            return False
+        above = x > self.lo if self.lo_open else x >= self.lo
+        below = x < self.hi if self.hi_open else x <= self.hi
+        return above and below
+
+    def invalid_example(self) -> Any:
+        """A value outside the domain of the same type where one exists, else a non-number."""
+        if self.kind is int:
+            return int(self.lo) - 1 if math.isfinite(self.lo) else "abc"
+        if math.isfinite(self.hi):
+            return self.hi + 0.5
+        if math.isfinite(self.lo):
+            return self.lo - 0.5 if not self.lo_open else self.lo
+        return "abc"
+
+
+def integer(lo: int, hi: float = math.inf, null: bool = False, also: tuple[str, ...] = (), note: str = "") -> Domain:
+    return Domain(int, lo, hi, null=null, also=also, note=note)
+
+
+def number(interval: str, null: bool = False, note: str = "") -> Domain:
+    """``number("(0, 1]")``: a real in the written interval (``inf`` allowed as a bound)."""
+    lo_s, hi_s = (s.strip() for s in interval.strip()[1:-1].split(","))
+    return Domain(float, float(lo_s), float(hi_s), interval.strip()[0] == "(", interval.strip()[-1] == ")", null=null, note=note)
+
+
+ANY_REAL = number("(-inf, inf)")
+
+#: Top-level keys of config.yaml / evaluate.yaml / audit.yaml.
+TOP_DOMAINS: dict[str, Domain] = {
+    "epsilon": number("(0, inf]", note="inf = non-private"),
+    "delta": number("[0, 1)"),
+    "seed": integer(0),
+    "baseline_k": integer(1, null=True, note="null = 900 on ML-100K, 1300 on ML-1M"),
+    "eval.topn": integer(1),
+    "eval.relevance_threshold": ANY_REAL,
+    "audit.trials": integer(1),
+    "audit.canaries": integer(2),
+    "audit.history": integer(0),
+    "audit.guess_fraction": number("(0, 0.5]"),
+    "audit.alpha": number("(0, 1)"),
+    "audit.probe_ratings": integer(1),
+}
+
+#: Key -> domain, shared by every target that takes the key (its meaning is the same everywhere).
+DOMAINS: dict[str, Domain] = {
+    # privacy and seeds
+    "epsilon": number("(0, inf]", note="inf = non-private"),
+    "delta": number("[0, 1)"),
+    "seed": integer(0),
+    "support_seed": integer(0),
+    # data
+    "fold": integer(1, also=("all",)),
+    "n_folds": integer(1),
+    "test_fraction": number("(0, 1)"),
+    "fraction": number("(0, 1)"),
+    "min_user_ratings": integer(0),
+    "max_user_ratings": integer(1, null=True),
+    "n_users": integer(1, null=True),
+    "n_items": integer(1, null=True),
+    "n_ratings": integer(1, null=True),
+    "rank": integer(1),
+    # models and predictors
+    "dim": integer(1),
+    "init_std": number("[0, inf)"),
+    "mu_scale": number("[0, inf)"),
+    "floor_c": number("(0, inf)"),
+    "n_neighbors": integer(1),
+    "init_scale": number("[0, inf)"),
+    "predict_batch_users": integer(1),
+    "pair_budget": integer(1),
+    "block_budget": integer(1),
+    "dense_max_items": integer(0),
+    "sparse_k": integer(1),
+    "support_shrinkage": number("[0, inf)"),
+    "k": integer(1),
+    "min_support": integer(0),
+    "shrinkage": number("[0, inf)"),
+    "batch_size": integer(1),
+    "T": integer(1),
+    "phi_m": integer(0),
+    "delta_r": number("(0, inf)", null=True, note="null = the data's scale span"),
+    "threshold": number("(-inf, inf)", null=True),
+    "p": number("[0, 1]"),
+    "p_star": number("[0, 1]", null=True),
+    "lam": number("[0, inf)"),
+    "neighbor_groups": integer(0, null=True),
+    "like_fraction": number("[0, 1]"),
+    "clamp_b": number("(0, inf)"),
+    "beta_m": number("[0, inf)"),
+    "beta_p": number("[0, inf)"),
+    "variance_floor": number("[0, inf)"),
+    "knn_shrinkage": number("[0, inf)"),
+    "budget.gsum": number("(0, 1]"),
+    "budget.gcnt": number("(0, 1]"),
+    "budget.msum": number("(0, 1]"),
+    "budget.mcnt": number("(0, 1]"),
+    "budget.cov": number("(0, 1]"),
+    "w": number("[0, inf)", null=True, note="null = max(s_k, 0)"),
+    # mechanisms
+    "lr": number("(0, inf)"),
+    "weight_decay": number("[0, inf)"),
+    "beta": number("(0, inf)"),
+    "sampling_ratio": number("(0, 1]"),
+    "epochs": integer(1),
+    "clip_norm": number("(0, inf)"),
+    "noise_multiplier": number("[0, inf)", null=True, note="null = from epsilon"),
+    "mean_fraction": number("(0, 1)"),
+    "mean_global_fraction": number("(0, 1)"),
+    "mean_shrinkage": number("[0, inf)"),
+    "init_value": ANY_REAL,
+    "chunk_pairs": integer(1),
+    "decay": number("[0, inf)"),
+    "temperature": number("(0, 1]"),
+    "burn_in_epochs": integer(0),
+    "prior_kappa": number("(0, inf)", null=True, note="null = weight_decay as given"),
+    "prior_mean": ANY_REAL,
+    "e_max": number("(0, inf)", null=True),
+    "sensitivity": number("(0, inf)", null=True, note="null = the model's score range"),
+    "n1": integer(1),
+    "n2": integer(1),
+    "n_iter": integer(1),
+    "dt": number("(0, inf)", null=True, note="null = 1/U_s"),
+    "max_exact_items": integer(0),
+}
+
+_GAUSSIAN_DELTA = number("(0, 1)", note="the Gaussian mechanism needs delta > 0")
+#: Where one target gives a shared key another range.
+TARGET_DOMAINS: dict[str, dict[str, Domain]] = {
+    "dprec_torch.predictors.knn.ItemKNN": {"k": integer(1, null=True, note="null = 900 on ML-100K, 1300 on ML-1M")},
+    "dprec_torch.predictors.mcsherry.McSherryMironov": {"delta": _GAUSSIAN_DELTA},
+    "dprec_torch.mechanisms.gaussian.GaussianDPSGD": {"delta": _GAUSSIAN_DELTA},
+    "dprec_torch.mechanisms.gaussian_pnbm.GaussianPNBM": {"delta": _GAUSSIAN_DELTA},
+    "dprec_torch.mechanisms.sgld.ScaledPosteriorSGLD": {"max_user_ratings": integer(1, note="tau bounds B")},
+}
+
+
+def domain_of(target: str | None, key: str) -> Domain | None:
+    """The domain of ``key`` (a dotted path inside the node) for ``target``; None if it has none."""
+    return TARGET_DOMAINS.get(target or "", {}).get(key) or DOMAINS.get(key)
+
+
+# ------------------------------------------------------------------------------------------- checks
+def _fail_value(path: str, value: Any, dom: Domain) -> ConfigError:
+    shown = "null" if value is None else value
+    return ConfigError(f"{path}={shown} is invalid: it must be {dom}")
+
+
+def _target_label(kind: str, node: DictConfig, target: str) -> str:
+    return f"{target.rsplit('.', 1)[-1]} ({kind}={node.get('name', '?')})" if "name" in node else target.rsplit(".", 1)[-1]
+
+
+def _leaves(node: dict, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for key, value in node.items():
+        if isinstance(value, dict) and "_target_" not in value:
+            yield from _leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def check_node(kind: str, node: DictConfig, path: str | None = None) -> None:
+    """Unknown keys, missing required keys and out-of-domain numbers of one ``_target_`` node."""
+    path = path or kind
+    for key in node:
+        if OmegaConf.is_missing(node, key):
+            raise ConfigError(f"{path}.{key} is required but missing (???): set {path}.{key}=<value>")
+    try:
+        data = OmegaConf.to_container(node, resolve=True)
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"{path}: {str(err).splitlines()[0]}") from None
+    runner = NODE_RUNNER_KEYS.get(kind, ())
+    target = data.get("_target_")
+    if not target:
+        extra = [k for k in data if k not in runner and k not in HYDRA_KEYS]
+        if extra:
+            raise ConfigError(f"{path}.{extra[0]} is not a key of {kind}={data.get('name', '?')} (it has no parameters)")
+        return
+    declared = declared_parameters(target)
+    null_only = NULL_ONLY_KEYS.get(target, ())
+    label = _target_label(kind, node, target)
+    for key, value in data.items():
+        if key in HYDRA_KEYS or key in declared or key in runner:
+            continue
+        if key in null_only:
+            if value is not None:
+                raise ConfigError(f"{path}.{key}={value} is not supported by {label}: it must be null")
+            continue
+        known = sorted(set(declared) - SUPPLIED_BY_RUNNER | set(runner))
+        names = {**{a: k for a, k in ALIASES.items() if k in known}, **{k: k for k in known}}
+        close = difflib.get_close_matches(key, list(names), n=1)
+        hint = f"did you mean {path}.{names[close[0]]}? " if close else ""
+        raise ConfigError(f"{path}.{key} is not a parameter of {label}: {hint}valid keys: {', '.join(known)}")
+    partial = bool(data.get("_partial_"))
+    for name, param in declared.items():
+        if param.default is inspect.Parameter.empty and name not in data and name not in SUPPLIED_BY_RUNNER:
+            raise ConfigError(f"{path}.{name} is required by {label} but missing: set +{path}.{name}=<value>")
+    if kind == "mechanism" and partial and "epochs" not in data:
+        raise ConfigError(f"{path}.epochs is required by the training loop but missing: set +{path}.epochs=<value>")
+    for key, value in _leaves({k: v for k, v in data.items() if k not in HYDRA_KEYS}):
+        if isinstance(value, dict):  # a nested _target_ node (data.dataset of a validation split)
+            check_node(kind, node[key], f"{path}.{key}")
+            continue
+        dom = domain_of(target, key)
+        if dom is not None and not dom.accepts(value):
+            raise _fail_value(f"{path}.{key}", value, dom)
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Validate a composed train/evaluate/audit config once, before any data is read (see module doc)."""
+    for key, dom in TOP_DOMAINS.items():
+        if OmegaConf.select(cfg, key, default="__absent__", throw_on_missing=False) == "__absent__":
+            if key == "epsilon":
+                raise ConfigError("epsilon is required but missing: set epsilon=<value> (inf = non-private)")
+            continue
+        try:
+            value = OmegaConf.select(cfg, key, throw_on_missing=True)
+        except OmegaConfBaseException as err:
+            raise ConfigError(f"{key}: {str(err).splitlines()[0]}") from None
+        if not dom.accepts(value):
+            raise _fail_value(key, value, dom)
+    for kind in ("data", "model", "mechanism"):
+        if kind not in cfg or not isinstance(cfg[kind], DictConfig):
+            raise ConfigError(f"the config has no {kind} node: choose {kind}=<name> (see conf/{kind}/)")
+        check_node(kind, cfg[kind])
+
+
+# ------------------------------------------------------------------------ dataset-dependent defaults
+#: k of the non-private PCC/COS baselines per dataset (Wang & Tang Sec. 5.1); any other dataset: 900.
+PAPER_KNN_K = {"ml-100k": 900, "ml-1m": 1300}
+
+
+def dataset_name(cfg: DictConfig) -> str:
+    """The MovieLens name behind ``cfg.data`` (through a validation wrapper), else its ``name``."""
+    data = cfg.data
+    inner = data.get("dataset")
+    return str((inner if isinstance(inner, DictConfig) else data).get("name", ""))
+
+
+def paper_knn_k(name: str) -> int:
+    """900 on ML-100K, 1300 on ML-1M (the paper's PCC/COS k), 900 elsewhere."""
+    return PAPER_KNN_K.get(name, PAPER_KNN_K["ml-100k"])
+
+
+def fill_dataset_defaults(cfg: DictConfig) -> None:
+    """``baseline_k: null`` and ``model.k: null`` of PCC/COS become the paper's k for the dataset, in place,
+    so ``config_resolved.json`` records the k that was used."""
+    k = paper_knn_k(dataset_name(cfg))
+    if "baseline_k" in cfg and cfg.baseline_k is None:
+        cfg.baseline_k = k
+    if cfg.model.get("_target_") == "dprec_torch.predictors.knn.ItemKNN" and cfg.model.get("k", 0) is None:
+        cfg.model.k = k
+
+
+def check_study(cfg: DictConfig) -> None:
+    """Every (method, epsilon) of a ``study.py`` config, composed as its stage-2 ``train.py`` run and checked
+    with :func:`check_config`, so a bad study fails in one line before any multirun is launched."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+
+    def compose_all() -> None:
+        for m in cfg.study.methods:
+            for eps in cfg.study.epsilons:
+                overrides = [f"model={m.model}", f"mechanism={m.mechanism}", f"data={cfg.dataset}", f"epsilon={eps}",
+                             f"seed={cfg.seed}", *[f"data.{o}" for o in cfg.data_overrides], *cfg.stage2_overrides,
+                             *cfg.overrides]
+                try:
+                    run_cfg = compose(config_name="config", overrides=overrides)
+                except HydraException as err:
+                    raise ConfigError(f"study method {m.mechanism}/{m.model}: {_one_line(err)}") from None
+                check_config(run_cfg)
+
+    if GlobalHydra.instance().is_initialized():  # inside @hydra.main: compose from its search path
+        compose_all()
+        return
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        compose_all()
+
+
+# ----------------------------------------------------------------------------------- command line
+def _one_line(err: Exception) -> str:
+    """Hydra's multi-line composition errors, condensed."""
+    from hydra.errors import MissingConfigException
+
+    if isinstance(err, MissingConfigException) and err.missing_cfg_file and "/" in err.missing_cfg_file:
+        group, option = err.missing_cfg_file.rsplit("/", 1)
+        options = ", ".join(err.options or sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")))
+        return f"{group}={option} is unknown: there is no conf/{group}/{option}.yaml; choose one of {options}"
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    return "; ".join(ln for ln in lines if not ln.startswith(("full_key", "object_type")))
+
+
+def check_command_line(config_name: str, argv: list[str]) -> None:
+    """Compose ``conf/<config_name>.yaml`` with the command-line overrides (the first value of each sweep)
+    and :func:`check_config` it; raises :class:`ConfigError` with one line. Command lines with Hydra
+    flags other than ``-m`` (``--cfg``, ``--help``, ...) are left to Hydra."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    if any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
+        return
+    args = [a for a in argv if not a.startswith("-")]
+    try:
+        parsed = OverridesParser.create().parse_overrides(args)
+    except HydraException as err:
+        raise ConfigError(_one_line(err)) from None
+    overrides = []
+    for o in parsed:
+        key = o.get_key_element().lstrip("+~")
+        if key.startswith("hydra") and key != "hydra.searchpath":  # searchpath: where +grid=/+selected= files live
+            continue
+        if o.is_sweep_override():
+            first = next(iter(o.sweep_string_iterator()), None)
+            overrides.append(f"{o.get_key_element()}={first}")
+        else:
+            overrides.append(o.input_line)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        try:
+            cfg = compose(config_name=config_name, overrides=overrides)
+        except HydraException as err:
+            retry = _misspelt_key_retry(config_name, overrides, err)
+            raise (retry or ConfigError(_one_line(err))) from None
+    if "data" in cfg:
+        check_config(cfg)
+
+
+def _misspelt_key_retry(config_name: str, overrides: list[str], err: Exception) -> ConfigError | None:
+    """``mechanism.lerning_rate=0.1`` (a key not in the yaml): compose it with ``+`` and let the schema name it."""
+    from hydra import compose
+    from hydra.errors import HydraException
+
+    text = str(err)
+    if "Could not override" not in text:
+        return None
+    key = text.split("'")[1]
+    plussed = [f"+{o}" if o.split("=", 1)[0] == key else o for o in overrides]
+    try:
+        check_config(compose(config_name=config_name, overrides=plussed))
+    except ConfigError as named:
+        return named
+    except HydraException:
+        return None
+    return ConfigError(f"{key} is not in the composed config: add it with +{key}=<value>")
+
+
+def exit_on_bad_command_line(config_name: str) -> None:
+    """For ``if __name__ == "__main__"`` of the CLI scripts: one line on stderr and exit 2 on a bad command line."""
+    try:
+        check_command_line(config_name, sys.argv[1:])
+    except ConfigError as err:
+        report_error(err)
+        sys.exit(2)
+
+
+def report_error(err: BaseException) -> None:
+    """The CLI's one error line, on stderr (Hydra's own log handlers write to stdout and the job log)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("error: %(message)s"))
+    cli = logging.getLogger("dprec_torch.cli")
+    cli.handlers, cli.propagate = [handler], False
+    cli.error("%s", err)

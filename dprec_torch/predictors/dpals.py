@@ -1,0 +1,316 @@
+"""DP-ALS: private alternating least squares (Chien, Jain, Krichene, Rendle, Song, Thakurta & Zhang, ICML 2021).
+
+Issue 17, item 2. A fitted predictor (``model=dpals``, the runner's ``fit_fold`` path): ALS is not a gradient
+method, so it does not fit the Trainer/optimizer interface that ``model=mf mechanism=...`` uses.
+
+Joint DP (billboard model): only item-side quantities are released -- the DP item means and, every round,
+noisy per-item sufficient statistics from which the item factors V are solved. Each user solves their own
+factor p_u from V and their own ratings; p_u is never released, and u's predictions read u's ratings.
+
+Algorithm (numbers refer to the steps in the code):
+
+0. DP item means r~ (:func:`dprec_torch.privacy.gaussian_release.release_item_means`); residuals
+   y_ui = clamp(r_ui - r~_i - b_u, -Gamma_r, Gamma_r) with the user's own damped offset b_u.
+   Per-user sampling (the paper's "at most m ratings per user"): the item-side statistics read only the ratings
+   kept by :func:`per_user_sample` (a function of the seed and the user's own ids).
+1. Noisy power iteration (initialisation, ``power_iters`` rounds, Hardt & Roth / the paper's Alg. 2):
+   W = sum_u x_u (x_u^T Q) + N(0, s_0^2)^{M x d}, Q = qr(W), with x_u the sampled residuals scaled to
+   ||x_u|| <= c_0 = Gamma_r sqrt(m): one user moves W by ||x x^T Q||_F <= ||x||^2 <= c_0^2 (Q orthonormal).
+2. For t = 1..T: each user solves p_u = (V_Ru^T V_Ru + lambda I)^-1 V_Ru^T y_u on all their ratings and clips
+   p~_u = p_u min(1, Gamma_u / ||p_u||); the released statistics are, for every item j,
+   A_j = sum_{u: j in S_u} p~_u p~_u^T (upper triangle) + N(0, s^2), b_j = sum_{u: j in S_u} p~_u y_uj + N(0, s^2);
+   one user touches at most m items, each by ||tri(p p^T)||^2 + ||p y||^2 <= Gamma_u^4 + Gamma_u^2 Gamma_r^2, so
+   Delta = sqrt(m) Gamma_u sqrt(Gamma_u^2 + Gamma_r^2). Then v_j = (PSD(A~_j) + lambda_v I)^-1 b~_j
+   (PSD: negative eigenvalues set to 0; post-processing).
+3. Final: each user solves p_u from the released V; r^_ui = clip(r~_i + b_u + p_u . v_i).
+
+Relation: ``user`` = add/remove one user (Delta as above). ``rating`` = add/remove/change one rating: such a
+change can move the user's whole contribution (p_u, the sample, b_u) anywhere in its ball, so the
+sensitivities of steps 1-2 double (replace-one-user); the item means use their rating-level bound.
+Accounting: every Gaussian release is a Gaussian mechanism on the same relation; they compose exactly in
+Gaussian DP (mu^2 = mu_means^2 + power_iters mu_0^2 + T mu_als^2, Dong, Roth & Su 2022), with Laplace item
+means (``mean_noise=laplace``) added by basic composition. Opacus's RDP figure is reported as a cross-check.
+``epsilon=inf`` runs the same algorithm without noise; with ``max_ratings_per_user=null`` and infinite clips it
+is plain (non-private) ALS.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import torch
+
+from dprec_torch.data.ratings import Ratings, _to_csr
+from dprec_torch.errors import ConfigError, DataError
+from dprec_torch.predictors.base import BasePredictor
+from dprec_torch.privacy.gaussian_release import (
+    NOISES,
+    RELATION_TEXT,
+    RELATIONS,
+    gdp_epsilon,
+    per_user_sample,
+    rdp_epsilon,
+    release_item_means,
+    split_mu,
+    total_mu,
+)
+from dprec_torch.seeding import make_generator
+
+log = logging.getLogger(__name__)
+
+
+def _outer_flat(f: torch.Tensor) -> torch.Tensor:
+    """Row-wise f f^T flattened: ``[N, d*d]``."""
+    return (f[:, :, None] * f[:, None, :]).reshape(f.shape[0], -1)
+
+
+def clip_rows(f: torch.Tensor, bound: float) -> torch.Tensor:
+    """Scale each row to L2 norm <= ``bound`` (inf: unchanged)."""
+    if math.isinf(bound):
+        return f
+    norm = f.norm(dim=1, keepdim=True)
+    return f * torch.clamp(bound / norm.clamp_min(1e-30), max=1.0)
+
+
+def solve_rows(mask_csr: torch.Tensor, resid_csr: torch.Tensor, other: torch.Tensor, reg: float) -> torch.Tensor:
+    """Ridge solve for every row r: (sum_{c in row r} o_c o_c^T + reg I)^-1 sum_c y_rc o_c (batched)."""
+    d = other.shape[1]
+    a = (mask_csr @ _outer_flat(other)).reshape(-1, d, d) + reg * torch.eye(d, device=other.device, dtype=other.dtype)
+    b = resid_csr @ other
+    return torch.linalg.solve(a, b.unsqueeze(-1)).squeeze(-1)
+
+
+def item_statistics(users: torch.Tensor, items: torch.Tensor, y: torch.Tensor, p: torch.Tensor, n_items: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pre-noise (A_j, b_j) of step 2 over the given (sampled) ratings with clipped user factors ``p``."""
+    d = p.shape[1]
+    pu = p[users]
+    a = torch.zeros(n_items, d * d, dtype=p.dtype, device=p.device).index_add_(0, items, _outer_flat(pu))
+    b = torch.zeros(n_items, d, dtype=p.dtype, device=p.device).index_add_(0, items, pu * y[:, None])
+    return a.reshape(n_items, d, d), b
+
+
+def als_sensitivity(max_ratings: int, clip_factor: float, clamp_r: float, relation: str) -> float:
+    """Delta of step 2 (module docstring); doubled at rating level (replace-one-user)."""
+    base = math.sqrt(max_ratings) * clip_factor * math.sqrt(clip_factor**2 + clamp_r**2)
+    return base * (2.0 if relation == "rating" else 1.0)
+
+
+def power_sensitivity(max_ratings: int, clamp_r: float, relation: str) -> float:
+    """Delta of step 1: c_0^2 with c_0 = Gamma_r sqrt(m); doubled at rating level."""
+    return max_ratings * clamp_r**2 * (2.0 if relation == "rating" else 1.0)
+
+
+def _sym_noise(n: int, d: int, std: float, gen: torch.Generator, device: torch.device) -> torch.Tensor:
+    z = torch.randn(n, d, d, generator=gen, device=gen.device, dtype=torch.float64).to(device) * std
+    up = torch.triu(z)
+    return up + torch.triu(z, 1).transpose(1, 2)
+
+
+class DPALS(BasePredictor):
+    """Private ALS with noisy item-side statistics and per-user factor solves (see the module docstring).
+
+    Args:
+        epsilon, delta: target of the whole run (``inf``: no noise). relation: ``user`` | ``rating``.
+        dim: factor dimension d. iterations: ALS rounds T. power_iters: noisy power-iteration rounds.
+        max_ratings_per_user: m (null: no sampling; only with epsilon=inf).
+        clip_factor: Gamma_u. clamp_r: Gamma_r. reg: lambda (user solve). item_reg: lambda_v (item solve).
+        mean_fraction, mean_noise, mean_shrinkage: the item-mean release (share of mu^2, or of epsilon for laplace).
+        init_fraction: share of the Gaussian budget (mu^2) spent on the power iteration. beta_p: user-offset damping.
+        init_scale: RMS entry of the initial item factors. seed: noise and sampling seed.
+    """
+
+    name = "dpals"
+    task = "rating"
+
+    def __init__(
+        self,
+        epsilon: float = 1.0,
+        delta: float = 1e-6,
+        relation: str = "user",
+        dim: int = 8,
+        iterations: int = 3,
+        power_iters: int = 2,
+        max_ratings_per_user: int | None = 50,
+        clip_factor: float = 1.0,
+        clamp_r: float = 1.0,
+        reg: float = 5.0,
+        item_reg: float = 50.0,
+        mean_fraction: float = 0.3,
+        mean_noise: str = "laplace",
+        mean_shrinkage: float = 5.0,
+        init_fraction: float = 0.2,
+        beta_p: float = 5.0,
+        init_scale: float = 0.3,
+        seed: int = 0,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__(device)
+        try:
+            self.epsilon, self.delta = float(epsilon), float(delta)
+        except (TypeError, ValueError) as err:
+            raise ConfigError(f"dpals: epsilon={epsilon!r}/delta={delta!r} must be numbers") from err
+        if not self.epsilon > 0:
+            raise ConfigError(f"dpals: epsilon={epsilon} must be > 0 (inf for the same algorithm without noise)")
+        if math.isfinite(self.epsilon) and not 0 < self.delta < 1:
+            raise ConfigError(f"dpals: delta={delta} must be in (0, 1)")
+        if relation not in RELATIONS:
+            raise ConfigError(f"dpals: relation={relation!r}; use one of {RELATIONS}")
+        if mean_noise not in NOISES:
+            raise ConfigError(f"dpals: mean_noise={mean_noise!r}; use one of {NOISES}")
+        if int(dim) < 1 or int(iterations) < 1 or int(power_iters) < 0:
+            raise ConfigError(f"dpals: need dim >= 1, iterations >= 1, power_iters >= 0 (got {dim}, {iterations}, {power_iters})")
+        if math.isfinite(self.epsilon) and (max_ratings_per_user is None or math.isinf(clip_factor) or math.isinf(clamp_r)):
+            raise ConfigError("dpals: a private run needs max_ratings_per_user, clip_factor and clamp_r finite (they set the sensitivity)")
+        if not (clip_factor > 0 and clamp_r > 0 and reg > 0 and item_reg > 0 and beta_p >= 0 and init_scale > 0):
+            raise ConfigError("dpals: need clip_factor, clamp_r, reg, item_reg, init_scale > 0 and beta_p >= 0")
+        if not (0 < mean_fraction < 1 and 0 <= init_fraction < 1) or (mean_noise == "gaussian" and mean_fraction + init_fraction >= 1):
+            raise ConfigError("dpals: need 0 < mean_fraction < 1, 0 <= init_fraction < 1 (and their sum < 1 with gaussian means)")
+        if int(power_iters) > 0 and init_fraction == 0 and math.isfinite(self.epsilon):
+            raise ConfigError("dpals: power_iters > 0 needs init_fraction > 0")
+        self.relation, self.dim, self.iterations, self.power_iters = relation, int(dim), int(iterations), int(power_iters)
+        self.max_ratings_per_user = None if max_ratings_per_user is None else int(max_ratings_per_user)
+        self.clip_factor, self.clamp_r, self.reg, self.item_reg = float(clip_factor), float(clamp_r), float(reg), float(item_reg)
+        self.mean_fraction, self.mean_noise, self.mean_shrinkage = float(mean_fraction), mean_noise, float(mean_shrinkage)
+        self.init_fraction, self.beta_p, self.init_scale, self.seed = float(init_fraction), float(beta_p), float(init_scale), int(seed)
+
+    @property
+    def private(self) -> bool:
+        return math.isfinite(self.epsilon)
+
+    # ----------------------------------------------------------------- budget
+    def _plan(self) -> None:
+        """Per-release mu (and eps of Laplace means) so that the whole run is (epsilon, delta)."""
+        gauss_share = {"power": self.init_fraction if self.power_iters > 0 else 0.0}
+        if self.mean_noise == "laplace":
+            self.mean_epsilon_ = self.mean_fraction * self.epsilon
+            mu = total_mu(self.epsilon - self.mean_epsilon_, self.delta) if self.private else math.inf
+            rest = 1.0 - gauss_share["power"]
+            plan = {"als": (rest, self.iterations)}
+        else:
+            self.mean_epsilon_ = None
+            mu = total_mu(self.epsilon, self.delta) if self.private else math.inf
+            plan = {"item_stats": (self.mean_fraction, 1), "als": (1.0 - self.mean_fraction - gauss_share["power"], self.iterations)}
+        if gauss_share["power"] > 0:
+            plan["power"] = (gauss_share["power"], self.power_iters)
+        self.plan_ = plan
+        self.mu_ = split_mu(mu, plan) if self.private else {k: math.inf for k in plan}
+
+    # ----------------------------------------------------------------- fit
+    def fit(self, train: Ratings) -> "DPALS":
+        """Steps 0-3 of the module docstring."""
+        if len(train) == 0:
+            raise DataError("dpals: the training set is empty; check the data split")
+        train = self._prepare(train)
+        dev, n_u, n_i, d = train.device, train.n_users, train.n_items, self.dim
+        gen = make_generator(self.seed, dev)
+        self._plan()
+        # step 0: item means, offsets, residuals, per-user sample
+        budget = self.mean_epsilon_ if self.mean_noise == "laplace" else self.mu_["item_stats"]
+        rel = release_item_means(train, self.relation, budget if self.private else math.inf, self.mean_shrinkage, gen, self.mean_noise)
+        self.means_release_ = rel
+        self.item_avg_, self.global_avg_ = rel.means.to(dev), rel.global_mean
+        e = train.values.double() - self.item_avg_.double()[train.items]
+        n = train.user_counts().double()
+        self.user_offset_ = (torch.zeros(n_u, dtype=torch.float64, device=dev).index_add_(0, train.users, e) / (n + self.beta_p).clamp_min(1e-12)).float()
+        y = (e - self.user_offset_.double()[train.users]).clamp(-self.clamp_r, self.clamp_r)
+        keep = per_user_sample(train.users, train.items, self.max_ratings_per_user, self.seed)
+        su, si, sy = train.users[keep], train.items[keep], y[keep]
+        mask = train.csr(torch.ones_like(y))
+        resid = train.csr(y)
+        m_cap = self.max_ratings_per_user
+        # step 1: noisy power iteration
+        q = torch.linalg.qr(torch.randn(n_i, d, generator=gen, device=gen.device, dtype=torch.float64).to(dev))[0]
+        self.power_std_ = 0.0
+        if self.power_iters > 0:
+            c0 = self.clamp_r * math.sqrt(m_cap) if m_cap is not None else math.inf
+            norm = torch.zeros(n_u, dtype=torch.float64, device=dev).index_add_(0, su, sy * sy).sqrt()
+            x = sy * torch.clamp(c0 / norm.clamp_min(1e-30), max=1.0)[su]
+            xs = _to_csr(su, si, x, n_u, n_i)
+            xt = _to_csr(si, su, x, n_i, n_u)
+            if self.private:
+                self.power_std_ = power_sensitivity(m_cap, self.clamp_r, self.relation) / self.mu_["power"]
+            for _ in range(self.power_iters):
+                w = xt @ (xs @ q)
+                if self.power_std_ > 0:
+                    w = w + torch.randn(n_i, d, generator=gen, device=gen.device, dtype=torch.float64).to(dev) * self.power_std_
+                q = torch.linalg.qr(w)[0]
+        v = q * (self.init_scale * math.sqrt(n_i))
+        # step 2: ALS rounds with noisy item statistics
+        self.als_sensitivity_ = als_sensitivity(m_cap, self.clip_factor, self.clamp_r, self.relation) if m_cap is not None else math.inf
+        self.als_std_ = self.als_sensitivity_ / self.mu_["als"] if self.private else 0.0
+        eye = torch.eye(d, dtype=torch.float64, device=dev)
+        for _ in range(self.iterations):
+            p = clip_rows(solve_rows(mask, resid, v, self.reg), self.clip_factor)
+            a, b = item_statistics(su, si, sy, p, n_i)
+            if self.als_std_ > 0:
+                a = a + _sym_noise(n_i, d, self.als_std_, gen, dev)
+                b = b + torch.randn(n_i, d, generator=gen, device=gen.device, dtype=torch.float64).to(dev) * self.als_std_
+            evals, evecs = torch.linalg.eigh(a)
+            a_psd = (evecs * evals.clamp_min(0.0)[:, None, :]) @ evecs.transpose(1, 2)
+            v = torch.linalg.solve(a_psd + self.item_reg * eye, b.unsqueeze(-1)).squeeze(-1)
+        # step 3: users solve their own factors from the released V
+        self.item_factors_ = v.float()
+        self.user_factors_ = solve_rows(mask, resid, v, self.reg).float()
+        self.user_counts_ = train.user_counts()
+        self.train_ = train
+        log.info("dpals(%s, eps=%g): d=%d T=%d m=%s, ALS noise std %.4g (Delta %.4g), power std %.4g",
+                 self.relation, self.epsilon, d, self.iterations, m_cap, self.als_std_, self.als_sensitivity_, self.power_std_)
+        return self
+
+    # ------------------------------------------------------------- predict
+    def predict(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        """r^_ui = clip(r~_i + b_u + p_u . v_i); unknown users get r~_i, unknown item ids g (private fallback)."""
+        if self.fallback_ is None:
+            raise RuntimeError("DPALS.predict called before fit()")
+        users = torch.as_tensor(users, dtype=torch.long, device=self.device)
+        items = torch.as_tensor(items, dtype=torch.long, device=self.device)
+        if users.shape != items.shape or users.dim() != 1:
+            raise DataError(f"dpals.predict: users {tuple(users.shape)} and items {tuple(items.shape)} must be 1-D of equal length")
+        n_u, n_i = self.train_.n_users, self.train_.n_items
+        ok_u, ok_i = (users >= 0) & (users < n_u), (items >= 0) & (items < n_i)
+        uc, ic = users.clamp(0, n_u - 1), items.clamp(0, n_i - 1)
+        known = ok_u & ok_i & (self.user_counts_[uc] > 0)
+        term = (self.user_factors_[uc] * self.item_factors_[ic]).sum(1)
+        base = torch.where(ok_i, self.item_avg_[ic], torch.full_like(term, self.global_avg_))
+        return self.train_.scale.clip(torch.where(known, base + self.user_offset_[uc] + term, base))
+
+    # ------------------------------------------------------------- privacy
+    def privacy_report(self) -> dict[str, Any]:
+        released = ("DP item means r~ and global mean g; per round the noisy item statistics (A~_j, b~_j) and the item "
+                    "factors V solved from them (item-side only); the noisy power-iteration matrices")
+        joint = ("joint DP (billboard model): user factors p_u and offsets b_u are solved by each user from the released V "
+                 "and their own ratings and are never released; a prediction for u reads u's own ratings")
+        if not self.private:
+            return {"mechanism": "dpals at epsilon=inf (no noise)", "relation": None, "epsilon": math.inf, "delta": 0.0,
+                    "released": released, "analysis": "non-private"}
+        mus = {k: (self.mu_[k], n) for k, (_, n) in self.plan_.items()}
+        gauss_mu = math.sqrt(sum(self.mu_[k] ** 2 * n for k, (_, n) in self.plan_.items()))
+        eps_gauss = gdp_epsilon(gauss_mu, self.delta)
+        mean_eps = self.mean_epsilon_ or 0.0
+        return {
+            "mechanism": "dpals: private ALS (Chien et al. ICML 2021), noisy item-side sufficient statistics",
+            "relation": self.relation,
+            "relation_text": RELATION_TEXT[self.relation],
+            "sensitivity": {"item_means": self.means_release_.sensitivity,
+                            "item_means_norm": "L1" if self.mean_noise == "laplace" else "L2",
+                            "als_round_l2": self.als_sensitivity_,
+                            "power_round_l2": power_sensitivity(self.max_ratings_per_user, self.clamp_r, self.relation),
+                            "rule": "sqrt(m) Gamma_u sqrt(Gamma_u^2 + Gamma_r^2) and m Gamma_r^2, x2 at rating level"},
+            "noise": (f"item means: {self.mean_noise} (std {self.means_release_.noise_std:.4g}); ALS rounds: N(0, {self.als_std_:.4g}^2) "
+                      f"on every (A_j triangle, b_j) entry x {self.iterations}; power iteration: N(0, {self.power_std_:.4g}^2) "
+                      f"on every entry of W x {self.power_iters}"),
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "mu_gdp_per_release": dict(self.mu_),
+            "epsilon_exact": mean_eps + eps_gauss,
+            "epsilon_rdp_crosscheck": mean_eps + rdp_epsilon(mus, self.delta),
+            "accountant": ("Gaussian DP: exact composition of all Gaussian releases (Dong, Roth & Su 2022, Cor. 3.3, 2.13)"
+                           + ("; Laplace item means (pure eps) by basic composition" if self.mean_noise == "laplace" else "")
+                           + "; Opacus RDP figure as a looser cross-check"),
+            "released": released,
+            "joint_dp": joint,
+            "analysis": f"(eps, delta) = ({self.epsilon:g}, {self.delta:g}) under '{RELATION_TEXT[self.relation]}'. " + joint,
+            "not_private": "metrics.json's baselines (PCC/COS) and test metrics read the data without noise",
+        }

@@ -1,0 +1,230 @@
+"""One-shot Gaussian releases of item-side statistics, composed exactly in Gaussian DP.
+
+Used by :mod:`dprec_torch.predictors.noisy_gram` and :mod:`dprec_torch.predictors.dpals`.
+
+Composition (Dong, Roth & Su, "Gaussian differential privacy", JRSS-B 2022):
+
+* a Gaussian mechanism with L2 sensitivity Delta and noise std s is mu-GDP with mu = Delta / s (Thm. 2.7);
+* k adaptively chosen Gaussian mechanisms on the same neighbouring relation are exactly
+  sqrt(sum_k mu_k^2)-GDP (Cor. 3.3), no slack;
+* mu-GDP is (eps, delta(eps))-DP for every eps with
+  delta(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2) (Cor. 2.13), which is the analytic
+  Gaussian mechanism's curve (Balle & Wang 2018, Thm. 8) with sigma/Delta = 1/mu.
+
+So a target (eps, delta) fixes one total mu = 1 / analytic_gaussian_sigma(1, eps, delta), and a release plan
+splits mu^2 between its releases (:func:`split_mu`). :func:`rdp_epsilon` re-derives the epsilon of the same
+plan with Opacus's RDP accountant (q = 1), a looser cross-check printed beside the exact figure.
+
+Item statistics (step 1 of both predictors), z_ui = (r_ui - mid) / half in [-1, 1] (mid, half: the public
+scale's midpoint and half-span):
+
+* user level (add/remove one user): w_u = 1 / sqrt(sum_{i in R_u} (z_ui^2 + 1)), released
+  (S_i, C_i) = sum_u w_u (z_ui, 1): user u's contribution has L2 norm exactly 1 -> Delta = 1;
+* rating level (add/remove one rating, or change its value): (S_i, C_i) = sum (z_ui, sqrt(3)):
+  add/remove moves one (S_i, C_i) by sqrt(z^2 + 3) <= 2, a change of value moves S_i by |z - z'| <= 2 -> Delta = 2.
+  The sqrt(3) weight on counts costs nothing extra (both cases reach 2) and makes counts less noisy.
+
+``noise=laplace`` (pure eps_m, composed with the Gaussian releases by basic composition): L1 versions,
+user level w_u = 1 / sum_{i in R_u} (1 + |z_ui|) (L1 norm exactly 1 -> Delta_1 = 1, as in
+:mod:`dprec_torch.privacy.item_means`); rating level (z, 1): add/remove |z| + 1 <= 2, change |z - z'| <= 2 -> Delta_1 = 2.
+
+Post-processing (no privacy cost): g = mid + half sum S~ / max(sum C~, 1), and with C+ = max(C~, 0),
+kappa = shrinkage x (noise std of a count),
+    r_bar_i = clip(g + (half S~_i - (g - mid) C+_i) / (C+_i + kappa))        (shrunk towards g).
+
+Per-user sampling: :func:`per_user_sample` keeps at most m ratings of each user, chosen by a pseudo-random
+key of (seed, user id, item id) only, so one user's selection never depends on anybody else's data
+(issue 15, defect 2).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import torch
+from scipy.optimize import brentq
+from scipy.special import log_ndtr
+
+from dprec_torch.errors import ConfigError
+
+RELATIONS = ("user", "rating")
+RELATION_TEXT = {
+    "user": "add/remove one user's whole profile",
+    "rating": "add/remove one rating, or change one rating's value",
+}
+COUNT_WEIGHT = {("user", "gaussian"): 1.0, ("rating", "gaussian"): math.sqrt(3.0),
+                ("user", "laplace"): 1.0, ("rating", "laplace"): 1.0}
+#: L2 (gaussian) or L1 (laplace) sensitivity of (S, C)
+ITEM_STATS_SENSITIVITY = {("user", "gaussian"): 1.0, ("rating", "gaussian"): 2.0,
+                          ("user", "laplace"): 1.0, ("rating", "laplace"): 2.0}
+NOISES = ("gaussian", "laplace")
+
+
+# ------------------------------------------------------------------ GDP calibration
+def gdp_delta(mu: float, epsilon: float) -> float:
+    """delta(eps) of mu-GDP (Dong, Roth & Su Cor. 2.13)."""
+    if mu <= 0:
+        return 0.0
+    return float(math.exp(log_ndtr(-epsilon / mu + mu / 2)) - math.exp(epsilon + log_ndtr(-epsilon / mu - mu / 2)))
+
+
+@lru_cache(maxsize=512)
+def total_mu(epsilon: float, delta: float) -> float:
+    """The largest mu with mu-GDP implying (epsilon, delta)-DP (bisection on the monotone delta(mu)); inf for eps = inf."""
+    epsilon, delta = float(epsilon), float(delta)
+    if math.isinf(epsilon):
+        return math.inf
+    if not epsilon > 0 or not 0 < delta < 1:
+        raise ConfigError(f"Gaussian release needs epsilon > 0 and delta in (0, 1), got epsilon={epsilon}, delta={delta}")
+    hi = 1.0
+    while gdp_delta(hi, epsilon) < delta:
+        hi *= 2.0
+    mu = brentq(lambda m: gdp_delta(m, epsilon) - delta, 1e-9, hi, xtol=1e-14, rtol=1e-12)
+    while gdp_delta(mu, epsilon) > delta:  # brentq may land a hair above: step down until it holds
+        mu *= 1.0 - 1e-10
+    return float(mu)
+
+
+def gdp_epsilon(mu: float, delta: float) -> float:
+    """The smallest eps with delta(eps) <= delta for mu-GDP (inverse of :func:`total_mu`)."""
+    if math.isinf(mu):
+        return math.inf
+    if mu <= 0:
+        return 0.0
+    hi = 1.0
+    while gdp_delta(mu, hi) > delta:
+        hi *= 2.0
+    return float(brentq(lambda e: gdp_delta(mu, e) - delta, 0.0, hi, xtol=1e-12))
+
+
+def split_mu(mu: float, plan: dict[str, tuple[float, int]]) -> dict[str, float]:
+    """Per-step mu of each release: ``plan[name] = (fraction of mu^2, steps)``; fractions sum to 1.
+
+    sum_name steps * mu_name^2 = mu^2, so the composition is exactly mu-GDP.
+    """
+    total = sum(f for f, _ in plan.values())
+    if any(not f > 0 or n < 1 for f, n in plan.values()) or abs(total - 1.0) > 1e-9:
+        raise ConfigError(f"release plan fractions must be > 0 and sum to 1, got {plan}")
+    return {k: mu * math.sqrt(f / n) for k, (f, n) in plan.items()}
+
+
+def rdp_epsilon(mus: dict[str, tuple[float, int]], delta: float) -> float:
+    """Opacus RDP epsilon for releases ``name -> (mu per step, steps)`` (noise multiplier 1/mu, q = 1)."""
+    from dprec_torch.privacy.opacus_accounting import OpacusAccountant
+
+    if any(math.isinf(m) for m, _ in mus.values()):
+        return math.inf
+    acc = OpacusAccountant("rdp")
+    for mu, steps in mus.values():
+        acc.step(1.0 / mu, 1.0, steps=int(steps))
+    return acc.get_epsilon(delta)
+
+
+# ------------------------------------------------------------------ item statistics
+def _per_user(train: Any, v: torch.Tensor) -> torch.Tensor:
+    return torch.zeros(train.n_users, dtype=torch.float64, device=v.device).index_add_(0, train.users, v)
+
+
+def _per_item(train: Any, v: torch.Tensor) -> torch.Tensor:
+    return torch.zeros(train.n_items, dtype=torch.float64, device=v.device).index_add_(0, train.items, v)
+
+
+def item_stat_terms(train: Any, relation: str, noise: str = "gaussian") -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-rating terms (a_ui, b_ui) with S_i = sum a_ui and C_i = sum b_ui (module docstring)."""
+    if relation not in RELATIONS:
+        raise ConfigError(f"relation must be one of {RELATIONS}, got '{relation}'")
+    if noise not in NOISES:
+        raise ConfigError(f"item-statistics noise must be one of {NOISES}, got '{noise}'")
+    lo, hi = train.scale.lo, train.scale.hi
+    z = ((train.values.double() - (lo + hi) / 2) / ((hi - lo) / 2)).clamp(-1.0, 1.0)
+    if relation == "user":
+        if noise == "laplace":
+            w = 1.0 / _per_user(train, z.abs() + 1.0).clamp_min(1e-12)[train.users]
+        else:
+            w = _per_user(train, z * z + 1.0).clamp_min(1e-12).rsqrt()[train.users]
+        return w * z, w
+    return z, torch.full_like(z, COUNT_WEIGHT[(relation, noise)])
+
+
+def item_stats(train: Any, relation: str, noise: str = "gaussian") -> torch.Tensor:
+    """The pre-noise released vector (S_1..S_M, C_1..C_M), float64."""
+    a, b = item_stat_terms(train, relation, noise)
+    return torch.cat([_per_item(train, a), _per_item(train, b)])
+
+
+@dataclass
+class ItemMeansRelease:
+    """The DP item means and what was released to get them."""
+
+    means: torch.Tensor  # float32 [M]
+    global_mean: float
+    sensitivity: float
+    noise_std: float
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def release_item_means(train: Any, relation: str, budget: float, shrinkage: float, gen: torch.Generator,
+                       noise: str = "gaussian") -> ItemMeansRelease:
+    """Step 1: (S, C) + noise on all 2M entries, then the shrunk means (module docstring).
+
+    ``budget`` is mu (GDP) for ``noise=gaussian`` and the pure epsilon for ``noise=laplace``; inf = no noise.
+    """
+    if not shrinkage >= 0:
+        raise ConfigError(f"mean_shrinkage must be >= 0, got {shrinkage}")
+    m = train.n_items
+    lo, hi = train.scale.lo, train.scale.hi
+    mid, half = (lo + hi) / 2, (hi - lo) / 2
+    delta = ITEM_STATS_SENSITIVITY[(relation, noise)]
+    stats = item_stats(train, relation, noise)
+    if math.isinf(budget):
+        std = 0.0
+    elif noise == "laplace":
+        b = delta / budget
+        std = math.sqrt(2.0) * b
+        u = torch.rand(2 * m, generator=gen, device=gen.device, dtype=torch.float64).to(stats.device) - 0.5
+        stats = stats - b * torch.sign(u) * torch.log1p(-2.0 * u.abs())
+    else:
+        std = delta / budget
+        stats = stats + torch.randn(2 * m, generator=gen, device=gen.device, dtype=torch.float64).to(stats.device) * std
+    gamma = COUNT_WEIGHT[(relation, noise)]
+    s, c = stats[:m], stats[m:] / gamma
+    count_std = std / gamma
+    g = min(max(mid + half * float(s.sum()) / max(float(c.sum()), 1.0), lo), hi)
+    cp = c.clamp_min(0.0)
+    kappa = shrinkage * count_std
+    means = (g + (half * s - (g - mid) * cp) / (cp + kappa).clamp_min(1e-12)).clamp(lo, hi)
+    means = torch.where(cp + kappa > 0, means, torch.full_like(means, g))
+    return ItemMeansRelease(means.float(), float(g), delta, std, {"count_noise_std": count_std, "shrinkage_kappa": kappa})
+
+
+# ------------------------------------------------------------------ per-user sampling
+_P = 2147483647  # 2^31 - 1 (Park-Miller modulus): every product below fits in int64
+
+
+def rating_keys(users: torch.Tensor, items: torch.Tensor, seed: int) -> torch.Tensor:
+    """A pseudo-random key in [0, 2^31 - 1) that depends on (seed, user id, item id) only."""
+    x = (users.long() * 1000003 + items.long() * 7919 + int(seed) * 104729 + 12345) % _P
+    for mult in (48271, 69621, 16807):  # three Lehmer rounds with an xor of the item id between them
+        x = (x * mult) % _P
+        x = (x ^ (items.long() % 65536)) % _P
+    return x
+
+
+def per_user_sample(users: torch.Tensor, items: torch.Tensor, max_per_user: int | None, seed: int) -> torch.Tensor:
+    """Bool mask keeping at most ``max_per_user`` ratings of each user (the smallest keys); all if None."""
+    if max_per_user is None:
+        return torch.ones_like(users, dtype=torch.bool)
+    if int(max_per_user) < 1:
+        raise ConfigError(f"max_ratings_per_user must be >= 1 or null, got {max_per_user}")
+    keys = rating_keys(users, items, seed)
+    order = torch.argsort(users * (_P + 1) + keys)  # by user, then key
+    su = users[order]
+    counts = torch.bincount(su, minlength=int(users.max()) + 1 if users.numel() else 0)
+    start = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(users.numel(), device=users.device) - start[su]
+    keep = torch.zeros_like(users, dtype=torch.bool)
+    keep[order] = rank < int(max_per_user)
+    return keep

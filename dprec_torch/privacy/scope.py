@@ -1,0 +1,91 @@
+"""What a run's epsilon covers, and which reported numbers no mechanism protects (issue 15 #7).
+
+A run writes more than its model: per-epoch diagnostics, PCC/COS baselines, test metrics, dataset
+counts. :func:`privacy_scope` lists, next to the mechanism's epsilon, the released artefacts that
+epsilon covers and the reported quantities it does not. ``log_private_diagnostics`` (top-level key)
+decides whether the quantities computed from the training data WITHOUT noise -- the exact train RMSE,
+the pre-noise gradient norm, the PCC/COS baselines -- are written at all: ``null`` (auto) writes them
+only for runs without a finite epsilon (:func:`diagnostics_enabled`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from dprec_torch.errors import ConfigError
+
+#: quantities computed from the exact training ratings without noise: never covered by epsilon
+NON_PRIVATE_DIAGNOSTICS = {
+    "train_rmse": "per-epoch RMSE of the unclipped, noise-free residuals on the training ratings",
+    "grad_norm": "per-epoch norm of the summed gradient BEFORE the noise",
+    "baselines": "PCC/COS item-kNN fitted on the exact training ratings",
+}
+
+
+def has_finite_epsilon(report: dict[str, Any]) -> bool:
+    """True when the mechanism's report defends a finite epsilon (a provable mechanism)."""
+    eps = report.get("epsilon")
+    try:
+        return eps is not None and math.isfinite(float(eps))
+    except (TypeError, ValueError):
+        return False
+
+
+def diagnostics_enabled(setting: Any, report: dict[str, Any]) -> bool:
+    """``log_private_diagnostics``: true/false as set; null (auto) = true only without a finite epsilon."""
+    if setting is None:
+        return not has_finite_epsilon(report)
+    if isinstance(setting, bool):
+        return setting
+    raise ConfigError(f"log_private_diagnostics={setting!r} is invalid: use true, false or null (auto)")
+
+
+def _model_artefacts(model: Any, report: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(covered, not covered) artefacts of a trained nn.Module model (PNBM, PNBM-topk, MF)."""
+    covered = ["the trained model parameters (" + ", ".join(n for n, _ in model.named_parameters()) + ")"]
+    not_covered: list[str] = []
+    if hasattr(model, "item_means"):
+        if report.get("item_means"):
+            covered.append("the item means r_bar and the fallback built from them (a DP release counted in epsilon)")
+        else:
+            not_covered.append("the item means r_bar (exact training means, a model buffer)")
+    if getattr(model, "privacy_caveat", None):
+        not_covered.append("the top-k support of S (chosen from the training data)")
+    if hasattr(model, "history"):
+        covered.append("predictions for user u, which also read u's own training ratings (joint DP: covered "
+                       "only when each user sees nothing but their own predictions)")
+    elif getattr(model, "fallback", None) == "mean":
+        not_covered.append("predictions for users/items without training ratings (model.fallback=mean: exact means)")
+    else:
+        covered.append("predictions (post-processing of the parameters)")
+    return covered, not_covered
+
+
+def privacy_scope(report: dict[str, Any], model: Any = None, diagnostics: bool = True) -> dict[str, Any]:
+    """The ``scope`` object of ``metrics.json``'s privacy record."""
+    finite = has_finite_epsilon(report)
+    not_covered = [
+        "test metrics (test_rmse, ... and the per-epoch test columns): the released model scored on held-out "
+        "test ratings, which epsilon does not cover",
+        "dataset counts in 'dataset' (ratings, users and items per fold, preprocessing drops)",
+        "checkpoint_fold*.pt: resume state holding the noise generator's state and pre-noise statistics; "
+        "keep it private (publish the model parameters, never the checkpoint)",
+    ]
+    if model is not None:
+        covered, extra = _model_artefacts(model, report)
+    else:
+        # an output mechanism may list what it releases in its report ("releases"); else point at its analysis
+        covered = list(report.get("releases") or [f"the outputs of {report.get('mechanism', 'the mechanism')} "
+                                                  "described in 'analysis'"])
+        extra = []
+    if not finite:
+        extra, covered = covered + extra, []
+    logged = {k: v for k, v in NON_PRIVATE_DIAGNOSTICS.items()} if diagnostics else {}
+    return {
+        "epsilon_covers": covered,
+        "not_covered": extra + not_covered + [f"{k}: {v}" for k, v in logged.items()],
+        "non_private_diagnostics_logged": bool(diagnostics),
+        "note": ("epsilon covers exactly the artefacts in epsilon_covers" if finite else
+                 "no finite epsilon is defended: every released artefact is non-private"),
+    }

@@ -1,0 +1,271 @@
+"""The built-in mechanisms' sensitivity cases (:mod:`dprec_torch.privacy.registry`).
+
+Each ``release(data, seed, units)`` runs the mechanism's OWN code -- its ``clip_residuals``, the
+model's ``surrogate_loss`` backward (dense / sparse-pair torch / numba kernels) and the mechanism's
+``add_noise`` at epsilon = inf, which for these mechanisms zeroes what is data-independent (PNBM's
+diagonal) and adds nothing -- on a tiny dataset and returns the released pre-noise aggregate; with
+``units`` it also materialises every unit's clipped contribution by releasing that unit alone
+(a loop over the units of a tiny dataset: a verification tool, never a training path).
+
+Public state is a function of ``seed`` only (the harness releases a dataset and its neighbour with
+the same seed): PNBM's S is constant 1, constant 0.5 or a symmetric matrix of dyadic values
+{-1, -0.5, 0, 0.5, 1} (so |S_i| I_u sums hit the floor C exactly), and the item means r_bar are
+public values from the scale (the mechanisms release them by their own DP release, accounted
+separately: the gradient step is analysed with r_bar fixed). Harness floor: C = 3, so a user with
+4 ratings has D = C exactly at S = 1 (7 ratings at S = 0.5).
+
+Stated sensitivities are read from the mechanism objects themselves (``group`` x ``clip_norm``,
+``clip_norm``, ``phi``, ``B_true``), so a change of calibration in a mechanism is what gets tested.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from dprec_torch.data.ratings import Ratings
+from dprec_torch.mechanisms.base import MechanismOptimizer
+from dprec_torch.mechanisms.context import TrainingContext
+from dprec_torch.mechanisms.dpsgd import DPSGDLaplace
+from dprec_torch.mechanisms.dpsgd_l1 import ClippedLaplaceDPSGD
+from dprec_torch.mechanisms.gaussian import GaussianDPSGD
+from dprec_torch.mechanisms.gaussian_pnbm import GaussianPNBM
+from dprec_torch.mechanisms.sgd import MapSGD
+from dprec_torch.mechanisms.sgld import ScaledPosteriorSGLD
+from dprec_torch.models.batching import full_batch
+from dprec_torch.models.mf import MF
+from dprec_torch.models.pnbm import PNBM
+from dprec_torch.privacy.registry import Release, SensitivityCase, declare_non_private, register_sensitivity
+
+HARNESS_FLOOR = 3.0
+DYADIC = torch.tensor([-1.0, -0.5, 0.0, 0.5, 1.0])
+PNBM_BACKENDS = (("sparse_pair", "numba"), ("sparse_pair", "torch"), ("dense", "torch"))
+
+
+# ------------------------------------------------------------------ public state (seed only)
+def public_S(n_items: int, seed: int) -> torch.Tensor:
+    """Constant 1, constant 0.5, or symmetric dyadic values; zero diagonal."""
+    gen = torch.Generator().manual_seed(int(seed))
+    kind = int(seed) % 3
+    if kind == 0:
+        S = torch.ones(n_items, n_items)
+    elif kind == 1:
+        S = torch.full((n_items, n_items), 0.5)
+    else:
+        S = DYADIC[torch.randint(0, DYADIC.numel(), (n_items, n_items), generator=gen)]
+        S = torch.triu(S, 1) + torch.triu(S, 1).T
+    return S.fill_diagonal_(0.0)
+
+
+def public_means(data: Ratings, seed: int) -> torch.Tensor:
+    """Item means drawn from {lo, mid, hi, lo + span/4} (public: independent of the ratings)."""
+    lo, hi = float(data.scale.lo), float(data.scale.hi)
+    choices = torch.tensor([lo, (lo + hi) / 2, hi, lo + (hi - lo) / 4])
+    gen = torch.Generator().manual_seed(int(seed) + 1)
+    return choices[torch.randint(0, 4, (data.n_items,), generator=gen)]
+
+
+def _context(data: Ratings, model: Any, tau: int | None = None) -> TrainingContext:
+    return TrainingContext(total_steps=1, steps_per_epoch=1, n_ratings=max(len(data), 1), n_users=data.n_users,
+                           scale=data.scale, max_user_ratings=tau, entry_bound=getattr(model, "gradient_entry_bound", None),
+                           model=model)
+
+
+def _pnbm(data: Ratings, seed: int, formulation: str, backend: str) -> PNBM:
+    model = PNBM(data.n_items, floor_c=HARNESS_FLOOR, n_neighbors=data.n_items, formulation=formulation,
+                 pair_backend=backend).attach(data)
+    with torch.no_grad():
+        model.S.copy_(public_S(data.n_items, seed))
+        model.item_means.copy_(public_means(data, seed))
+    return model
+
+
+def _mf(data: Ratings, seed: int) -> MF:
+    model = MF(data.n_users, data.n_items, dim=2, init_std=0.5, seed=seed).attach(data)
+    gen = torch.Generator().manual_seed(int(seed) + 2)
+    with torch.no_grad():  # non-zero user factors and biases, so every gradient channel is exercised
+        model.user_factors.weight.copy_(torch.randn(data.n_users, 2, generator=gen))
+        model.user_bias.weight.copy_(torch.randn(data.n_users, 1, generator=gen) * 0.5)
+        model.item_bias.weight.copy_(torch.randn(data.n_items, 1, generator=gen) * 0.5)
+        model.global_bias.fill_(float(torch.randn((), generator=gen)))
+    return model
+
+
+def _cap(data: Ratings, tau: int | None, seed: int) -> Ratings:
+    if tau is None:
+        return data
+    from dprec_torch.data.preprocess import cap_user_ratings
+
+    return cap_user_ratings(data, tau, int(seed))[0]
+
+
+def _flat_grad(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).double()
+                      for p in model.parameters()])
+
+
+def _released_gradient(model: Any, opt: MechanismOptimizer, batch: Any, residuals: torch.Tensor) -> torch.Tensor:
+    """G = sum e d r_hat/d theta by the model's backward, then the mechanism's add_noise (eps = inf: no noise)."""
+    opt.zero_grad(set_to_none=True)
+    model.surrogate_loss(batch, residuals).backward()
+    opt.add_noise()
+    return _flat_grad(model)
+
+
+def _gradient_release(model: Any, opt: MechanismOptimizer, data: Ratings, units: bool, per_rating: bool) -> Release:
+    if len(data) == 0:
+        return Release(torch.zeros(sum(p.numel() for p in model.parameters()), dtype=torch.float64),
+                       torch.zeros(0, sum(p.numel() for p in model.parameters()), dtype=torch.float64) if units else None)
+    means = model.item_means if hasattr(model, "item_means") else data.item_means()
+    batch = full_batch(data, means)
+    residuals = (model.batch_predict(batch) - batch.values).detach()
+    clipped = opt.clip_residuals(residuals, batch, model)
+    total = _released_gradient(model, opt, batch, clipped)
+    rows = None
+    if units:
+        owner = torch.arange(batch.n_targets) if per_rating else batch.rows
+        n_units = batch.n_targets if per_rating else int(batch.users.numel())
+        rows = torch.stack([_released_gradient(model, opt, batch, torch.where(owner == k, clipped, torch.zeros_like(clipped)))
+                            for k in range(n_units)])
+    return Release(total, rows)
+
+
+# ------------------------------------------------------------------ dpsgd_l1
+def _dpsgd_l1_case(model_kind: str, unit: str, relation: str, clip: float, tau: int | None = None,
+                   backend: tuple[str, str] = PNBM_BACKENDS[0]) -> SensitivityCase:
+    def make(data: Ratings, seed: int):
+        model = _pnbm(data, seed, *backend) if model_kind == "pnbm" else _mf(data, seed)
+        opt = ClippedLaplaceDPSGD(model.parameters(), _context(data, model, tau), math.inf, clip_norm=clip,
+                                  sampling_ratio=1.0, unit=unit, relation=relation, init="random", model=model)
+        return model, opt
+
+    def release(data: Ratings, seed: int, units: bool) -> Release:
+        data = _cap(data, tau, seed)
+        model, opt = make(data, seed)
+        out = _gradient_release(model, opt, data, units, per_rating=(unit == "rating"))
+        out.stated = opt.group * opt.clip_norm  # the L1 sensitivity the Laplace scale c/eps_s and g assume
+        return out
+
+    name = f"dpsgd_l1 {model_kind} unit={unit} relation={relation}" + (f" tau={tau}" if tau else "")
+    if model_kind == "pnbm":
+        name += f" {backend[0]}/{backend[1]}"
+    group = 2 if relation == "rating" else 1  # the claim under test: g x c (read back from the object as `stated`)
+    return SensitivityCase(name=name, relation=relation, norm=1, sensitivity=group * clip, clip_bound=clip,
+                           release=release, also_change=(relation == "rating"), tau=tau,
+                           max_items=8 if model_kind == "pnbm" else 6)
+
+
+def dpsgd_l1_cases() -> list[SensitivityCase]:
+    return [
+        _dpsgd_l1_case("pnbm", "user", "user", 0.5, backend=PNBM_BACKENDS[0]),
+        _dpsgd_l1_case("pnbm", "user", "user", 2.0, backend=PNBM_BACKENDS[1]),
+        _dpsgd_l1_case("pnbm", "user", "user", 0.5, backend=PNBM_BACKENDS[2]),
+        _dpsgd_l1_case("pnbm", "user", "rating", 0.5),
+        _dpsgd_l1_case("pnbm", "user", "user", 0.5, tau=4),
+        _dpsgd_l1_case("mf", "rating", "rating", 0.5),
+        _dpsgd_l1_case("mf", "user", "user", 0.5),
+        _dpsgd_l1_case("mf", "user", "rating", 0.5),
+    ]
+
+
+# ------------------------------------------------------------------ gaussian
+def _gaussian_case(model_kind: str, unit: str, clip: float, backend: tuple[str, str] = PNBM_BACKENDS[0]) -> SensitivityCase:
+    def release(data: Ratings, seed: int, units: bool) -> Release:
+        if model_kind == "pnbm":
+            model = _pnbm(data, seed, *backend)
+            opt = GaussianPNBM(model.parameters(), _context(data, model), math.inf, clip_norm=clip, sampling_ratio=1.0,
+                               init="random", model=model)
+        else:
+            model = _mf(data, seed)
+            opt = GaussianDPSGD(model.parameters(), _context(data, model), math.inf, unit=unit, clip_norm=clip,
+                                sampling_ratio=1.0)
+        out = _gradient_release(model, opt, data, units, per_rating=(unit == "rating"))
+        out.stated = opt.clip_norm  # L2 sensitivity of the sum under add/remove one unit
+        return out
+
+    name = f"gaussian {model_kind} unit={unit}" + (f" {backend[0]}/{backend[1]}" if model_kind == "pnbm" else "")
+    return SensitivityCase(name=name, relation=unit, norm=2, sensitivity=clip, clip_bound=clip, release=release,
+                           max_items=8 if model_kind == "pnbm" else 6)
+
+
+def gaussian_cases() -> list[SensitivityCase]:
+    return [_gaussian_case("mf", "rating", 0.5), _gaussian_case("mf", "user", 0.5)]
+
+
+def gaussian_pnbm_cases() -> list[SensitivityCase]:
+    return [_gaussian_case("pnbm", "user", 0.5, PNBM_BACKENDS[0]), _gaussian_case("pnbm", "user", 2.0, PNBM_BACKENDS[2])]
+
+
+# ------------------------------------------------------------------ DPSGD-MF (Berlioz et al.)
+def dpsgd_mf_cases() -> list[SensitivityCase]:
+    """The MF branch of ``mechanism=dpsgd`` (residual perturbation): the released pre-noise vector is every
+    visited rating's error e_ui; a changed rating value moves its own error only, by at most Delta r."""
+
+    def release(data: Ratings, seed: int, units: bool) -> Release:
+        model = _mf(data, seed)
+        opt = DPSGDLaplace(model.parameters(), _context(data, model), math.inf, sampling_ratio=1.0)
+        assert opt.perturb_residuals, "MF must select the residual-perturbation branch"
+        batch = full_batch(data, data.item_means())
+        out = Release((model.batch_predict(batch) - batch.values).detach().double())  # what perturb_residuals_ noises
+        out.stated = float(opt.privacy_report()["sensitivity"]["delta_r"])
+        return out
+
+    return [SensitivityCase(name="dpsgd mf (residual perturbation)", relation="rating_value", norm=1,
+                            sensitivity=4.0, release=release, max_items=6)]
+
+
+# ------------------------------------------------------------------ SGLD
+def _sgld_case(model_kind: str, tau: int) -> SensitivityCase:
+    """Alg. 2's exponential-mechanism view: one user moves the log-likelihood sum_u sum_i e_ui^2 / 2 at any
+    public parameter by at most B (the mechanism's ``B_true`` = e_max^2 tau), after the per-user tau cap."""
+
+    def release(data: Ratings, seed: int, units: bool) -> Release:
+        data = _cap(data, tau, seed)
+        model = _pnbm(data, seed, *PNBM_BACKENDS[0]) if model_kind == "pnbm" else _mf(data, seed)
+        opt = ScaledPosteriorSGLD(model.parameters(), _context(data, model, tau), math.inf, temperature=1.0,
+                                  max_user_ratings=tau, likelihood_bound="model", prior_correction=False, init="random")
+        if len(data) == 0:
+            total = torch.zeros(1, dtype=torch.float64)
+        else:
+            means = model.item_means if hasattr(model, "item_means") else data.item_means()
+            batch = full_batch(data, means)
+            e = (model.batch_predict(batch) - batch.values).detach().double()
+            total = (e * e).sum().reshape(1) / 2
+        out = Release(total)
+        out.stated = float(opt.B_true)
+        return out
+
+    bound = (2 * 4.0 if model_kind == "pnbm" else 4.0) ** 2 * tau  # e_max^2 tau on the 1-5 scale
+    return SensitivityCase(name=f"sgld {model_kind} tau={tau}", relation="user", norm=1, sensitivity=bound,
+                           release=release, tau=tau, max_items=8 if model_kind == "pnbm" else 6)
+
+
+def sgld_cases() -> list[SensitivityCase]:
+    return [_sgld_case("mf", 3), _sgld_case("pnbm", 4)]
+
+
+register_sensitivity(ClippedLaplaceDPSGD, dpsgd_l1_cases)
+register_sensitivity(GaussianDPSGD, gaussian_cases)
+register_sensitivity(GaussianPNBM, gaussian_pnbm_cases)
+register_sensitivity(DPSGDLaplace, dpsgd_mf_cases)
+register_sensitivity(ScaledPosteriorSGLD, sgld_cases)
+declare_non_private(MechanismOptimizer, "the template: privacy_report() says non-private, epsilon = inf")
+declare_non_private(MapSGD, "mechanism=none: plain MAP SGD, epsilon = inf")
+
+
+def _declare_predictors() -> None:
+    """Predictors whose privacy_report is non-private (the harness test fits each and checks it says so)."""
+    from dprec_torch.predictors.base import BasePredictor
+    from dprec_torch.predictors.cosine_implicit import CosineImplicit
+    from dprec_torch.predictors.d2p import D2P
+    from dprec_torch.predictors.knn import ItemKNN
+    from dprec_torch.predictors.pncf import PNCF
+    from dprec_torch.predictors.slope_one import SlopeOne
+
+    for cls in (BasePredictor, ItemKNN, SlopeOne, CosineImplicit, PNCF, D2P):
+        declare_non_private(cls, "privacy_report() says non-private (epsilon = inf)")
+
+
+_declare_predictors()
