@@ -6,12 +6,12 @@ cannot fit is recorded as skipped, never guessed), the JSON rewritten after ever
 * ``mechanisms``: ML-1M, every PNBM mechanism of ``conf/mechanism`` (output mechanisms excluded),
   plus the paper-faithful DPSGD with ``model.formulation=sparse_pair``: s/epoch, test RMSE, GPU
   peak memory (``torch.cuda.max_memory_allocated``), wall; one fresh process per case;
+* ``parity``: ``mechanism=none`` (no noise, 2 epochs) on the GPU and on the CPU, same config: |delta RMSE|;
 * ``startup``: ``python train.py data=ml-1m device=cuda`` to the first epoch and end to end
   (``benchmarks/bench_startup.py``);
 * ``sweep``: the 7-epsilon ML-1M sweep, one process per job vs the basic vs the batched launcher
   (``benchmarks/bench_sweep.py``), same numbers checked;
-* ``ml20m``: one ML-20M-size synthetic DPSGD-PNBM epoch: s/epoch and GPU peak;
-* ``parity``: ``mechanism=none`` (no noise) on the GPU and on the CPU, same config: |delta RMSE|.
+* ``ml20m``: one ML-20M-size synthetic DPSGD-PNBM epoch: s/epoch and GPU peak.
 
     python benchmarks/gpu_bench.py --out benchmarks/results/gpu-check.json
     python benchmarks/gpu_bench.py --dry-run --out /tmp/gpu-dry.json     # CPU, tiny data: tests the plumbing
@@ -40,7 +40,7 @@ PARITY_TOL = 1e-4  # |RMSE_gpu - RMSE_cpu| for the noise-free run: float32 sums 
 CASE_TIMEOUT = 150
 SWEEP_EPS = "epsilon=0.1,0.5,1,2,5,10,20"
 # expected seconds of each stage on one H100/H200 (from the timings), to skip what cannot fit
-ESTIMATE = {"mechanisms": 120, "startup": 40, "sweep": 150, "ml20m": 90, "parity": 45}
+ESTIMATE = {"mechanisms": 120, "parity": 35, "startup": 40, "sweep": 150, "ml20m": 90}
 
 
 def log(msg: str) -> None:
@@ -193,6 +193,12 @@ def main_all(args: argparse.Namespace) -> dict[str, Any]:
             log(json.dumps({k: row.get(k) for k in ("mechanism", "seconds_per_epoch", "test_rmse", "gpu_peak_gib", "error")}))
             out["mechanisms"].append(row)
             save()
+    if fits("parity"):
+        gpu, cpu = (case_subprocess(c, min(CASE_TIMEOUT, left())) for c in steps["parity"])
+        out["parity"] = {"gpu": gpu, "cpu": cpu}
+        if "test_rmse" in gpu and "test_rmse" in cpu:
+            out["parity"]["abs_diff"] = abs(gpu["test_rmse"] - cpu["test_rmse"])
+        save()
     if fits("startup"):
         import bench_startup
 
@@ -210,12 +216,6 @@ def main_all(args: argparse.Namespace) -> dict[str, Any]:
     if fits("ml20m"):
         out["ml20m"] = case_subprocess(steps["ml20m"], min(300, left()))
         save()
-    if fits("parity"):
-        gpu, cpu = (case_subprocess(c, min(CASE_TIMEOUT, left())) for c in steps["parity"])
-        out["parity"] = {"gpu": gpu, "cpu": cpu}
-        if "test_rmse" in gpu and "test_rmse" in cpu:
-            out["parity"]["abs_diff"] = abs(gpu["test_rmse"] - cpu["test_rmse"])
-        save()
     return out
 
 
@@ -224,7 +224,7 @@ def main() -> None:
     ap.add_argument("what", nargs="?", default="all", choices=("all", "case"))
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "gpu-check.json")
     ap.add_argument("--dry-run", action="store_true", help="device=cpu, tiny synthetic data: checks the plumbing only")
-    ap.add_argument("--budget", type=float, default=390.0, help="seconds for all stages together")
+    ap.add_argument("--budget", type=float, default=360.0, help="seconds for all stages together")
     ap.add_argument("--stages", nargs="+", default=list(ESTIMATE), choices=list(ESTIMATE))
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()

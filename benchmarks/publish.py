@@ -8,7 +8,8 @@ and derive the issue's targets table from the JSON files.
 README's ``bench`` and ``bench-targets`` blocks and docs/performance.md's ``main``, ``t2``,
 ``parity``, ``scaling``, ``targets``, ``gpu``, ``sweep-cpu`` and ``startup-cpu`` blocks are rewritten; numbers are never typed by hand.
 The ``gpu`` block comes from ``benchmarks/results/gpu-check.json`` (``benchmarks/gpu_check.sh`` on a
-GPU machine); without that file it says the GPU rows are pending.
+GPU machine; a ``gpu-check-rerun.json`` of some stages is laid over it); without that file it says
+the GPU rows are pending.
 """
 
 from __future__ import annotations
@@ -100,6 +101,26 @@ GPU_TARGETS = {"ml1m_epoch": 0.02, "startup_first_epoch": 4.0, "startup_end_to_e
                "sweep_speedup": 10.0}  # issue 18
 
 
+GPU_STAGES = ("mechanisms", "parity", "startup", "sweep", "ml20m")  # benchmarks/gpu_bench.py's stages
+
+
+def merge_gpu_rerun(base: dict, rerun: dict) -> dict:
+    """``base`` with the stages that ``rerun`` (``GPU_CHECK_STAGES=... gpu_check.sh``) measured replaced.
+
+    Only a rerun on the same GPU model is laid over the first run; anything else is an error.
+    """
+    if rerun.get("env", {}).get("device") != base.get("env", {}).get("device") or rerun.get("dry_run") != base.get("dry_run"):
+        raise SystemExit(f"gpu-check-rerun.json ({rerun.get('env', {}).get('device')}) was not measured on the GPU of "
+                         f"gpu-check.json ({base.get('env', {}).get('device')}); remove one of them")
+    out = {**base, "skipped": dict(base.get("skipped") or {})}
+    redone = [st for st in GPU_STAGES if st in rerun]
+    for st in redone:
+        out[st] = rerun[st]
+        out["skipped"].pop(st, None)
+    out["rerun"] = {"stages": redone, "date": rerun.get("env", {}).get("date")}
+    return out
+
+
 def _gib(row: dict) -> str:
     return f"{row['gpu_peak_gib']:.2f} GiB" if row.get("gpu_peak_gib") is not None else "–"
 
@@ -126,6 +147,8 @@ def gpu_tables(data: dict | None) -> str:
     head = (f"Measured by `benchmarks/gpu_check.sh` on {env.get('device', '?')} ({env.get('gpu_memory_gib', '?')} GiB), "
             f"torch {env.get('torch', '?')}, CUDA {env.get('cuda', '?')}, {env.get('date', '?')}; "
             f"TF32 matmul {'on' if env.get('tf32_matmul') else 'off'}. GPU peak = `torch.cuda.max_memory_allocated`.")
+    if data.get("rerun"):
+        head += f" Stages {', '.join(data['rerun']['stages'])} rerun on the same GPU model, {data['rerun']['date']}."
     if data.get("dry_run"):
         head = "**DRY RUN (CPU, tiny synthetic data): a check of the plumbing, not a measurement.** " + head
     lines = [head, "", "| run | s/epoch | test RMSE | GPU peak | process wall |", "|---|---|---|---|---|"]
@@ -181,7 +204,7 @@ def gpu_tables(data: dict | None) -> str:
     return "\n".join(lines)
 
 
-SWEEP_CPU_JSON = RESULTS / "sweep-cpu-ml100k.json"  # benchmarks/bench_sweep.py on the CPU
+SWEEP_CPU_GLOB = "sweep-cpu-*.json"  # benchmarks/bench_sweep.py on the CPU, one file per sweep
 STARTUP_CPU_JSON = {"before": RESULTS / "startup-cpu-before.json", "after": RESULTS / "startup-cpu-after.json"}
 
 
@@ -243,10 +266,14 @@ def main() -> None:
     splice(doc, "scaling", read(args.scaling, "md"))
     splice(doc, "targets", table)
     gpu = json.loads(args.gpu.read_text()) if args.gpu.exists() else None
+    rerun = args.gpu.with_name("gpu-check-rerun.json")
+    if gpu is not None and rerun.exists():
+        gpu = merge_gpu_rerun(gpu, json.loads(rerun.read_text()))
     if gpu is not None and gpu.get("dry_run"):
         raise SystemExit(f"{args.gpu} is a --dry-run (CPU, tiny data); it is not published as GPU figures")
     splice(doc, "gpu", gpu_tables(gpu))
-    splice(doc, "sweep-cpu", sweep_table(_json_or_none(SWEEP_CPU_JSON)))
+    sweeps = [json.loads(f.read_text()) for f in sorted(RESULTS.glob(SWEEP_CPU_GLOB))]
+    splice(doc, "sweep-cpu", "\n\n".join(sweep_table(d) for d in sweeps) if sweeps else sweep_table(None))
     splice(doc, "startup-cpu", startup_table({k: _json_or_none(v) for k, v in STARTUP_CPU_JSON.items()}))
 
 

@@ -49,6 +49,14 @@ def test_batched_launcher_is_a_discoverable_hydra_plugin():
     assert target in names
 
 
+def test_plugin_module_imports_no_torch():
+    """Hydra imports every ``hydra_plugins`` module at start-up of every app: the launcher must stay cheap."""
+    code = ("import sys, hydra_plugins.dprec_batched_launcher.batched_launcher; "
+            "assert 'torch' not in sys.modules and 'dprec_torch' not in sys.modules, sorted(sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 def test_jobs_group_by_resolved_data_model_and_device():
     from hydra_plugins.dprec_batched_launcher.batched_launcher import group_jobs
 

@@ -148,6 +148,17 @@ def test_gpu_block_names_skipped_stages_and_dry_runs() -> None:
     assert "| ML-20M-size ≤ 1 s/epoch" not in table
 
 
+def test_a_rerun_replaces_only_its_stages_and_only_on_the_same_gpu() -> None:
+    base = gpu_check(skipped={"ml20m": "out of budget"}, ml20m=None)
+    rerun = {"dry_run": False, "env": {**base["env"], "date": "later"}, "skipped": {}, "ml20m": gpu_row("dpsgd_paper", 0.7)}
+    merged = publish.merge_gpu_rerun(base, rerun)
+    assert merged["ml20m"]["seconds_per_epoch"] == 0.7 and merged["skipped"] == {}
+    assert merged["mechanisms"] == base["mechanisms"] and merged["rerun"] == {"stages": ["ml20m"], "date": "later"}
+    assert verdict(publish.gpu_tables(merged), "| ML-20M-size ≤ 1 s/epoch") == "**met**"
+    with pytest.raises(SystemExit, match="not measured on the GPU"):
+        publish.merge_gpu_rerun(base, {**rerun, "env": {"device": "NVIDIA H200"}})
+
+
 def test_gpu_bench_plans_every_pnbm_mechanism_and_no_output_mechanism() -> None:
     real, dry = gpu_bench.plan(dry=False), gpu_bench.plan(dry=True)
     mechs = {o.split("=", 1)[1] for case in real["mechanisms"] for o in case if o.startswith("mechanism=")}

@@ -47,6 +47,7 @@ def _fallback_predictors():
         "pncf": lambda: PNCF(epsilon=float("inf"), k=5),
         "pncf_private": lambda: PNCF(epsilon=1.0, k=5, seed=0),
         "mcsherry": lambda: McSherryMironov(epsilon=float("inf")),
+        "slope_one": lambda: SlopeOne(T=1, phi_m=0),
     }
 
 

@@ -185,3 +185,15 @@ def test_accountant_round_trips_through_state_dict():
                           delta=1e-6, sampling_ratio=0.5)
     fresh.load_state_dict(sd)
     assert fresh.accountant.history == opt.accountant.history and fresh.epsilon_spent() == opt.epsilon_spent()
+
+
+@pytest.mark.parametrize("unit", ["rating", "user"])
+def test_report_says_add_remove_only(unit):
+    """Issue 15, defect 6 check for every rating-level relation: Opacus accounts add/remove of one unit; the
+    report must not read as add/remove/change (a changed rating is two add/remove steps)."""
+    fold = tiny_fold()
+    m = MF(fold.train.n_users, fold.train.n_items, dim=3).attach(fold.train)
+    opt = GaussianDPSGD(m.parameters(), context(), 1.0, unit=unit, sampling_ratio=0.1)
+    r = opt.privacy_report()
+    assert r["neighbouring"].startswith("add/remove") and "not covered" in r["neighbouring"]
+    assert "change" not in r["guarantee"]

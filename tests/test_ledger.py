@@ -145,3 +145,20 @@ def test_with_validation_and_bad_fraction():
     assert ds.name == "synthetic" + VALIDATION_SUFFIX and ds.report["validation"]["fraction"] == 0.1
     with pytest.raises(ConfigError, match="between 0 and 1"):
         validation_fold(tiny_fold(), 1.0)
+
+
+def test_a_real_fold_all_run_is_charged_five_models(tmp_path):
+    """End to end: ``data.fold=all`` trains five models on the same synthetic people; the ledger charges 5 eps."""
+    from hydra import compose, initialize_config_dir
+
+    from dprec_torch.training.run import train
+    from tests.helpers import CONF_DIR
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[
+            "data=synthetic", "data.fold=all", "device=cpu", "compare_baselines=false", "tensorboard=false",
+            "mechanism=dpsgd", "epsilon=1", "mechanism.epochs=1", f"output_dir={tmp_path / 'run'}"])
+    m = train(cfg)
+    assert len(m["folds"]) == 5 and all(f["privacy_epsilon"] == pytest.approx(1.0) for f in m["folds"])
+    (e,) = ledger_report(tmp_path)["entries"]
+    assert e["models"] == 5 and e["epsilon_user_level"] == pytest.approx(5.0)

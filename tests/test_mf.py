@@ -132,8 +132,10 @@ class _FittedMF:
 
     def fit(self, train):
         self.model = MF(train.n_users, train.n_items, dim=8, fallback="mean", seed=0).attach(train)
-        ctx = TrainingContext(150, 50, len(train), train.n_users, train.scale)
-        opt = MapSGD(self.model.parameters(), ctx, lr=0.02, weight_decay=0.2, beta=1.0)
+        n = len(train)  # MF's mean semantics: lr on (sum over the batch) / (0.02 n), decay lambda / n
+        ctx = TrainingContext(150, 50, n, train.n_users, train.scale, n_units=n, expected_batch_size=0.02 * n,
+                              gradient_reduction="mean")
+        opt = MapSGD(self.model.parameters(), ctx, lr=0.02 * 0.02 * n, weight_decay=10.0, beta=1.0)
         sampler = PoissonBatchSampler(train, train.item_means(), 0.02, "rating", make_generator(0))
         for _ in range(150):
             b = sampler.sample()

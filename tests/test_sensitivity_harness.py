@@ -19,7 +19,7 @@ import sys
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import dprec_torch
@@ -33,11 +33,13 @@ VALUES = (1.0, 5.0, 3.0, 1.0, 5.0, 2.0, 4.5)  # extremes twice as likely; ties a
 TOL = 1e-5
 
 CASES = [case for builder in registry.registered_classes().values() for case in builder()]
-HARNESS = settings(max_examples=12, deadline=None, derandomize=True, database=None,
+HARNESS = settings(max_examples=25, deadline=None, derandomize=True, database=None,
                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
 def p_norm(x: torch.Tensor, p: float) -> torch.Tensor:
+    if x.shape[-1] == 0:  # nothing released
+        return torch.zeros(x.shape[:-1], dtype=torch.float64)
     return torch.linalg.vector_norm(x.double(), ord=p, dim=-1)
 
 
@@ -88,8 +90,11 @@ def neighbours(case: SensitivityCase, data: Ratings, draw) -> list[tuple[str, Ra
     return out
 
 
-def check_case(case: SensitivityCase, data: Ratings, seed: int, draw) -> None:
+def check_case(case: SensitivityCase, data: Ratings, seed: int, draw) -> bool:
+    """Checks (a) and (b) on ``data``; False when the mechanism refuses ``data`` (nothing released)."""
     base = case.release(data, seed, True)
+    if base is None:
+        return False
     # what the noise is calibrated to: the mechanism object's own figure where it states one
     bound = base.stated if base.stated is not None else case.sensitivity
     if case.clip_bound is not None and base.units is not None and base.units.numel():
@@ -98,10 +103,14 @@ def check_case(case: SensitivityCase, data: Ratings, seed: int, draw) -> None:
             f"{case.name}: a clipped contribution has norm {float(norms.max()):.6g} > c = {case.clip_bound}"
         assert torch.allclose(base.units.sum(0), base.total, atol=1e-5, rtol=1e-4), f"{case.name}: units do not add up"
     for what, other in neighbours(case, data, draw):
-        moved = float(p_norm(case.release(other, seed, False).total - base.total, case.norm))
+        rel = case.release(other, seed, False)
+        if rel is None:
+            continue
+        moved = float(p_norm(rel.total - base.total, case.norm))
         assert moved <= bound * (1 + TOL) + 1e-6, \
             f"{case.name}: {what} moved the release by {moved:.6g} > the stated sensitivity {bound}"
     assert bound == pytest.approx(case.sensitivity), f"{case.name}: the mechanism states {bound}, the case {case.sensitivity}"
+    return True
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -109,7 +118,7 @@ def test_stated_sensitivity_holds_on_adversarial_neighbours(case):
     @HARNESS
     @given(data=st.data(), seed=st.integers(0, 5))
     def run(data, seed):
-        check_case(case, data.draw(edge_datasets(case.max_items, case.tau)), seed, data.draw)
+        assume(check_case(case, data.draw(edge_datasets(case.max_items, case.tau)), seed, data.draw))
 
     run()
 
@@ -177,10 +186,10 @@ def _subclasses(cls):
 # Classes whose privacy_report can print a finite epsilon but that have no harness case yet. Each entry is a
 # known gap (listed in the issue-15 report); registering the class must remove it from here (checked below).
 PENDING = {
-    "LaplaceOutputPredictor": "per-query Laplace output perturbation (Park & Acharya); owner: output_perturbation",
     "ExponentialTopKRecommender": "exponential mechanism over a user's score row; owner: exponential_topk",
     "McSherryMironov": "noisy item-item covariance (McSherry & Mironov)",
-    "NoisyGram": "noisy Gram release (new)",
+    "NoisyGram": "noisy Gram release (new, issue 17): register its pre-noise Gram statistics",
+    "DPALS": "DP-ALS (new, issue 17): register its per-round item statistics (A_j, b_j) and power iteration W",
 }
 
 

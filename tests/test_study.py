@@ -1,6 +1,6 @@
 """The two-stage study (study.py): stage 1 tunes on validation only, stage 2 trains exactly the choice, ledger charges tuning.
 
-One tiny synthetic study (DPSGD-MF, 2 configurations x 2 epsilons, 2 folds) is shared by the tests;
+One tiny synthetic study (provable DPSGD-PNBM, 2 configurations x 2 epsilons, 2 folds) is shared by the tests;
 every check reads the runs' own metrics.json / .hydra files, so a wrong selection or a stage 2 that
 drifts from the chosen overrides fails.
 """
@@ -30,7 +30,7 @@ GRID = """# @package _global_
 hydra:
   sweeper:
     params:
-      mechanism.weight_decay: choice(0.2, 0.002)
+      mechanism.mean_shrinkage: choice(1.0, 64.0)
 mechanism:
   epochs: 2
 """
@@ -38,9 +38,9 @@ mechanism:
 
 def study_cfg(tmp: Path, *extra: str):
     (tmp / "grids" / "grid").mkdir(parents=True, exist_ok=True)
-    (tmp / "grids" / "grid" / "dpsgd_paper_mf_t.yaml").write_text(GRID)
+    (tmp / "grids" / "grid" / "dpsgd_pnbm_t.yaml").write_text(GRID)
     overrides = ["study=fig1", "dataset=synthetic", 'data_overrides=["preset=tiny"]', "search=t",
-                 f"grid_root={tmp / 'grids'}", "study.epsilons=[1,10]", "study.methods=[{mechanism:dpsgd_paper,model:mf}]",
+                 f"grid_root={tmp / 'grids'}", "study.epsilons=[1,10]", "study.methods=[{mechanism:dpsgd,model:pnbm}]",
                  'overrides=["device=cpu","baseline_k=20"]', f"folds=[{','.join(map(str, FOLDS))}]",
                  f"out={tmp / 'study'}", f"report={tmp / 'report'}", *extra]
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
@@ -63,7 +63,7 @@ def job_overrides(job: Path) -> list[str]:
 
 
 def test_stage1_picks_the_lowest_validation_rmse(study):
-    selected = yaml.safe_load((study / "study" / "selected.yaml").read_text())["selected"]["dpsgd_paper-mf"]
+    selected = yaml.safe_load((study / "study" / "selected.yaml").read_text())["selected"]["dpsgd-pnbm"]
     stage1 = jobs(study / "study" / "stage1")
     assert len(stage1) == 2 * len(EPSILONS)
     for eps in EPSILONS:
@@ -74,13 +74,13 @@ def test_stage1_picks_the_lowest_validation_rmse(study):
         choice = selected[f"{eps:g}"]
         assert choice["validation_rmse"] == pytest.approx(best_rmse, abs=0)
         assert Path(choice["run"]) == best_job
-        wd = next(o for o in job_overrides(best_job) if o.startswith("mechanism.weight_decay="))
+        wd = next(o for o in job_overrides(best_job) if o.startswith("mechanism.mean_shrinkage="))
         assert choice["overrides"] == [wd, "mechanism.epochs=2"]
         assert choice["n_configs"] == 2
 
 
 def test_stage2_trains_exactly_the_chosen_overrides_on_every_fold(study):
-    selected = yaml.safe_load((study / "study" / "selected.yaml").read_text())["selected"]["dpsgd_paper-mf"]
+    selected = yaml.safe_load((study / "study" / "selected.yaml").read_text())["selected"]["dpsgd-pnbm"]
     seen = set()
     for job in jobs(study / "study" / "stage2"):
         cfg = OmegaConf.load(job / ".hydra" / "config.yaml")
@@ -95,7 +95,7 @@ def test_stage2_trains_exactly_the_chosen_overrides_on_every_fold(study):
         seen.add((eps, int(cfg.data.fold)))
     assert seen == {(e, f) for e in EPSILONS for f in FOLDS}
     report = (study / "report" / "report.md").read_text()
-    assert "Stage 1: configuration chosen" in report and "dpsgd_paper-mf" in report
+    assert "Stage 1: configuration chosen" in report and "dpsgd-pnbm" in report
 
 
 def test_stage1_never_reads_the_test_split(study, monkeypatch, tmp_path):
@@ -132,11 +132,11 @@ def test_ledger_charges_tuning_as_n_configs_times_epsilon(study):
     assert set(tuning) == set(EPSILONS)
     for eps, t in tuning.items():
         assert t["configs"] == 2 and t["epsilon_tuning"] == pytest.approx(2 * eps)
-        assert "basic composition" in t["statement"] and "rating level" in t["statement"]
+        assert "basic composition" in t["statement"] and "user level" in t["statement"]
     assert not any("TEST split" in w for w in entry["warnings"])  # one test run per (cell, fold)
     stage2 = [r for r in entry["per_run"] if not r["validation"]]
     assert len(stage2) == len(EPSILONS) * len(FOLDS)
-    assert entry["epsilon_rating_level"] == pytest.approx(sum(r["epsilon"] for r in entry["per_run"]))  # all composed
+    assert entry["epsilon_user_level"] == pytest.approx(sum(r["epsilon"] for r in entry["per_run"]))  # all composed
 
 
 def test_ledger_says_nothing_is_defended_for_null_epsilon(tmp_path):
@@ -155,8 +155,8 @@ def test_ledger_says_nothing_is_defended_for_null_epsilon(tmp_path):
 def test_optuna_stage1_two_trials(tmp_path):
     """``study.py sweeper=optuna n_trials=2``: the same search-space file, two TPE trials, the better one chosen."""
     cfg = study_cfg(tmp_path, "sweeper=optuna", "n_trials=2", "study.epsilons=[1]")
-    choice = run_stage1(cfg, Path(cfg.out))["dpsgd_paper-mf"][1.0]
-    sweep = Path(cfg.out) / "stage1" / "dpsgd_paper-mf" / "eps1"
+    choice = run_stage1(cfg, Path(cfg.out))["dpsgd-pnbm"][1.0]
+    sweep = Path(cfg.out) / "stage1" / "dpsgd-pnbm" / "eps1"
     assert (sweep / "optimization_results.yaml").exists()
     runs = [json.loads((j / "metrics.json").read_text())["test_rmse"] for j in jobs(sweep)]
     assert len(runs) == 2 and choice.n_configs == 2

@@ -11,6 +11,15 @@ Optimizer state (step counter, noise generator state, last noise scale) lives in
 mechanism's accountant, which lives in ONE attribute, ``self.accountant`` (an
 :class:`~dprec_torch.privacy.accountants.Accountant`, None for a mechanism without one):
 this base class saves and restores it, so no mechanism can forget to.
+
+Gradient reduction (``TrainingContext.gradient_reduction``, declared by the model). Under ``sum``
+(PNBM) ``lr`` applies to the summed, clipped, noised gradient G, as in the paper. Under ``mean`` (MF)
+``scale_grad()`` divides G -- signal AND noise -- by the expected batch size B = q x #units (Opacus's
+``scale_grad``) and the dense decay becomes lambda / #units, so each step is lr x an unbiased estimate
+of the gradient of the mean objective (1/n)(sum_x l_x + lambda |theta|^2 / 2): the same ``lr`` and
+``weight_decay`` mean the same thing at any sampling ratio and any dataset size (duplicating every
+example leaves the expected step unchanged). Both divisors are public counts, so privacy is unaffected
+(post-processing of the noised sum).
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch.optim import Optimizer
 
+from dprec_torch.mechanisms.context import TrainingContext
 from dprec_torch.privacy.accountants import Accountant
 from dprec_torch.privacy.pnbm_clipping import clip_factors
 from dprec_torch.seeding import make_generator
@@ -33,6 +43,8 @@ class MechanismOptimizer(Optimizer):
     uses_prior_precision = False  # reads TrainingContext.prior_precision (SGLD's H)
     #: the mechanism's accountant (set in ``__init__``); saved and restored by ``state_dict`` below
     accountant: Accountant | None = None
+    #: the run's facts (set by every mechanism's ``__init__``); None = a bare optimizer with summed gradients
+    context: TrainingContext | None = None
 
     def __init__(self, params: Iterable[torch.Tensor], defaults: dict[str, Any], seed: int = 0) -> None:
         super().__init__(params, defaults)
@@ -74,20 +86,37 @@ class MechanismOptimizer(Optimizer):
     def add_noise(self) -> None:
         """Perturb ``p.grad`` in place; no noise by default."""
 
+    @property
+    def grad_divisor(self) -> float:
+        """B = E|batch| when the model declares ``gradient_reduction = "mean"``, else 1 (see the module doc)."""
+        return 1.0 if self.context is None else self.context.grad_divisor
+
+    @property
+    def decay_divisor(self) -> float:
+        """#units when the model declares ``gradient_reduction = "mean"``, else 1: the dense decay is lambda / #units."""
+        return 1.0 if self.context is None else self.context.decay_divisor
+
     def scale_grad(self) -> None:
-        """Rescale ``p.grad`` before the update; no-op by default."""
+        """G <- G / B (Opacus's ``scale_grad``; B = 1 under summed semantics, which is left untouched)."""
+        b = self.grad_divisor
+        if b == 1.0:
+            return
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.grad.div_(b)
 
     def account(self) -> None:
         """Record the step just taken in ``self.accountant`` (no-op by default; Opacus's step hook)."""
 
     def apply_update(self) -> None:
-        """Plain gradient descent with L2 penalty: p <- p - lr (grad + weight_decay p)."""
+        """Plain gradient descent with L2 penalty: p <- p - lr (grad + (weight_decay / decay_divisor) p)."""
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is not None:  # in place: no M x M temporaries
                     wd, lr = group.get("weight_decay", 0.0), group["lr"]
                     if wd:
-                        p.grad.add_(p, alpha=wd)
+                        p.grad.add_(p, alpha=wd / self.decay_divisor)
                     p.add_(p.grad, alpha=-lr)
 
     @torch.no_grad()

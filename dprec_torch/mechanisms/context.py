@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from dprec_torch.data.ratings import RatingScale
+from dprec_torch.errors import ConfigError
 
 
 @dataclass
@@ -19,6 +20,11 @@ class TrainingContext:
     entry_bound: callable e_max -> bound on |G_ij(u)| for one example (model-specific).
     prior_precision: per-parameter H (SGLD's prior correction, Eq. (11)), or None.
     model: the module being trained.
+    n_units: how many sampling units the data holds (ratings, or users for user-level sampling).
+    expected_batch_size: E|batch| = sampling_ratio x n_units (Opacus's expected batch size).
+    gradient_reduction: what the model's ``lr`` is a step on -- ``sum`` (PNBM: the paper's summed G, with
+        beta) or ``mean`` (MF: the summed gradient + noise divided by ``expected_batch_size``, so ``lr`` is a
+        per-example step and one setting serves any batch or dataset size; see :meth:`grad_divisor`).
     """
 
     total_steps: int
@@ -30,6 +36,39 @@ class TrainingContext:
     entry_bound: object = None
     prior_precision: list[torch.Tensor | None] = field(default_factory=list)
     model: object = None  # the module being trained (for per-example norms and what it releases)
+    n_units: int | None = None
+    expected_batch_size: float | None = None
+    gradient_reduction: str = "sum"
+
+    def __post_init__(self) -> None:
+        if self.gradient_reduction not in REDUCTIONS:
+            raise ConfigError(f"gradient_reduction must be one of {REDUCTIONS}, got '{self.gradient_reduction}'")
+        if self.gradient_reduction == "mean" and not (self.expected_batch_size or 0) > 0:
+            raise ConfigError("gradient_reduction=mean needs expected_batch_size > 0 (sampling_ratio x #units)")
+
+    @property
+    def grad_divisor(self) -> float:
+        """B = E|batch| under ``mean`` (Opacus's ``scale_grad``), 1 under ``sum``: G <- G / B."""
+        return float(self.expected_batch_size) if self.gradient_reduction == "mean" else 1.0
+
+    @property
+    def decay_divisor(self) -> float:
+        """n_units under ``mean``, 1 under ``sum``.
+
+        The step is lr x the gradient of the MEAN objective (1/n)(sum_x l_x + lambda |theta|^2 / 2): a Poisson
+        batch estimates it by (1/B)(sum_batch grad l_x + q lambda theta), so the dense decay is lambda / n (n = B / q).
+        ``weight_decay`` = lambda is then the precision of a Gaussian prior in the SUMMED objective (PMF's lambda),
+        whatever the batch or dataset size.
+        """
+        return float(self.n_units or 1) if self.gradient_reduction == "mean" else 1.0
+
+
+REDUCTIONS = ("sum", "mean")
+
+
+def gradient_reduction_of(model: Any) -> str:
+    """The model's declared reduction (``gradient_reduction`` class attribute; ``sum`` when it declares none)."""
+    return str(getattr(model, "gradient_reduction", "sum"))
 
 
 def prior_precision_for(mechanism_cls: type, model: Any, train: Any, batch_ratings: float) -> list[torch.Tensor | None]:

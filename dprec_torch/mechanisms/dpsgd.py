@@ -21,7 +21,8 @@ DPSGD-MF (Berlioz et al., RecSys 2015, "private SGD"), selected when the model d
 ``dpsgd_perturb_residuals = True`` (``model=mf``): the noise goes on each rating's
 prediction error instead of on G (see :meth:`DPSGDLaplace.perturb_residuals_`):
     e'_ui = clamp(e_ui + Lap(K Delta r / eps), -e_max, e_max),   Delta r = r_max - r_min,
-then G = sum e'_ui d r_hat_ui / d theta and the MapSGD update. K bounds how often one
+then G = sum e'_ui d r_hat_ui / d theta, divided by the expected batch size q n (MF's mean
+reduction, base.py: ``lr`` = Berlioz's per-rating step x q n), and the MapSGD update. K bounds how often one
 rating is visited: K = the number of passes (steps) when sampling_ratio = 1 (Berlioz's K
 passes over the data), else the smallest K with P[Binomial(T, q) > K] <= delta.
 Relation: one rating's VALUE changes (who rated what is public). Changing r_ui moves

@@ -11,8 +11,9 @@ their ratings -- is included independently with probability q = ``sampling_ratio
 Step 2 is done on the residuals: g_x is linear in the e_ui of x, so scaling x's
 residuals by min(1, c/||g_x||) scales g_x (``clip_residuals``). The norms ||g_x|| come
 from the model (``model.per_example_grad_norms(batch, residuals, unit)``; closed form
-for MF), so no per-example gradient is ever materialised. G is the SUM, so ``lr`` is a
-per-example step size (as in MapSGD), not Opacus's mean-normalised one.
+for MF), so no per-example gradient is ever materialised. For a model that declares
+``gradient_reduction = "mean"`` (MF) the template's ``scale_grad`` then divides G by the expected
+batch size q n and step 4's decay by n, as Opacus does (``lr`` is a per-example step; base.py).
 
 Privacy. Neighbouring relation: add/remove one unit -- one rating (``unit=rating``) or
 one user's whole profile (``unit=user``). The L2 sensitivity of sum_x g_x is c, so each
@@ -147,6 +148,9 @@ class GaussianDPSGD(MechanismOptimizer):
             "mechanism": f"gaussian DP-SGD (per-example clipping + Gaussian noise, unit={self.unit})",
             "relation": self.unit,
             "guarantee": f"(eps, delta)-DP for add/remove of {unit_words}",
+            # Opacus's accounting is add/remove: a CHANGED rating (or profile) is two such steps, i.e. the
+            # group-of-2 guarantee, not this epsilon (the harness checks the add/remove sensitivity c)
+            "neighbouring": f"add/remove {unit_words} (changing one is 2 add/remove steps: not covered at this epsilon)",
             "sensitivity": {"clip_norm": self.clip_norm, "norm": "L2", "of": f"the summed clipped gradients, per {self.unit}"},
             "noise": {"distribution": "Gaussian", "noise_multiplier": self.noise_multiplier, "std": self.noise_std},
             "steps": self.context.total_steps,

@@ -13,6 +13,9 @@ from dprec_torch.mechanisms.context import TrainingContext
 class MapSGD(MechanismOptimizer):
     """S <- S - eta (beta G + lambda S)  (Eq. (4); Alg. 1 line 7 without noise).
 
+    With a model that declares ``gradient_reduction = "mean"`` (MF), G has been divided by the expected
+    batch size B and lambda by #units before this update (see :mod:`dprec_torch.mechanisms.base`).
+
     ``beta`` also rescales the initialisation once (Alg. 1 line 1): S^(1) <- beta S^(1).
     Neighbouring relation: none (non-private).
     """
@@ -43,6 +46,6 @@ class MapSGD(MechanismOptimizer):
                     g = p.grad
                     if group["beta"] != 1.0:
                         g.mul_(group["beta"])
-                    if group["weight_decay"]:
-                        g.add_(p, alpha=group["weight_decay"])
+                    if group["weight_decay"]:  # decay_divisor = 1 for PNBM (the paper's lambda)
+                        g.add_(p, alpha=group["weight_decay"] / self.decay_divisor)
                     p.add_(g, alpha=-group["lr"])

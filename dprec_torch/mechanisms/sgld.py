@@ -171,9 +171,12 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
         return 1.0 if math.isinf(self.epsilon) else self.sample_epsilon / (4.0 * self.B)
 
     def step_size(self, t: int | None = None) -> float:
-        """eta_t = eta_1 t^(-xi)."""
+        """eta_t = eta_1 t^(-xi) / N_eta, N_eta = #training ratings when the model declares ``gradient_reduction =
+        "mean"`` (MF: ``lr`` is then a step on the MEAN posterior gradient, so the same ``lr`` suits any dataset size;
+        drift and noise N(0, rho eta_t) share eta_t, so the target posterior is unchanged), else 1 (PNBM, the paper)."""
         t = self.t if t is None else t
-        return self.eta1 * t ** (-self.decay)
+        n = self.context.n_ratings if self.context.gradient_reduction == "mean" else 1
+        return self.eta1 * t ** (-self.decay) / n
 
     def noise_std(self, t: int | None = None) -> float:
         """z_t ~ N(0, rho eta_t): std sqrt(rho eta_t) (Alg. 2 line 4)."""

@@ -4,10 +4,10 @@
 
 ``mu`` is the global bias: ``mu_0`` is the midpoint of the public rating scale (never a
 data statistic) and ``g`` a learned scalar, scaled by ``s = mu_scale``. The scaling is a
-preconditioner: the summed mini-batch gradient of ``mu`` adds up every rating in the
-batch (hundreds to thousands), so without it a step size that suits the per-user and
-per-item parameters makes ``mu`` oscillate and diverge; its effective step is ``s^2``
-times theirs. ``b_u``/``b_i`` are user/item biases and ``p_u``/``q_i``
+preconditioner: every rating of a batch pulls on ``mu``, so in the mean objective (``gradient_reduction
+= "mean"``: mechanisms divide the summed gradient by the expected batch size) its curvature is ``s^2``,
+against ~ n_u / n for a user's parameters; without it a step size that suits the per-user and per-item
+parameters makes ``mu`` oscillate and diverge. ``b_u``/``b_i`` are user/item biases and ``p_u``/``q_i``
 d-dimensional factors, all ``nn.Embedding`` tables. User factors start at zero and
 item factors at N(0, init_std^2): one random side is enough to break the symmetry,
 and a user who never appears in a gradient keeps ``b_u = 0, p_u = 0``.
@@ -60,6 +60,10 @@ class MF(nn.Module):
     name = "MF"
     #: mechanism=dpsgd perturbs each rating's error (Berlioz et al. 2015), not the gradient
     dpsgd_perturb_residuals = True
+    #: every mechanism divides the (clipped, noised) summed gradient by the expected batch size and the dense
+    #: decay by #units, so ``lr`` is a per-example step whatever the sampling ratio or dataset size
+    #: (:mod:`dprec_torch.mechanisms.base`; SGLD divides its step by #ratings instead, keeping the posterior)
+    gradient_reduction = "mean"
 
     def __init__(
         self,

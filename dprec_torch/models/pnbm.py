@@ -94,15 +94,29 @@ def denominator_mask(batch: UserBatch, S: torch.Tensor, raw: torch.Tensor, floor
     The first caller (the forward of ``batch_predict``, or the clipping norms) computes it from its
     D; every later forward, gradient or norm of the same (batch, S version) reuses that tensor, so
     they cannot disagree at D = C, whatever the precision or summation order of each computation.
+    Like the sparse-pair sums cache, the key is S's identity and ``_version``: every in-place update of
+    the parameter (optimizer steps, ``fill_``, ``load_state_dict``) bumps it; a write through ``S.data``
+    does not, so code that edits ``S.data`` directly must use a fresh batch.
     """
-    key = (S._version, S.data_ptr(), S.dtype, S.device, floor_c, batch.ind, batch.rows, batch.items)
-    hit = batch.__dict__.get("_denominator_mask")
-    if hit is not None and hit[0]() is S and len(hit[1]) == len(key) and all(
-            a is b if isinstance(a, torch.Tensor) else a == b for a, b in zip(hit[1], key)):
-        return hit[2]
-    mask = denominator_active(raw, floor_c)
-    batch.__dict__["_denominator_mask"] = (weakref.ref(S), key, mask)
+    mask = cached_denominator_mask(batch, S, floor_c)
+    if mask is None:
+        mask = denominator_active(raw, floor_c)
+        batch.__dict__["_denominator_mask"] = (weakref.ref(S), _mask_key(batch, S, floor_c), mask)
     return mask
+
+
+def _mask_key(batch: UserBatch, S: torch.Tensor, floor_c: float) -> tuple:
+    return (S._version, S.data_ptr(), S.dtype, S.device, float(floor_c), batch.ind, batch.rows, batch.items)
+
+
+def cached_denominator_mask(batch: UserBatch, S: torch.Tensor, floor_c: float) -> torch.Tensor | None:
+    """The batch's cached [D >= C] mask for this S (object and version), or None."""
+    hit = batch.__dict__.get("_denominator_mask")
+    if hit is None or hit[0]() is not S:
+        return None
+    key = _mask_key(batch, S, floor_c)
+    same = len(hit[1]) == len(key) and all(a is b if isinstance(a, torch.Tensor) else a == b for a, b in zip(hit[1], key))
+    return hit[2] if same else None
 
 
 class PNBM(nn.Module):
@@ -269,6 +283,14 @@ class PNBM(nn.Module):
             num = torch.sparse.mm(batch.x, S.T)[batch.rows, batch.items]
             raw = torch.sparse.mm(batch.ind, SignedAbs.apply(S).T)[batch.rows, batch.items]
         return num, raw, denominator_mask(batch, S, raw, self.floor_c)
+
+    def floor_mask(self, batch: UserBatch) -> torch.Tensor:
+        """The batch's one [D >= C] mask for the current S (the forward's, or computed now and cached)."""
+        mask = cached_denominator_mask(batch, self.S, self.floor_c)
+        if mask is None:
+            with torch.no_grad():
+                mask = self.denominator_terms(batch)[2]
+        return mask
 
     def batch_predict(self, batch: UserBatch) -> torch.Tensor:
         """r_hat at the batch targets (Eq. (2), all neighbours, differentiable in S)."""

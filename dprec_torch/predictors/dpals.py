@@ -116,7 +116,7 @@ class DPALS(BasePredictor):
         dim: factor dimension d. iterations: ALS rounds T. power_iters: noisy power-iteration rounds.
         max_ratings_per_user: m (null: no sampling; only with epsilon=inf).
         clip_factor: Gamma_u. clamp_r: Gamma_r. reg: lambda (user solve). item_reg: lambda_v (item solve).
-        mean_fraction, mean_noise, mean_shrinkage: the item-mean release (share of mu^2, or of epsilon for laplace).
+        mean_fraction, mean_noise, mean_prior_std: the item-mean release (share of mu^2, or of epsilon for laplace).
         init_fraction: share of the Gaussian budget (mu^2) spent on the power iteration. beta_p: user-offset damping.
         init_scale: RMS entry of the initial item factors. seed: noise and sampling seed.
     """
@@ -137,9 +137,10 @@ class DPALS(BasePredictor):
         clamp_r: float = 1.0,
         reg: float = 5.0,
         item_reg: float = 50.0,
+        noise_reg: float = 1.0,
         mean_fraction: float = 0.3,
         mean_noise: str = "laplace",
-        mean_shrinkage: float = 5.0,
+        mean_prior_std: float = 0.5,
         init_fraction: float = 0.2,
         beta_p: float = 5.0,
         init_scale: float = 0.3,
@@ -163,8 +164,8 @@ class DPALS(BasePredictor):
             raise ConfigError(f"dpals: need dim >= 1, iterations >= 1, power_iters >= 0 (got {dim}, {iterations}, {power_iters})")
         if math.isfinite(self.epsilon) and (max_ratings_per_user is None or math.isinf(clip_factor) or math.isinf(clamp_r)):
             raise ConfigError("dpals: a private run needs max_ratings_per_user, clip_factor and clamp_r finite (they set the sensitivity)")
-        if not (clip_factor > 0 and clamp_r > 0 and reg > 0 and item_reg > 0 and beta_p >= 0 and init_scale > 0):
-            raise ConfigError("dpals: need clip_factor, clamp_r, reg, item_reg, init_scale > 0 and beta_p >= 0")
+        if not (clip_factor > 0 and clamp_r > 0 and reg > 0 and item_reg > 0 and noise_reg >= 0 and beta_p >= 0 and init_scale > 0):
+            raise ConfigError("dpals: need clip_factor, clamp_r, reg, item_reg, init_scale > 0 and noise_reg, beta_p >= 0")
         if not (0 < mean_fraction < 1 and 0 <= init_fraction < 1) or (mean_noise == "gaussian" and mean_fraction + init_fraction >= 1):
             raise ConfigError("dpals: need 0 < mean_fraction < 1, 0 <= init_fraction < 1 (and their sum < 1 with gaussian means)")
         if int(power_iters) > 0 and init_fraction == 0 and math.isfinite(self.epsilon):
@@ -172,7 +173,8 @@ class DPALS(BasePredictor):
         self.relation, self.dim, self.iterations, self.power_iters = relation, int(dim), int(iterations), int(power_iters)
         self.max_ratings_per_user = None if max_ratings_per_user is None else int(max_ratings_per_user)
         self.clip_factor, self.clamp_r, self.reg, self.item_reg = float(clip_factor), float(clamp_r), float(reg), float(item_reg)
-        self.mean_fraction, self.mean_noise, self.mean_shrinkage = float(mean_fraction), mean_noise, float(mean_shrinkage)
+        self.noise_reg = float(noise_reg)
+        self.mean_fraction, self.mean_noise, self.mean_prior_std = float(mean_fraction), mean_noise, float(mean_prior_std)
         self.init_fraction, self.beta_p, self.init_scale, self.seed = float(init_fraction), float(beta_p), float(init_scale), int(seed)
 
     @property
@@ -208,7 +210,7 @@ class DPALS(BasePredictor):
         self._plan()
         # step 0: item means, offsets, residuals, per-user sample
         budget = self.mean_epsilon_ if self.mean_noise == "laplace" else self.mu_["item_stats"]
-        rel = release_item_means(train, self.relation, budget if self.private else math.inf, self.mean_shrinkage, gen, self.mean_noise)
+        rel = release_item_means(train, self.relation, budget if self.private else math.inf, self.mean_prior_std, gen, self.mean_noise)
         self.means_release_ = rel
         self.item_avg_, self.global_avg_ = rel.means.to(dev), rel.global_mean
         e = train.values.double() - self.item_avg_.double()[train.items]
@@ -249,7 +251,9 @@ class DPALS(BasePredictor):
                 b = b + torch.randn(n_i, d, generator=gen, device=gen.device, dtype=torch.float64).to(dev) * self.als_std_
             evals, evecs = torch.linalg.eigh(a)
             a_psd = (evecs * evals.clamp_min(0.0)[:, None, :]) @ evecs.transpose(1, 2)
-            v = torch.linalg.solve(a_psd + self.item_reg * eye, b.unsqueeze(-1)).squeeze(-1)
+            # lambda_v = item_reg + noise_reg x s sqrt(d): the ridge grows with the noise's spectral scale
+            lam_v = self.item_reg + self.noise_reg * self.als_std_ * math.sqrt(d)
+            v = torch.linalg.solve(a_psd + lam_v * eye, b.unsqueeze(-1)).squeeze(-1)
         # step 3: users solve their own factors from the released V
         self.item_factors_ = v.float()
         self.user_factors_ = solve_rows(mask, resid, v, self.reg).float()

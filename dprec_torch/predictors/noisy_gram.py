@@ -33,6 +33,7 @@ with ``estimator``:
   spectral edge of the symmetric Gaussian noise, s = its entry std), at most ``rank``; each user fits
   p_u = argmin ||y_u - V_Ru p||^2 + lambda sum_k (L'_1 / L'_k)^prior_power p_k^2 (L' = L - edge, a
   per-direction prior from the denoised spectrum), f_i = v_i . p_u.
+* ``none``: f = 0 (DP item means + the user's own offset; the reference every learned S must beat).
 
 ``epsilon=inf`` runs the same pipeline with sigma = 0 (the estimator's bias without noise).
 Privacy report: what is released (r~, g, G~: item-side only) and that predictions for u read u's ratings.
@@ -63,7 +64,7 @@ from dprec_torch.seeding import make_generator
 
 log = logging.getLogger(__name__)
 
-ESTIMATORS = ("knn", "ease", "lowrank")
+ESTIMATORS = ("knn", "ease", "lowrank", "none")
 WEIGHTINGS = ("clip", "normalize")
 
 
@@ -83,6 +84,23 @@ def unit_vectors(train: Ratings, means: torch.Tensor, relation: str, clamp_b: fl
     else:
         scale = torch.clamp(clip_norm / norm.clamp_min(1e-300), max=1.0)
     return y * scale[train.users]
+
+
+def restrict_to_support(train: Ratings, noisy_counts: torch.Tensor, support: int | None) -> tuple[Ratings, torch.Tensor]:
+    """The ratings of the ``support`` items with the largest released (noisy) counts, re-indexed 0..N-1.
+
+    The support is a function of the released item statistics only (post-processing); each unit's vector is
+    then that unit's ratings on the support, so every sensitivity bound holds unchanged.
+    """
+    m = train.n_items
+    if support is None or int(support) >= m:
+        return train, torch.arange(m, device=train.device)
+    idx = torch.sort(torch.topk(noisy_counts, int(support)).indices).values
+    remap = torch.full((m,), -1, dtype=torch.long, device=train.device)
+    remap[idx] = torch.arange(idx.numel(), device=train.device)
+    keep = remap[train.items] >= 0
+    sub = Ratings(train.users[keep], remap[train.items[keep]], train.values[keep], train.n_users, idx.numel(), train.scale)
+    return sub, idx
 
 
 def gram(train: Ratings, x: torch.Tensor) -> torch.Tensor:
@@ -137,10 +155,12 @@ class NoisyGram(BasePredictor):
         estimator: ``knn`` | ``ease`` | ``lowrank``.
         clamp_b: B, clamp of each centred entry. clip_norm: c, user-level L2 clip of x_u.
         weighting: ``clip`` | ``normalize`` (user level).
-        mean_fraction: share of mu^2 spent on the item statistics. mean_shrinkage: kappa / count noise std.
+        mean_fraction: share of mu^2 spent on the item statistics. mean_prior_std: prior std of item deviations (posterior-mean shrinkage).
         beta_p: damping of the user's own offset b_u.
         k, variance_floor, knn_shrinkage: kNN neighbours per item, tau / s, lambda (knn).
         reg: ridge lambda (ease, lowrank). rank, eig_threshold, prior_power: low-rank options.
+        support: keep the Gram on the ``support`` items with the largest DP counts (null: all items); a smaller
+            support lowers the noise edge 2 s sqrt(N) and drops noise-only pairs (post-processing of step 1).
         seed: seeds the noise generator.
     """
 
@@ -158,7 +178,7 @@ class NoisyGram(BasePredictor):
         weighting: str = "clip",
         mean_fraction: float = 0.2,
         mean_noise: str = "gaussian",
-        mean_shrinkage: float = 5.0,
+        mean_prior_std: float = 0.5,
         beta_p: float = 5.0,
         k: int = 100,
         variance_floor: float = 3.0,
@@ -167,6 +187,7 @@ class NoisyGram(BasePredictor):
         rank: int = 20,
         eig_threshold: float = 1.0,
         prior_power: float = 1.0,
+        support: int | None = None,
         block: int = 1024,
         seed: int = 0,
         device: torch.device | str | None = None,
@@ -196,9 +217,12 @@ class NoisyGram(BasePredictor):
             raise ConfigError(f"noisy_gram: k={k}, rank={rank}, block={block} must be positive integers")
         self.relation, self.estimator, self.weighting, self.mean_noise = relation, estimator, weighting, mean_noise
         self.clamp_b, self.clip_norm = float(clamp_b), float(clip_norm)
-        self.mean_fraction, self.mean_shrinkage, self.beta_p = float(mean_fraction), float(mean_shrinkage), float(beta_p)
+        self.mean_fraction, self.mean_prior_std, self.beta_p = float(mean_fraction), float(mean_prior_std), float(beta_p)
         self.k, self.variance_floor, self.knn_shrinkage = int(k), float(variance_floor), float(knn_shrinkage)
         self.reg, self.rank, self.eig_threshold, self.prior_power = float(reg), int(rank), float(eig_threshold), float(prior_power)
+        if support is not None and int(support) < 2:
+            raise ConfigError(f"noisy_gram: support={support} must be >= 2 items or null (all items)")
+        self.support = None if support is None else int(support)
         self.block, self.seed = int(block), int(seed)
 
     @property
@@ -213,25 +237,32 @@ class NoisyGram(BasePredictor):
         train = self._prepare(train)
         dev, m = train.device, train.n_items
         gen = make_generator(self.seed, dev)
-        if self.mean_noise == "laplace":  # pure eps_m + (eps - eps_m, delta) Gaussian, basic composition
+        if not self.private:
+            self.mean_epsilon_ = None
+            self.mu_ = {"item_stats": math.inf, "gram": math.inf}
+            rel = release_item_means(train, self.relation, math.inf, self.mean_prior_std, gen, self.mean_noise)
+        elif self.mean_noise == "laplace":  # pure eps_m + (eps - eps_m, delta) Gaussian, basic composition
             self.mean_epsilon_ = self.mean_fraction * self.epsilon
             self.mu_ = {"gram": total_mu(self.epsilon - self.mean_epsilon_, self.delta)}
-            rel = release_item_means(train, self.relation, self.mean_epsilon_, self.mean_shrinkage, gen, "laplace")
+            rel = release_item_means(train, self.relation, self.mean_epsilon_, self.mean_prior_std, gen, "laplace")
         else:  # one GDP budget split between the two Gaussian releases
             self.mean_epsilon_ = None
             self.mu_ = split_mu(total_mu(self.epsilon, self.delta),
                                 {"item_stats": (self.mean_fraction, 1), "gram": (1.0 - self.mean_fraction, 1)})
-            rel = release_item_means(train, self.relation, self.mu_["item_stats"], self.mean_shrinkage, gen)
+            rel = release_item_means(train, self.relation, self.mu_["item_stats"], self.mean_prior_std, gen)
         self.means_release_ = rel
         self.item_avg_, self.global_avg_ = rel.means.to(dev), rel.global_mean
 
-        x = unit_vectors(train, self.item_avg_, self.relation, self.clamp_b, self.clip_norm, self.weighting, self.beta_p)
-        g = gram(train, x)
+        sub, idx = restrict_to_support(train, rel.counts.to(dev), self.support)
+        x = unit_vectors(sub, self.item_avg_[idx], self.relation, self.clamp_b, self.clip_norm, self.weighting, self.beta_p)
+        g = gram(sub, x)
         self.sensitivity_ = gram_sensitivity(self.relation, self.clamp_b, self.clip_norm)
         self.noise_std_ = 0.0 if not self.private else self.sensitivity_ / self.mu_["gram"]
         if self.noise_std_ > 0:
-            g = g + symmetric_noise(m, self.noise_std_, gen, dev)
+            g = g + symmetric_noise(sub.n_items, self.noise_std_, gen, dev)
+        self.support_items_ = idx
         self._learn(g)
+        self._expand(idx, m)
         self._index_users(train)
         log.info("noisy_gram(%s, %s, eps=%g): Delta_G=%.4g, gram noise std=%.4g, mean noise std=%.4g",
                  self.relation, self.estimator, self.epsilon, self.sensitivity_, self.noise_std_, rel.noise_std)
@@ -242,6 +273,8 @@ class NoisyGram(BasePredictor):
         m = g.shape[0]
         edge = 2.0 * self.noise_std_ * math.sqrt(m)
         self.noise_edge_ = edge
+        if self.estimator == "none":
+            return
         if self.estimator == "knn":
             d = g.diagonal().clamp_min(0.0) + max(self.variance_floor * self.noise_std_, 1e-9)
             s = (g / torch.sqrt(d[:, None] * d[None, :])).clamp_min(0.0)
@@ -277,6 +310,19 @@ class NoisyGram(BasePredictor):
         self.component_reg_ = (self.reg * (lam[0] / lam) ** self.prior_power).float()
         self.n_components_ = keep
 
+    def _expand(self, idx: torch.Tensor, m: int) -> None:
+        """Embed the learned support-space matrices into the M-item space (zeros outside the support)."""
+        if idx.numel() == m or self.estimator == "none":
+            return
+        if self.estimator == "lowrank":
+            full = torch.zeros(m, self.components_.shape[1], device=idx.device)
+            full[idx] = self.components_
+            self.components_ = full
+        else:
+            full = torch.zeros(m, m, device=idx.device)
+            full[idx[:, None], idx[None, :]] = self.item_matrix_
+            self.item_matrix_ = full
+
     def _index_users(self, train: Ratings) -> None:
         """Each user's own residuals y_u (CSR rows) and offset b_u; for lowrank, the user factors p_u."""
         e = train.values - self.item_avg_[train.items]
@@ -298,6 +344,8 @@ class NoisyGram(BasePredictor):
     # ------------------------------------------------------------- predict
     def _user_term(self, users: torch.Tensor) -> torch.Tensor:
         """f(y_u) for distinct known users ``users`` over all items, ``[B, M]``."""
+        if self.estimator == "none":
+            return torch.zeros(users.numel(), self.train_.n_items, device=users.device)
         if self.estimator == "lowrank":
             return self.user_factors_[users] @ self.components_.t()
         y = dense_rows(self.resid_csr_, users)

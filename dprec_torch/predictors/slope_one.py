@@ -178,8 +178,14 @@ class SlopeOne(BasePredictor):
         return torch.where(ok_i, out, fallback)
 
     def predict(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
-        """Eq. (6) clipped to the rating scale (float32)."""
-        return self.scale.clip(self.raw_predict(users, items)).float()
+        """Eq. (6) clipped to the rating scale (float32). Pairs of users below T (global mean) and of unknown
+        items (the user's mean) are counted in ``fallback_rate_``."""
+        out = self.scale.clip(self.raw_predict(users, items)).float()
+        items = torch.as_tensor(items, dtype=torch.long, device=out.device)
+        _, served = self._users(users)
+        answered = served & (items >= 0) & (items < self.n_items)
+        self.fallback_rate_ = float((~answered).float().mean()) if answered.numel() else 0.0
+        return out
 
     def rated_mask(self, users: torch.Tensor) -> torch.Tensor:
         """``[len(users), M]`` bool: items each user rated in training (excluded from recommendations)."""

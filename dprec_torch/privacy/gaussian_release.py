@@ -29,8 +29,11 @@ user level w_u = 1 / sum_{i in R_u} (1 + |z_ui|) (L1 norm exactly 1 -> Delta_1 =
 :mod:`dprec_torch.privacy.item_means`); rating level (z, 1): add/remove |z| + 1 <= 2, change |z - z'| <= 2 -> Delta_1 = 2.
 
 Post-processing (no privacy cost): g = mid + half sum S~ / max(sum C~, 1), and with C+ = max(C~, 0),
-kappa = shrinkage x (noise std of a count),
-    r_bar_i = clip(g + (half S~_i - (g - mid) C+_i) / (C+_i + kappa))        (shrunk towards g).
+S'_i = S~_i - C+_i (g - mid) / half (the item's deviation from g, times its count, in z units) and a
+N(0, tau_z^2) prior on each item's deviation (tau_z = ``prior_std`` / half), the posterior mean given
+S' = C d + N(0, s^2) (s = the noise std of a sum) is
+    r_bar_i = clip(g + half C+_i tau_z^2 S'_i / (C+_i^2 tau_z^2 + s^2))     (-> S'_i / C_i as s -> 0),
+so an item whose count is lost in the noise falls back to g instead of amplifying the noise.
 
 Per-user sampling: :func:`per_user_sample` keeps at most m ratings of each user, chosen by a pseudo-random
 key of (seed, user id, item id) only, so one user's selection never depends on anybody else's data
@@ -164,16 +167,17 @@ class ItemMeansRelease:
     sensitivity: float
     noise_std: float
     details: dict[str, Any] = field(default_factory=dict)
+    counts: torch.Tensor | None = None  # the noisy counts C~ (count units), public after the release
 
 
-def release_item_means(train: Any, relation: str, budget: float, shrinkage: float, gen: torch.Generator,
+def release_item_means(train: Any, relation: str, budget: float, prior_std: float, gen: torch.Generator,
                        noise: str = "gaussian") -> ItemMeansRelease:
     """Step 1: (S, C) + noise on all 2M entries, then the shrunk means (module docstring).
 
     ``budget`` is mu (GDP) for ``noise=gaussian`` and the pure epsilon for ``noise=laplace``; inf = no noise.
     """
-    if not shrinkage >= 0:
-        raise ConfigError(f"mean_shrinkage must be >= 0, got {shrinkage}")
+    if not prior_std > 0:
+        raise ConfigError(f"mean_prior_std must be > 0, got {prior_std}")
     m = train.n_items
     lo, hi = train.scale.lo, train.scale.hi
     mid, half = (lo + hi) / 2, (hi - lo) / 2
@@ -194,10 +198,12 @@ def release_item_means(train: Any, relation: str, budget: float, shrinkage: floa
     count_std = std / gamma
     g = min(max(mid + half * float(s.sum()) / max(float(c.sum()), 1.0), lo), hi)
     cp = c.clamp_min(0.0)
-    kappa = shrinkage * count_std
-    means = (g + (half * s - (g - mid) * cp) / (cp + kappa).clamp_min(1e-12)).clamp(lo, hi)
-    means = torch.where(cp + kappa > 0, means, torch.full_like(means, g))
-    return ItemMeansRelease(means.float(), float(g), delta, std, {"count_noise_std": count_std, "shrinkage_kappa": kappa})
+    dev = s - cp * (g - mid) / half
+    tau2 = (prior_std / half) ** 2
+    den = cp * cp * tau2 + std * std
+    means = torch.where(den > 0, g + half * cp * tau2 * dev / den.clamp_min(1e-300), torch.full_like(s, g)).clamp(lo, hi)
+    return ItemMeansRelease(means.float(), float(g), delta, std, {"count_noise_std": count_std, "prior_std": prior_std},
+                            counts=c.float())
 
 
 # ------------------------------------------------------------------ per-user sampling

@@ -13,7 +13,7 @@ so the gradient of target (u, i) is supported on row i, columns j in R_u:
 explicitly (:mod:`dprec_torch.models.pnbm`, ``DENOMINATOR_RULE``): where D_ui >= C -- the
 boundary D = C included -- d = D and the |s| term is KEPT; where D_ui < C, d = C and the term is 0;
 sign(0) = 0. The mask [D >= C] is not recomputed here: it is the batch's one cached mask
-(``PNBM.denominator_terms``), the same tensor the forward and the released gradient use, so the
+(``PNBM.floor_mask``), the same tensor the forward and the released gradient use, so the
 norm that is clipped and the gradient that is released cannot follow different rules (a user
 with D = C exactly, e.g. S = constant 1, C = 10 and 11 ratings, is the case that matters).
 User u's whole contribution to the summed gradient is
@@ -62,10 +62,10 @@ def target_terms(model: Any, batch: Any) -> tuple[torch.Tensor, torch.Tensor, to
     """(n_ui, d_ui, a_ui) of (*) at every batch target, in float64.
 
     The values are recomputed in float64; WHICH branch of the floor each target takes is the
-    model's shared mask (``model.denominator_terms``), never a float64 re-decision: at D ~ C a
+    model's shared mask (``model.floor_mask``), never a float64 re-decision: at D ~ C a
     float32 forward and a float64 norm could otherwise round to opposite sides of C.
     """
-    _, _, active = model.denominator_terms(batch)
+    active = model.floor_mask(batch)
     S = model.S.detach().double()
     x, ind = batch.x.to(torch.float64), batch.ind.to(torch.float64)
     num = torch.sparse.mm(x, S.T)[batch.rows, batch.items]

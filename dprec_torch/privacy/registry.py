@@ -29,7 +29,8 @@ never recomputed from the bound's formula; only when ``units`` is True), and ``s
 sensitivity the mechanism object itself calibrates its noise to (check (b) uses it, and it must equal
 the case's). Any public state (initial parameters, public item means) must depend on ``seed``
 only, never on ``data``: the harness calls ``release`` on a dataset and its neighbour with the
-same seed. ``relation``: ``user`` (add/remove one user's profile), ``rating``
+same seed; it returns None where the mechanism refuses the dataset (e.g. a ``DataError`` on an empty
+one), and the harness then skips that pair. ``relation``: ``user`` (add/remove one user's profile), ``rating``
 (add/remove one rating) or ``rating_value`` (change one rating's value; who rated what is public);
 a case claiming ``rating`` is also checked for a changed value when ``also_change`` is set (the
 "add/remove/change" relation). ``tau``: the case caps users at tau ratings before releasing.

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from dprec_torch.data.ratings import Ratings
+from dprec_torch.errors import DataError
 from dprec_torch.mechanisms.base import MechanismOptimizer
 from dprec_torch.mechanisms.context import TrainingContext
 from dprec_torch.mechanisms.dpsgd import DPSGDLaplace
@@ -246,11 +247,68 @@ def sgld_cases() -> list[SensitivityCase]:
     return [_sgld_case("mf", 3), _sgld_case("pnbm", 4)]
 
 
+# ------------------------------------------------------------------ laplace_output (Park & Acharya)
+def laplace_output_cases() -> list[SensitivityCase]:
+    """Per-query output perturbation: every released value moves by at most the sensitivity its per-query
+    epsilon is stated for, max(Delta f, the predictor's guaranteed bound) (``epsilon_per_query``).
+
+    Slope One (Theorem 3.1): substitution of one rating value, queries at the pairs the user has not rated.
+    Cosine on implicit purchases (Theorem 3.2): add/remove/change one rating, every released score.
+    """
+    from dprec_torch.mechanisms.output_perturbation import LaplaceOutputPredictor
+    from dprec_torch.predictors.cosine_implicit import CosineImplicit
+    from dprec_torch.predictors.slope_one import SlopeOne, slope_one_sensitivity, slope_one_substitution_sensitivity
+
+    def stated(pred: LaplaceOutputPredictor) -> float:
+        r = pred.privacy_report()
+        return float(r["sensitivity"]) * float(r["epsilon_per_query"]) / float(r["epsilon_nominal"]) \
+            if math.isfinite(float(r["epsilon_nominal"])) else max(float(r["sensitivity"]),
+                                                                   float(r["details"]["sensitivity_guaranteed"]))
+
+    def slope_release(data: Ratings, seed: int, units: bool) -> Release | None:
+        try:
+            pred = LaplaceOutputPredictor(SlopeOne(T=2, phi_m=1), math.inf).fit(data)
+        except DataError:  # the predictor refuses this dataset: nothing is released
+            return None
+        rated = torch.zeros(data.n_users, data.n_items, dtype=torch.bool)
+        rated[data.users, data.items] = True
+        u, i = torch.nonzero(~rated, as_tuple=True)
+        out = Release(pred.release(u, i).double())
+        out.stated = stated(pred)
+        return out
+
+    def cosine_release(data: Ratings, seed: int, units: bool) -> Release | None:
+        try:
+            pred = LaplaceOutputPredictor(CosineImplicit(T=2, threshold=4.0), math.inf).fit(data)
+        except DataError:
+            return None
+        out = Release(pred.release_scores(torch.arange(data.n_users)).double().reshape(-1))
+        out.stated = stated(pred)
+        return out
+
+    return [
+        SensitivityCase(name="laplace_output slope_one T=2 phi_m=1", relation="rating_value", norm=math.inf,
+                        sensitivity=max(slope_one_sensitivity(2, 1, 4.0), slope_one_substitution_sensitivity(2, 1, 4.0)),
+                        release=slope_release, max_items=6),
+        SensitivityCase(name="laplace_output cosine_implicit T=2", relation="rating", norm=math.inf, sensitivity=1.0,
+                        release=cosine_release, also_change=True, max_items=6),
+    ]
+
+
 register_sensitivity(ClippedLaplaceDPSGD, dpsgd_l1_cases)
 register_sensitivity(GaussianDPSGD, gaussian_cases)
 register_sensitivity(GaussianPNBM, gaussian_pnbm_cases)
 register_sensitivity(DPSGDLaplace, dpsgd_mf_cases)
 register_sensitivity(ScaledPosteriorSGLD, sgld_cases)
+
+
+def _register_output_mechanisms() -> None:
+    from dprec_torch.mechanisms.output_perturbation import LaplaceOutputPredictor
+
+    register_sensitivity(LaplaceOutputPredictor, laplace_output_cases)
+
+
+_register_output_mechanisms()
 declare_non_private(MechanismOptimizer, "the template: privacy_report() says non-private, epsilon = inf")
 declare_non_private(MapSGD, "mechanism=none: plain MAP SGD, epsilon = inf")
 

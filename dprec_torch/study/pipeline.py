@@ -5,6 +5,10 @@ launcher (basic or joblib) and sweeper (basic grid or optuna); this module only 
 command lines, selects the best stage-1 configuration per (method, epsilon)
 (:mod:`dprec_torch.study.selection`) and writes the report (:mod:`dprec_torch.evaluation.report`).
 
+A method is ``<mechanism>-<model>`` with the mechanism's config name; Wang & Tang's figures
+(conf/study/fig*.yaml) use the paper-faithful forms ``dpsgd_paper`` and ``sgld_paper``, and their
+search spaces are ``conf/grid/<mechanism>_<model>[_<search>].yaml`` (e.g. ``dpsgd_paper_pnbm_cpu.yaml``).
+
 Layout under ``cfg.out``::
 
     stage1/<mechanism>-<model>/...   validation runs (data=<dataset>-val, fold cfg.tune_fold)

@@ -25,8 +25,9 @@ from dprec_torch.config import RUNNER_KEYS, accepted, check_config, declared_par
 from dprec_torch.errors import ConfigError
 from dprec_torch.evaluation.cross_validate import score_predictor
 from dprec_torch.io import atomic_write_json
-from dprec_torch.mechanisms.context import TrainingContext, prior_precision_for
+from dprec_torch.mechanisms.context import TrainingContext, gradient_reduction_of, prior_precision_for
 from dprec_torch.models.batching import PoissonBatchSampler
+from dprec_torch.privacy.registry import check_claim
 from dprec_torch.privacy.scope import diagnostics_enabled, privacy_scope
 from dprec_torch.seeding import make_generator, seed_everything
 from dprec_torch.sweep_cache import shared
@@ -117,6 +118,9 @@ def setup_training(cfg: DictConfig, fold: Fold, device: torch.device) -> Trainin
         n_ratings=len(train), n_users=train.n_users, scale=train.scale,
         max_user_ratings=cfg.mechanism.get("max_user_ratings"),
         entry_bound=getattr(model, "gradient_entry_bound", None), prior_precision=prior, model=model,
+        n_units=len(train) if unit == "rating" else train.n_users,  # MF's lr is per example: G / (q n_units)
+        expected_batch_size=ratio * (len(train) if unit == "rating" else train.n_users),
+        gradient_reduction=gradient_reduction_of(model),
     )
     optimizer = instantiate_node(cfg.mechanism, _convert_="all")(params=model.parameters(), context=context)
     return TrainingSetup(fold, model, sampler, optimizer, epochs)
@@ -129,6 +133,7 @@ def train_fold(cfg: DictConfig, fold: Fold, out: Path, device: torch.device) -> 
     train = fold.train
     report = optimizer.privacy_report()
     check_scale_declared(train, report)  # a finite epsilon needs data.rating_scale on custom data (issue 15, 7)
+    check_claim(optimizer, report)  # no finite epsilon without a sensitivity harness (privacy/registry.py)
     log.info("mechanism %s | relation %s | %s", report["mechanism"], report.get("relation"), report["analysis"])
     writer = None
     if cfg.get("tensorboard", True):

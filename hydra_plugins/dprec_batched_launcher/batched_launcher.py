@@ -88,7 +88,7 @@ class BatchedLauncher(Launcher):
         groups = group_jobs(configs, self.group_by) if self.share else [[i] for i in range(len(configs))]
         log.info("Launching %d jobs in %d group(s) sharing %s, one process", len(configs), len(groups), ", ".join(self.group_by))
 
-        from dprec_torch.sweep_cache import sharing  # torch: only once a sweep actually runs
+        from dprec_torch.sweep_cache import sharing  # imports torch: here, never at plugin discovery
 
         runs: list[JobReturn | None] = [None] * len(configs)
         record = []
