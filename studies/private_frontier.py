@@ -70,6 +70,7 @@ BASE: dict[tuple[str, str], dict[str, Any]] = {
 }
 GRID: dict[str, list[dict[str, Any]]] = {
     "noisy_gram": [dict(estimator="none"), dict(estimator="knn"), dict(estimator="knn", support=300, variance_floor=10.0, knn_shrinkage=3.0, k=50),
+                   dict(estimator="knn", variance_floor=3.0, knn_shrinkage=1.0), dict(estimator="knn", support=1000, variance_floor=3.0, knn_shrinkage=1.0, k=100),
                    dict(estimator="lowrank", support=1000), dict(estimator="ease", support=1000, reg=1000.0)],
     "dpals": [dict(max_ratings_per_user=30), dict(max_ratings_per_user=100), dict(max_ratings_per_user=30, dim=3, iterations=1)],
 }

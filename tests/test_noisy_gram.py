@@ -1,0 +1,276 @@
+"""noisy_gram (issue 17, item 1): sensitivity harness (hypothesis), GDP calibration, estimators, report, config."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dprec_torch.data.ratings import Ratings, RatingScale
+from dprec_torch.errors import ConfigError
+from dprec_torch.predictors.mcsherry import analytic_gaussian_sigma
+from dprec_torch.predictors.noisy_gram import NoisyGram, gram, gram_sensitivity, restrict_to_support, triangle, unit_vectors
+from dprec_torch.privacy.gaussian_release import (
+    ITEM_STATS_SENSITIVITY,
+    gdp_delta,
+    gdp_epsilon,
+    item_stats,
+    rdp_epsilon,
+    release_item_means,
+    split_mu,
+    total_mu,
+)
+from dprec_torch.training.run import instantiate_node
+from tests.contract import PredictorContract
+from tests.helpers import CONF_DIR, tiny_fold
+
+SCALE = RatingScale(1.0, 5.0)
+TOL = 1e-9
+
+
+# ------------------------------------------------------------------ adversarial datasets
+@st.composite
+def datasets(draw, max_users: int = 6, max_items: int = 6):
+    """Small rating sets with the adversarial cases mixed in: one user, one-rating users, extreme ratings, ties."""
+    n_users = draw(st.integers(1, max_users))
+    n_items = draw(st.integers(1, max_items))
+    mode = draw(st.sampled_from(["random", "extreme", "ties"]))
+    u, i, v = [], [], []
+    for a in range(n_users):
+        k = draw(st.integers(1, n_items))  # every user has >= 1 rating (one-rating users included)
+        items = draw(st.permutations(list(range(n_items))))[:k]
+        for b in items:
+            if mode == "extreme":
+                r = draw(st.sampled_from([1.0, 5.0]))
+            elif mode == "ties":
+                r = 3.0
+            else:
+                r = float(draw(st.integers(1, 5)))
+            u.append(a), i.append(b), v.append(r)
+    return Ratings(torch.tensor(u), torch.tensor(i), torch.tensor(v), n_users, n_items, SCALE)
+
+
+def without_user(r: Ratings, user: int) -> Ratings:
+    return r.select(r.users != user)
+
+
+def without_rating(r: Ratings, pos: int) -> Ratings:
+    keep = torch.ones(len(r), dtype=torch.bool)
+    keep[pos] = False
+    return r.select(keep)
+
+
+def with_value(r: Ratings, pos: int, value: float) -> Ratings:
+    vals = r.values.clone()
+    vals[pos] = value
+    return Ratings(r.users, r.items, vals, r.n_users, r.n_items, r.scale)
+
+
+def public_means(draw, n_items: int) -> torch.Tensor:
+    """Centring means are an earlier release (public here): any values in the scale."""
+    return torch.tensor([draw(st.floats(1.0, 5.0)) for _ in range(n_items)], dtype=torch.float32)
+
+
+def rating_neighbours(r: Ratings, pos: int, new_value: float) -> list[Ratings]:
+    """Rating-level neighbours of r: remove rating ``pos`` or change its value."""
+    return [without_rating(r, pos), with_value(r, pos, new_value)]
+
+
+# ------------------------------------------------------------------ (a) clipped contribution norms
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), clip=st.floats(0.1, 5.0), b=st.floats(0.2, 4.0), weighting=st.sampled_from(["clip", "normalize"]))
+def test_user_vectors_have_norm_at_most_c(data, clip, b, weighting):
+    r = data.draw(datasets())
+    x = unit_vectors(r, public_means(data.draw, r.n_items), "user", b, clip, weighting, beta_p=data.draw(st.floats(0, 20)))
+    norms = torch.zeros(r.n_users, dtype=torch.float64).index_add_(0, r.users, x * x).sqrt()
+    assert float(norms.max()) <= clip * (1 + 1e-12) + TOL
+    # the per-user Gram contribution's released triangle then has norm <= ||x||^2 <= c^2
+    for u in range(r.n_users):
+        sel = r.users == u
+        g_u = torch.zeros(r.n_items, r.n_items, dtype=torch.float64)
+        xi = torch.zeros(r.n_items, dtype=torch.float64).index_put_((r.items[sel],), x[sel])
+        g_u += torch.outer(xi, xi)
+        assert float(triangle(g_u).norm()) <= gram_sensitivity("user", b, clip) + TOL
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), b=st.floats(0.2, 4.0))
+def test_rating_entries_are_clamped_and_weighted(data, b):
+    r = data.draw(datasets())
+    x = unit_vectors(r, public_means(data.draw, r.n_items), "rating", b, 1.0)
+    n = torch.bincount(r.users, minlength=r.n_users).double()[r.users]
+    assert float((x.abs() - b * n.pow(-0.25)).max()) <= TOL
+
+
+# ------------------------------------------------------------------ (b) neighbouring movement <= sensitivity
+@settings(max_examples=80, deadline=None)
+@given(data=st.data(), clip=st.floats(0.1, 5.0), b=st.floats(0.2, 4.0), weighting=st.sampled_from(["clip", "normalize"]))
+def test_gram_moves_at_most_c2_when_a_user_leaves(data, clip, b, weighting):
+    r = data.draw(datasets())
+    means = public_means(data.draw, r.n_items)
+    beta = data.draw(st.floats(0, 20))
+    user = data.draw(st.integers(0, r.n_users - 1))
+    g0 = gram(r, unit_vectors(r, means, "user", b, clip, weighting, beta))
+    r1 = without_user(r, user)
+    g1 = gram(r1, unit_vectors(r1, means, "user", b, clip, weighting, beta))
+    assert float(triangle(g0 - g1).norm()) <= gram_sensitivity("user", b, clip) * (1 + 1e-9) + TOL
+
+
+@settings(max_examples=120, deadline=None)
+@given(data=st.data(), b=st.floats(0.2, 4.0))
+def test_gram_moves_at_most_2b2_when_a_rating_changes(data, b):
+    r = data.draw(datasets())
+    means = public_means(data.draw, r.n_items)
+    pos = data.draw(st.integers(0, len(r) - 1))
+    new = float(data.draw(st.sampled_from([1.0, 5.0, 3.0, data.draw(st.floats(1.0, 5.0))])))
+    g0 = gram(r, unit_vectors(r, means, "rating", b, 1.0))
+    for nb in rating_neighbours(r, pos, new):
+        g1 = gram(nb, unit_vectors(nb, means, "rating", b, 1.0))
+        assert float(triangle(g0 - g1).norm()) <= gram_sensitivity("rating", b, 1.0) * (1 + 1e-9) + TOL
+
+
+def test_rating_gram_bound_is_nearly_tight():
+    """A long profile of extreme residuals with one rating flipped reaches ~2 B^2: the bound is not loose by 2x."""
+    n = 200
+    vals = [5.0] * n
+    r = Ratings(torch.zeros(n, dtype=torch.long), torch.arange(n), torch.tensor(vals), 1, n, SCALE)
+    means = torch.full((n,), 3.0)
+    g0 = gram(r, unit_vectors(r, means, "rating", 1.0, 1.0))
+    r1 = with_value(r, 0, 1.0)
+    g1 = gram(r1, unit_vectors(r1, means, "rating", 1.0, 1.0))
+    moved = float(triangle(g0 - g1).norm())
+    assert 1.9 < moved <= 2.0 + 1e-9
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data(), noise=st.sampled_from(["gaussian", "laplace"]))
+def test_item_stats_move_within_sensitivity(data, noise):
+    r = data.draw(datasets())
+    norm = 2 if noise == "gaussian" else 1
+    s0 = item_stats(r, "user", noise)
+    user = data.draw(st.integers(0, r.n_users - 1))
+    moved = float(torch.linalg.vector_norm(s0 - item_stats(without_user(r, user), "user", noise), ord=norm))
+    assert moved <= ITEM_STATS_SENSITIVITY[("user", noise)] + 1e-9
+    pos = data.draw(st.integers(0, len(r) - 1))
+    s0 = item_stats(r, "rating", noise)
+    for nb in rating_neighbours(r, pos, float(data.draw(st.sampled_from([1.0, 5.0])))):
+        moved = float(torch.linalg.vector_norm(s0 - item_stats(nb, "rating", noise), ord=norm))
+        assert moved <= ITEM_STATS_SENSITIVITY[("rating", noise)] + 1e-9
+
+
+def test_support_restriction_keeps_only_support_items():
+    r = Ratings(torch.tensor([0, 0, 1, 1]), torch.tensor([0, 2, 1, 2]), torch.tensor([5.0, 1.0, 3.0, 4.0]), 2, 3, SCALE)
+    sub, idx = restrict_to_support(r, torch.tensor([1.0, 0.5, 9.0]), 2)
+    assert idx.tolist() == [0, 2] and sub.n_items == 2
+    assert sorted(zip(sub.users.tolist(), sub.items.tolist())) == [(0, 0), (0, 1), (1, 1)]
+
+
+# ------------------------------------------------------------------ calibration
+@pytest.mark.parametrize("eps", [0.1, 1.0, 10.0])
+def test_total_mu_matches_the_analytic_gaussian(eps):
+    mu = total_mu(eps, 1e-6)
+    assert gdp_delta(mu, eps) <= 1e-6
+    assert 1.0 / mu == pytest.approx(analytic_gaussian_sigma(1.0, eps, 1e-6), rel=1e-6)
+    assert gdp_epsilon(mu, 1e-6) == pytest.approx(eps, rel=1e-6)
+
+
+@settings(max_examples=30, deadline=None)
+@given(eps=st.floats(0.05, 30.0), frac=st.floats(0.05, 0.95), steps=st.integers(1, 6))
+def test_split_composes_back_to_the_target(eps, frac, steps):
+    mu = total_mu(eps, 1e-6)
+    parts = split_mu(mu, {"a": (frac, 1), "b": (1 - frac, steps)})
+    composed = math.sqrt(parts["a"] ** 2 + steps * parts["b"] ** 2)
+    assert composed == pytest.approx(mu, rel=1e-9)
+    assert gdp_epsilon(composed, 1e-6) <= eps * (1 + 1e-6)
+
+
+def test_rdp_crosscheck_is_no_tighter_than_exact():
+    mu = total_mu(1.0, 1e-6)
+    parts = split_mu(mu, {"a": (0.3, 1), "b": (0.7, 1)})
+    assert rdp_epsilon({k: (v, 1) for k, v in parts.items()}, 1e-6) >= 1.0 - 1e-6
+
+
+def test_means_at_zero_noise_are_the_exact_means():
+    fold = tiny_fold()
+    rel = release_item_means(fold.train, "rating", math.inf, 0.5, torch.Generator().manual_seed(0))
+    seen = fold.train.item_counts() > 0
+    assert torch.allclose(rel.means[seen], fold.train.item_means()[seen], atol=1e-5)
+
+
+# ------------------------------------------------------------------ predictor
+class TestNoisyGramContract(PredictorContract):
+    """eps = inf at rating level: the fallbacks are then the exact item/global means."""
+
+    tolerance = 1e-4
+
+    def make_predictor(self):
+        return NoisyGram(epsilon=math.inf, relation="rating", estimator="knn", k=20)
+
+
+@pytest.mark.parametrize("estimator", ["knn", "ease", "lowrank", "none"])
+@pytest.mark.parametrize("relation", ["rating", "user"])
+def test_private_fit_is_deterministic_and_finite(estimator, relation):
+    fold = tiny_fold()
+    a = NoisyGram(epsilon=1.0, relation=relation, estimator=estimator, seed=3, rank=5, support=150).fit(fold.train)
+    b = NoisyGram(epsilon=1.0, relation=relation, estimator=estimator, seed=3, rank=5, support=150).fit(fold.train)
+    pa, pb = a.predict(fold.test.users, fold.test.items), b.predict(fold.test.users, fold.test.items)
+    assert torch.isfinite(pa).all() and torch.equal(pa, pb)
+
+
+def test_learned_similarity_beats_means_without_noise():
+    fold = tiny_fold()
+    rmse = {}
+    for est in ("none", "knn", "lowrank"):
+        m = NoisyGram(epsilon=math.inf, relation="rating", estimator=est, k=50, rank=5, reg=1.0).fit(fold.train)
+        rmse[est] = float(((m.predict(fold.test.users, fold.test.items) - fold.test.values) ** 2).mean().sqrt())
+    assert rmse["knn"] < rmse["none"] and rmse["lowrank"] < rmse["none"]
+
+
+def test_noise_std_follows_the_calibration():
+    fold = tiny_fold()
+    m = NoisyGram(epsilon=2.0, relation="rating", clamp_b=1.5, mean_noise="gaussian", mean_fraction=0.25).fit(fold.train)
+    mu = total_mu(2.0, 1e-6)
+    assert m.noise_std_ == pytest.approx(2 * 1.5**2 / (mu * math.sqrt(0.75)), rel=1e-9)
+    rep = m.privacy_report()
+    assert rep["epsilon_exact"] == pytest.approx(2.0, rel=1e-6)
+    assert rep["relation"] == "rating" and "item-side" in rep["released"] and "own ratings" in rep["joint_dp"]
+    assert rep["sensitivity"]["gram_triangle_l2"] == pytest.approx(2 * 1.5**2)
+
+
+def test_laplace_means_compose_basically():
+    fold = tiny_fold()
+    m = NoisyGram(epsilon=1.0, relation="user", mean_noise="laplace", mean_fraction=0.4).fit(fold.train)
+    assert m.privacy_report()["epsilon_exact"] == pytest.approx(1.0, rel=1e-6)
+
+
+@pytest.mark.parametrize("bad", [dict(relation="item"), dict(estimator="svd"), dict(epsilon=0), dict(clamp_b=-1),
+                                 dict(weighting="sqrt"), dict(support=1), dict(mean_noise="cauchy")])
+def test_bad_config_is_one_line(bad):
+    with pytest.raises(ConfigError):
+        NoisyGram(**bad)
+
+
+# ------------------------------------------------------------------ configs
+@pytest.mark.parametrize("overrides", [["model=noisy_gram"], ["+experiment=private_rating"], ["+experiment=private_user"]])
+def test_configs_compose_and_instantiate(overrides):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("config", overrides=overrides + ["epsilon=1", "data=synthetic"])
+    model = instantiate_node(cfg.model)
+    assert model.epsilon == 1.0
+    assert cfg.mechanism.name == "builtin"
+
+
+def test_train_runs_a_private_rating_model_end_to_end(tmp_path: Path):
+    from dprec_torch.training.run import train
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("config", overrides=["+experiment=private_rating", "epsilon=1", "data=synthetic", "device=cpu",
+                                           "compare_baselines=false", "tensorboard=false", f"output_dir={tmp_path}"])
+    metrics = train(cfg)
+    assert metrics["privacy"]["epsilon"] == 1.0 and metrics["privacy"]["relation"] == "rating"
+    assert math.isfinite(metrics["test_rmse"])
