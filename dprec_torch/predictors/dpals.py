@@ -91,6 +91,33 @@ def item_statistics(users: torch.Tensor, items: torch.Tensor, y: torch.Tensor, p
     return a.reshape(n_items, d, d), b
 
 
+def user_residuals(train: Ratings, item_avg: torch.Tensor, beta_p: float, clamp_r: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step 0: each user's own damped offset b_u and clamped residuals y_ui = clamp(r - r~_i - b_u, -Gamma_r, Gamma_r)."""
+    e = train.values.double() - item_avg.double()[train.items]
+    n = torch.bincount(train.users, minlength=train.n_users).double()
+    offset = torch.zeros(train.n_users, dtype=torch.float64, device=e.device).index_add_(0, train.users, e) / (n + beta_p).clamp_min(1e-12)
+    return offset.float(), (e - offset[train.users]).clamp(-clamp_r, clamp_r)
+
+
+def power_statistics(train: Ratings, y: torch.Tensor, keep: torch.Tensor, q: torch.Tensor, c0: float) -> torch.Tensor:
+    """Step 1's pre-noise W = sum_u x_u (x_u^T Q), x_u = sampled residuals scaled to ||x_u|| <= c0."""
+    su, si, sy = train.users[keep], train.items[keep], y[keep]
+    norm = torch.zeros(train.n_users, dtype=torch.float64, device=y.device).index_add_(0, su, sy * sy).sqrt()
+    x = sy * torch.clamp(c0 / norm.clamp_min(1e-30), max=1.0)[su]
+    xs = _to_csr(su, si, x, train.n_users, train.n_items)
+    xt = _to_csr(si, su, x, train.n_items, train.n_users)
+    return xt @ (xs @ q)
+
+
+def als_round_statistics(train: Ratings, y: torch.Tensor, keep: torch.Tensor, v: torch.Tensor, reg: float, clip_factor: float,
+                         mask: torch.Tensor | None = None, resid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step 2's pre-noise (A_j, b_j): users solve p_u on all their ratings, clip it, and add the sampled ratings' terms."""
+    mask = train.csr(torch.ones_like(y)) if mask is None else mask
+    resid = train.csr(y) if resid is None else resid
+    p = clip_rows(solve_rows(mask, resid, v, reg), clip_factor)
+    return item_statistics(train.users[keep], train.items[keep], y[keep], p, train.n_items)
+
+
 def als_sensitivity(max_ratings: int, clip_factor: float, clamp_r: float, relation: str) -> float:
     """Delta of step 2 (module docstring); doubled at rating level (replace-one-user)."""
     base = math.sqrt(max_ratings) * clip_factor * math.sqrt(clip_factor**2 + clamp_r**2)
@@ -213,12 +240,8 @@ class DPALS(BasePredictor):
         rel = release_item_means(train, self.relation, budget if self.private else math.inf, self.mean_prior_std, gen, self.mean_noise)
         self.means_release_ = rel
         self.item_avg_, self.global_avg_ = rel.means.to(dev), rel.global_mean
-        e = train.values.double() - self.item_avg_.double()[train.items]
-        n = train.user_counts().double()
-        self.user_offset_ = (torch.zeros(n_u, dtype=torch.float64, device=dev).index_add_(0, train.users, e) / (n + self.beta_p).clamp_min(1e-12)).float()
-        y = (e - self.user_offset_.double()[train.users]).clamp(-self.clamp_r, self.clamp_r)
+        self.user_offset_, y = user_residuals(train, self.item_avg_, self.beta_p, self.clamp_r)
         keep = per_user_sample(train.users, train.items, self.max_ratings_per_user, self.seed)
-        su, si, sy = train.users[keep], train.items[keep], y[keep]
         mask = train.csr(torch.ones_like(y))
         resid = train.csr(y)
         m_cap = self.max_ratings_per_user
@@ -227,14 +250,10 @@ class DPALS(BasePredictor):
         self.power_std_ = 0.0
         if self.power_iters > 0:
             c0 = self.clamp_r * math.sqrt(m_cap) if m_cap is not None else math.inf
-            norm = torch.zeros(n_u, dtype=torch.float64, device=dev).index_add_(0, su, sy * sy).sqrt()
-            x = sy * torch.clamp(c0 / norm.clamp_min(1e-30), max=1.0)[su]
-            xs = _to_csr(su, si, x, n_u, n_i)
-            xt = _to_csr(si, su, x, n_i, n_u)
             if self.private:
                 self.power_std_ = power_sensitivity(m_cap, self.clamp_r, self.relation) / self.mu_["power"]
             for _ in range(self.power_iters):
-                w = xt @ (xs @ q)
+                w = power_statistics(train, y, keep, q, c0)
                 if self.power_std_ > 0:
                     w = w + torch.randn(n_i, d, generator=gen, device=gen.device, dtype=torch.float64).to(dev) * self.power_std_
                 q = torch.linalg.qr(w)[0]
@@ -244,8 +263,7 @@ class DPALS(BasePredictor):
         self.als_std_ = self.als_sensitivity_ / self.mu_["als"] if self.private else 0.0
         eye = torch.eye(d, dtype=torch.float64, device=dev)
         for _ in range(self.iterations):
-            p = clip_rows(solve_rows(mask, resid, v, self.reg), self.clip_factor)
-            a, b = item_statistics(su, si, sy, p, n_i)
+            a, b = als_round_statistics(train, y, keep, v, self.reg, self.clip_factor, mask, resid)
             if self.als_std_ > 0:
                 a = a + _sym_noise(n_i, d, self.als_std_, gen, dev)
                 b = b + torch.randn(n_i, d, generator=gen, device=gen.device, dtype=torch.float64).to(dev) * self.als_std_
@@ -256,7 +274,7 @@ class DPALS(BasePredictor):
             v = torch.linalg.solve(a_psd + lam_v * eye, b.unsqueeze(-1)).squeeze(-1)
         # step 3: users solve their own factors from the released V
         self.item_factors_ = v.float()
-        self.user_factors_ = solve_rows(mask, resid, v, self.reg).float()
+        self.user_factors_ = solve_rows(mask, resid, v.double(), self.reg).float()
         self.user_counts_ = train.user_counts()
         self.train_ = train
         log.info("dpals(%s, eps=%g): d=%d T=%d m=%s, ALS noise std %.4g (Delta %.4g), power std %.4g",
