@@ -2,7 +2,7 @@
 
     DPREC_DATA=../shared/data python studies/knn_cv.py
 
-Writes results/knn_cv.md and splices it into README.md between the knn-cv markers.
+Writes results/knn_cv.md and splices it into docs/results.md between the knn-cv markers.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def main() -> None:
     md = "\n".join(lines)
     (ROOT / "results").mkdir(exist_ok=True)
     (ROOT / "results" / "knn_cv.md").write_text(md + "\n")
-    splice(ROOT / "README.md", "knn-cv", md)
+    splice(ROOT / "docs" / "results.md", "knn-cv", md)
     print(md)
 
 

@@ -8,7 +8,7 @@ with our defaults (item-based, w = max(s_k, 0)) and in Sun's experimental settin
 Sun used k = 5, 7, 9 on 20 Netflix records, we keep k = 5). For rating predictors the cell also gives the
 share of test pairs answered by the fallback mean (``test_fallback_rate``). The privacy line says what is
 defended: a finite epsilon only where the mechanism defends one end to end; otherwise the paper's nominal
-value with its condition. The table is spliced into README.md and docs/other_systems.md between the other-systems markers;
+value with its condition. The table is spliced into docs/other_systems.md between the other-systems markers;
 docs/other_systems.md has the wider sweeps (k, p, p*, lambda, seeds) and the claim checks.
 """
 
@@ -65,8 +65,7 @@ def main() -> None:
             rows.append(f"| {label} | {metric} | " + " | ".join(cells) + " |")
     md = "\n".join(["| system | metric | ε=∞ (non-private) | ε=10 | ε=3 | ε=1 |", "|---|---|---|---|---|---|", *rows])
     (ROOT / "results" / "other_systems.md").write_text(md + "\n")
-    for doc in ("README.md", "docs/other_systems.md"):
-        splice(ROOT / doc, "other-systems", md)
+    splice(ROOT / "docs" / "other_systems.md", "other-systems", md)
     print(md)
 
 

@@ -1,4 +1,4 @@
-"""The tuned Wang & Tang study end to end, or just its README block, with claim verdicts.
+"""The tuned Wang & Tang study end to end, or just its docs/paper_study.md block, with claim verdicts.
 
     python studies/paper_study.py --run      # runs the four study.py commands below, then splices
     python studies/paper_study.py            # only splices: reads results/fig{1,2,3}_ml-100k_tuned/
@@ -258,7 +258,7 @@ def main() -> None:
     ap.add_argument("--fig2", default=str(ROOT / STUDIES["fig2"]))
     ap.add_argument("--fig3", default=str(ROOT / STUDIES["fig3"]))
     ap.add_argument("--fig2repo", default=str(ROOT / STUDIES["fig2repo"]))
-    ap.add_argument("--readme", default=str(ROOT / "README.md"))
+    ap.add_argument("--page", default=str(ROOT / "docs" / "paper_study.md"))
     ap.add_argument("--run", action="store_true", help="run the four studies first (about 50 min on a 2-core CPU)")
     ap.add_argument("--relabel", action="store_true",
                     help="first rewrite result folders written before the dpsgd/sgld -> *_paper rename (names only)")
@@ -290,7 +290,7 @@ def main() -> None:
                   + ", ".join(f"`{c}` {m:.1f} min" for c, m in t["minutes"].items())
                   + f"; total {sum(t['minutes'].values()):.0f} min."]
     block = "\n".join(lines)
-    splice(Path(args.readme), "paper-study", block)
+    splice(Path(args.page), "paper-study", block)
     print(block)
 
 

@@ -4,7 +4,7 @@
 
 Each run is ``train(cfg)`` on the real Hydra config (``mechanism=<m> epsilon=<e>``, all other
 keys at their defaults); a run whose ``metrics.json`` already exists is read, not re-run. The
-table is regenerated from those files and spliced into README.md between the pnbm-u1 markers.
+table is regenerated from those files and spliced into docs/results.md between the pnbm-u1 markers.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def main() -> None:
     md = table(run_all(Path(args.runs_dir)))
     (ROOT / "results").mkdir(exist_ok=True)
     (ROOT / "results" / "pnbm_u1.md").write_text(md + "\n")
-    splice(ROOT / "README.md", "pnbm-u1", md)
+    splice(ROOT / "docs" / "results.md", "pnbm-u1", md)
     print(md)
     logging.info("total %.0fs", time.perf_counter() - t0)
 

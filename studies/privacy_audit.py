@@ -12,7 +12,7 @@ for m in {dpsgd_l1, gaussian} (PNBM, tuned configs), e in {1, 4}, and the canary
 :mod:`dprec_torch.audit.canaries`: ``user`` (5-item profile, D < C: floored), ``floor`` (D = C
 exactly at the constant start S = s0 (1 - I)) and ``tau`` (a profile of exactly tau ratings under
 the tau cap). An audit whose json already exists is read, not re-run. The table is spliced into
-README.md and docs/privacy.md between the ``privacy-audit`` markers.
+docs/privacy.md between the ``privacy-audit`` markers.
 """
 
 from __future__ import annotations
@@ -103,8 +103,7 @@ def main() -> None:
     if args.run:
         run_all(args.trials, args.tau, args.work)
     body = table()
-    for doc in (ROOT / "README.md", ROOT / "docs" / "privacy.md"):
-        splice(doc, "privacy-audit", body)
+    splice(ROOT / "docs" / "privacy.md", "privacy-audit", body)
     print(body)
 
 

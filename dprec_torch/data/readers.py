@@ -486,7 +486,3 @@ def infer_scale(*raws: RawRatings) -> RatingScale:
     log.info("rating scale inferred from the data: [%g, %g]", lo, hi)
     return RatingScale(lo, hi)
 
-
-def ids_to_list(ids: np.ndarray) -> list:
-    """Raw ids as plain Python ints/strings (what ``RatingDataset.user_ids`` holds)."""
-    return ids.tolist()

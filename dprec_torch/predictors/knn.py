@@ -24,21 +24,6 @@ from dprec_torch.predictors.base import BasePredictor
 SIMILARITIES = {"pearson": similarity.pearson, "cosine": similarity.cosine}
 
 
-def neighbourhood_predict(
-    sim_rows: torch.Tensor, x_rows: torch.Tensor, rated: torch.Tensor, k: int | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eq. (2) numerator and denominator over the top-k rated neighbours, batched.
-
-    sim_rows[b] = S_i, x_rows[b] = centred ratings of u, rated[b] = I_u; returns (num, den).
-    """
-    if k is not None and k < sim_rows.shape[1]:
-        score = torch.where(rated, sim_rows, torch.full_like(sim_rows, float("-inf")))
-        kth = torch.topk(score, k, dim=1).values[:, -1:]
-        rated = rated & (score >= kth)
-    w = torch.where(rated, sim_rows, torch.zeros_like(sim_rows))
-    return (w * x_rows).sum(1), w.abs().sum(1)
-
-
 class ItemKNN(BasePredictor):
     """Item-kNN with means: PCC (``similarity=pearson``) or COS (``similarity=cosine``)."""
 

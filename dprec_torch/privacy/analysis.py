@@ -23,9 +23,11 @@ and :func:`laplace_step_epsilon` inverts it. Gaussian mechanisms are composed by
 (:mod:`dprec_torch.privacy.opacus_accounting`), including any one-off Gaussian release as an
 extra history entry (sigma, q = 1, 1 step).
 
-Each ``analyse_*`` function returns a :class:`MechanismAnalysis` whose ``epsilon`` is the
-*defended* figure for the released model under ``relation`` (``inf`` when nothing is defended),
-and whose ``claimed`` is what the source paper states, when it differs.
+:func:`analyse_dpsgd_l1` (``mechanism=dpsgd_l1``'s report) and :func:`analyse_dpsgd_paper` (the
+whole-update analysis of Wang & Tang's Alg. 1, docs/privacy.md) return a :class:`MechanismAnalysis`
+whose ``epsilon`` is the *defended* figure for the released model under ``relation`` (``inf`` when
+nothing is defended), and whose ``claimed`` is what the source paper states, when it differs. The
+Gaussian and SGLD mechanisms state theirs in their own ``privacy_report()``.
 """
 
 from __future__ import annotations
@@ -94,17 +96,6 @@ class MechanismAnalysis:
 
 
 # --------------------------------------------------------------------------- per mechanism
-def whole_update_l1_sensitivity(profile_size: int, entry_bound: float) -> float:
-    """L1 change of sum_u G_u when one rating of a user with n = ``profile_size`` ratings changes.
-
-    The rating enters row i (its own target) and, through the history, every other target's
-    row: all entries (i, j), i != j in R_u, may move, each by at most 2 * ``entry_bound``:
-    Delta_1 <= 2 n (n - 1) B_entry.
-    """
-    n = int(profile_size)
-    return 2.0 * n * max(n - 1, 1) * entry_bound
-
-
 def analyse_dpsgd_paper(epsilon: float, steps: int, q: float, phi: float, floor_c: float, max_profile: int,
                         item_means_private: bool = False) -> MechanismAnalysis:
     """Wang & Tang Alg. 1 as implemented (``mechanism=dpsgd``, PNBM).
@@ -180,56 +171,6 @@ def analyse_dpsgd_l1(epsilon: float, steps: int, q: float, clip_norm: float, mea
         epsilon=composed_epsilon(eps_s, q, steps, mean_epsilon, group),
         extra={"epsilon_step": eps_s, "epsilon_item_means": mean_epsilon, "steps": steps, "sampling_ratio": q},
     )
-
-
-def analyse_gaussian(noise_multiplier: float, q: float, steps: int, delta: float, clip_norm: float, unit: str,
-                     accountant: str = "rdp", extra_history: list[tuple[float, float, int]] | None = None) -> MechanismAnalysis:
-    """``mechanism=gaussian``: Poisson-subsampled Gaussian (L2 clip c, noise sigma c), Opacus accountant."""
-    from dprec_torch.privacy.opacus_accounting import OpacusAccountant
-
-    acc = OpacusAccountant(accountant)
-    for sigma, rate, n in extra_history or []:
-        acc.step(sigma, rate, steps=n)
-    acc.step(noise_multiplier, q, steps=steps)
-    eps = acc.get_epsilon(delta)
-    return MechanismAnalysis(
-        mechanism="gaussian (per-example L2 clipping + Gaussian noise)",
-        relation=unit,
-        guarantee=f"(eps, delta)-DP, add/remove one {unit}",
-        sensitivity={"norm": "L2", "clip_norm": clip_norm, "of": f"each {unit}'s whole gradient contribution"},
-        noise=f"Gaussian, std sigma c = {noise_multiplier * clip_norm:.4g} on every parameter entry",
-        sampling=f"Poisson over {unit}s, q = {q:g}",
-        composition=f"Opacus {accountant.upper()} over {steps} steps" + (" + one-off releases" if extra_history else ""),
-        epsilon=eps,
-        delta=delta,
-    )
-
-
-def analyse_sgld(epsilon: float, temperature: float, samples: int = 1, model_uses_data_means: bool = True) -> MechanismAnalysis:
-    """``mechanism=sgld`` (Wang & Tang Alg. 2): one exact sample of the eps/(4B)-scaled posterior is eps-DP
-    (user level, bounded log-likelihood B); temperature rho delivers eps/rho per sample; m samples: m eps/rho.
-    delta (the SGLD-vs-posterior distance) is unquantified; PNBM's exact item means void it."""
-    delivered = samples * epsilon / temperature
-    return MechanismAnalysis(
-        mechanism="sgld (Wang & Tang Alg. 2)",
-        relation=USER,
-        guarantee="(eps, (1 + e^eps) delta) with unquantified delta; none with exact item means",
-        sensitivity={"log_likelihood_bound": "B = phi^2 tau"},
-        noise="Gaussian N(0, rho eta_t) per step",
-        sampling="Poisson over users",
-        composition="one posterior sample (exponential mechanism); rho scales eps by 1/rho",
-        epsilon=math.inf if model_uses_data_means else delivered,
-        claimed=epsilon,
-        caveats=["delivered epsilon is eps/rho", "delta unquantified"]
-                + (["PNBM's exact item means are released"] if model_uses_data_means else []),
-        extra={"epsilon_delivered": delivered},
-    )
-
-
-def analyse_none() -> MechanismAnalysis:
-    """``mechanism=none``: non-private MAP SGD."""
-    return MechanismAnalysis(mechanism="none", relation=None, guarantee="none", sensitivity={}, noise="none",
-                             sampling="Poisson", composition="-", epsilon=math.inf)
 
 
 # --------------------------------------------------------------------------- Gaussian calibration
