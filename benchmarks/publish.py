@@ -213,14 +213,14 @@ def sweep_table(data: dict | None) -> str:
     if data is None:
         return "Not measured yet: `python benchmarks/bench_sweep.py --out benchmarks/results/sweep-cpu-ml100k.json` writes it."
     lines = [f"`{' '.join(data['sweep'])}` with `{' '.join(data['fixed'])}` ({data['n_jobs']} jobs; 1-minute load "
-             f"average {data['load_avg']:.1f} at the end, on a machine shared with other jobs):", "",
+             f"average {data['load_avg']:.1f} at the end, on a machine shared with other jobs; modes run in the order listed):", "",
              "| launcher | wall | speed-up vs one process per job |", "|---|---|---|"]
     names = {"separate": "one `python train.py` per job", "basic": "`-m` (Hydra's basic launcher)",
              "batched": "`-m hydra/launcher=batched`"}
     for mode, r in data["modes"].items():
         sp = r.get("speedup_vs_separate")
         lines.append(f"| {names.get(mode, mode)} | {r['wall_seconds']:.1f} s | {'–' if sp is None else f'{sp:.2f}×'} |")
-    lines += ["", f"Per-job test RMSE, MAE and per-epoch history identical across the three: "
+    lines += ["", f"Per-job test RMSE, MAE and per-epoch history identical across the modes: "
                   f"**{'yes' if data['same_numbers'] else 'NO'}**."]
     return "\n".join(lines)
 
@@ -257,8 +257,10 @@ def main() -> None:
     args = ap.parse_args()
     repeated = cases(args.repeated) if (RESULTS / f"bench-{args.repeated}.json").exists() else None
     table = targets(cases(args.main), cases(args.t2), [cases(t) for t in args.parity], repeated)
-    splice(ROOT / "README.md", "bench", read(args.main, "md"))
-    splice(ROOT / "README.md", "bench-targets", table)
+    readme = ROOT / "README.md"
+    for name, body in (("bench", read(args.main, "md")), ("bench-targets", table)):
+        if f"<!-- {name}:start -->" in readme.read_text():  # the README may no longer carry these tables
+            splice(readme, name, body)
     doc = ROOT / "docs" / "performance.md"
     splice(doc, "main", read(args.main, "md"))
     splice(doc, "t2", read(args.t2, "md") + ("" if repeated is None else "\n" + read(args.repeated, "md")))

@@ -186,7 +186,7 @@ def test_sweep_and_startup_blocks() -> None:
     sweep = {"sweep": ["epsilon=1,5"], "fixed": ["data=ml-100k"], "n_jobs": 2, "load_avg": 1.0, "same_numbers": True,
              "modes": {"separate": {"wall_seconds": 20.0, "speedup_vs_separate": 1.0}, "batched": {"wall_seconds": 8.0, "speedup_vs_separate": 2.5}}}
     table = publish.sweep_table(sweep)
-    assert "| `-m hydra/launcher=batched` | 8.0 s | 2.50× |" in table and "**yes**" in table
+    assert "| `-m hydra/launcher=batched` | 8.0 s | 2.50× |" in table and "modes: **yes**" in table
     assert "Not measured" in publish.sweep_table(None)
     run = {"command": "python train.py data=ml-1m", "to_first_epoch": 4.0, "end_to_end": 9.0, "load_avg": 2.0, "imports": {"torch._dynamo": 2.5}}
     assert "| before (2.0) | 4.0 s | 9.0 s | – | `torch._dynamo` 2.50 |" in publish.startup_table({"before": run, "after": None})

@@ -63,7 +63,7 @@ def _factors(draw, n_items: int, d: int) -> torch.Tensor:
     return torch.tensor(vals, dtype=torch.float64).reshape(n_items, d)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(data=st.data(), d=st.integers(1, 3), m=st.integers(1, 4), gu=st.floats(0.1, 3.0), gr=st.floats(0.2, 3.0))
 def test_als_round_moves_at_most_delta_when_a_user_leaves(data, d, m, gu, gr):
     r = data.draw(datasets())
@@ -73,7 +73,7 @@ def test_als_round_moves_at_most_delta_when_a_user_leaves(data, d, m, gu, gr):
     assert moved <= als_sensitivity(m, gu, gr, "user") * (1 + 1e-9) + TOL
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(data=st.data(), d=st.integers(1, 3), m=st.integers(1, 4), gu=st.floats(0.1, 3.0), gr=st.floats(0.2, 3.0))
 def test_als_round_moves_at_most_2delta_when_a_rating_changes(data, d, m, gu, gr):
     r = data.draw(datasets())

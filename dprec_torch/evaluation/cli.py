@@ -19,9 +19,11 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from dprec_torch.data.ratings import Fold
 from dprec_torch.device import resolve_device
 from dprec_torch.errors import ConfigError
 from dprec_torch.evaluation.cross_validate import cross_validate, score_predictor
+from dprec_torch.interfaces import TrainableModel
 from dprec_torch.io import atomic_write_json
 from dprec_torch.seeding import seed_everything
 from dprec_torch.privacy.scope import diagnostics_enabled
@@ -79,6 +81,25 @@ def _run_diagnostics(cfg: DictConfig, run_dir: Path) -> bool:
     return diagnostics_enabled(None, json.loads(path.read_text()).get("privacy", {}))
 
 
+def restore_fold(cfg: DictConfig, fold: Fold, run_dir: Path, device: torch.device) -> tuple[Fold, TrainableModel, dict[str, Any]]:
+    """The model that ``run_dir`` released on ``fold``, RESTORED from its checkpoint (``model.restore``), never
+    re-fitted; returns (the fold it was trained on -- capped for a user-level mechanism --, the model, the checkpoint)."""
+    ckpt_path = run_dir / f"checkpoint_fold{fold.index}.pt"
+    if not ckpt_path.exists():
+        raise ConfigError(f"missing checkpoint {ckpt_path}; was the run trained on fold {fold.index}?")
+    ckpt = read_checkpoint(ckpt_path, map_location=device)
+    if int(ckpt["epoch"]) != int(cfg.mechanism.epochs):
+        log.warning("%s holds epoch %d of %d: the run did not finish", ckpt_path, ckpt["epoch"], cfg.mechanism.epochs)
+    fold = mechanism_fold(cfg, fold.to(device))
+    model = build_model(cfg, fold).to(device)
+    try:
+        model.restore(fold.train, ckpt["model"])
+    except RuntimeError as err:
+        raise ConfigError(f"checkpoint {ckpt_path} does not fit model={cfg.model.get('name')} "
+                          f"({str(err).splitlines()[0][:160]}); retrain the run with this version") from None
+    return fold, model, ckpt
+
+
 def evaluate_run(run_dir: Path, device: torch.device) -> tuple[dict[str, Any], str]:
     """Reload each fold's released model from a train.py run and score it (next to PCC/COS when the run
     logs non-private diagnostics).
@@ -95,19 +116,7 @@ def evaluate_run(run_dir: Path, device: torch.device) -> tuple[dict[str, Any], s
     diagnostics = _run_diagnostics(cfg, run_dir)
     rows, records = [], []
     for fold in dataset.folds:
-        ckpt_path = run_dir / f"checkpoint_fold{fold.index}.pt"
-        if not ckpt_path.exists():
-            raise ConfigError(f"missing checkpoint {ckpt_path}; was the run trained on fold {fold.index}?")
-        ckpt = read_checkpoint(ckpt_path, map_location=device)
-        if int(ckpt["epoch"]) != int(cfg.mechanism.epochs):
-            log.warning("%s holds epoch %d of %d: the run did not finish", ckpt_path, ckpt["epoch"], cfg.mechanism.epochs)
-        fold = mechanism_fold(cfg, fold.to(device))
-        model = build_model(cfg, fold).to(device)
-        try:
-            model.restore(fold.train, ckpt["model"])
-        except RuntimeError as err:
-            raise ConfigError(f"checkpoint {ckpt_path} does not fit model={cfg.model.get('name')} "
-                              f"({str(err).splitlines()[0][:160]}); retrain the run with this version") from None
+        fold, model, ckpt = restore_fold(cfg, fold, run_dir, device)
         m = score_predictor(model, fold)
         b = baseline_metrics(fold, int(cfg.baseline_k)) if diagnostics else None
         records.append({"fold": fold.index, "test_rmse": m["rmse"], "test_mae": m["mae"], "epoch": int(ckpt["epoch"]),

@@ -35,12 +35,14 @@ other users' predictions, not against someone who sees u's own predictions (join
 from __future__ import annotations
 
 import math
+from types import MethodType
 from typing import Any, Iterable
 
 import torch
 
 from dprec_torch.data.ratings import _to_csr
 from dprec_torch.errors import ConfigError
+from dprec_torch.interfaces import FactorModel, ItemSimilarityModel
 from dprec_torch.mechanisms.base import add_laplace_noise_
 from dprec_torch.mechanisms.context import TrainingContext
 from dprec_torch.mechanisms.sgd import MapSGD
@@ -55,9 +57,10 @@ INITS = ("constant", "random")
 
 def bound_model(context: TrainingContext) -> Any:
     """The model being trained: ``context.model`` if the runner provides it, else the owner of
-    ``context.entry_bound`` (a bound method of the model in ``run.py``)."""
-    model = getattr(context, "model", None)
-    return model if model is not None else getattr(context.entry_bound, "__self__", None)
+    ``context.entry_bound`` when that is a bound method of the model (contexts built by hand)."""
+    if context.model is not None:
+        return context.model
+    return context.entry_bound.__self__ if isinstance(context.entry_bound, MethodType) else None
 
 
 @torch.no_grad()
@@ -77,7 +80,8 @@ def recentre_batch_(batch: Any, model: Any) -> bool:
 
 
 def is_pnbm(model: Any) -> bool:
-    return model is not None and hasattr(model, "S") and hasattr(model, "floor_c")
+    """Dense item-item PNBM (:class:`~dprec_torch.interfaces.ItemSimilarityModel`): clipped per user over R_u."""
+    return isinstance(model, ItemSimilarityModel)
 
 
 class ClippedLaplaceDPSGD(MapSGD):
@@ -171,7 +175,7 @@ class ClippedLaplaceDPSGD(MapSGD):
         """||G_x||_1 per unit of the batch (per batch row for unit=user, per target for unit=rating)."""
         if self.pnbm:
             return per_user_grad_norms(model, batch, residuals, p=1, chunk_pairs=self.chunk_pairs)
-        if hasattr(model, "user_factors"):
+        if isinstance(model, FactorModel):
             from dprec_torch.privacy.mf_clipping import mf_grad_norms_l1
 
             return mf_grad_norms_l1(model, batch, residuals, self.unit)
@@ -244,16 +248,3 @@ class ClippedLaplaceDPSGD(MapSGD):
             ),
         )
         return report
-
-    # ------------------------------------------------------ checkpointing
-    def state_dict(self) -> dict[str, Any]:
-        sd = super().state_dict()
-        sd["accountant"] = self.accountant.state_dict()
-        return sd
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        state_dict = dict(state_dict)
-        acc = state_dict.pop("accountant", None)
-        super().load_state_dict(state_dict)
-        if acc is not None:
-            self.accountant.load_state_dict(acc)

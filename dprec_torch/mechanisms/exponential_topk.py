@@ -57,6 +57,7 @@ import torch
 
 from dprec_torch.data.ratings import Ratings, dense_rows
 from dprec_torch.errors import ConfigError, DataError
+from dprec_torch.interfaces import FittedPredictor, HasScoreRange, Predictor, Scorer
 from dprec_torch.privacy.budget import check_epsilon
 from dprec_torch.seeding import make_generator
 
@@ -261,7 +262,7 @@ class ExponentialTopK:
         self.max_exact_items = int(max_exact_items)
 
     def wrap(self, predictor: Any) -> "ExponentialTopKRecommender":
-        if not (hasattr(predictor, "score") or hasattr(predictor, "predict")):
+        if not isinstance(predictor, (Scorer, Predictor)):
             raise ConfigError(
                 f"mechanism=exponential_topk needs a model with score(users) or predict(); {type(predictor).__name__} has neither"
             )
@@ -276,25 +277,33 @@ class ExponentialTopKRecommender:
     def __init__(self, predictor: Any, mechanism: ExponentialTopK) -> None:
         self.predictor = predictor
         self.mech = mechanism
-        self.name = f"{getattr(predictor, 'name', type(predictor).__name__)}+exponential_topk"
+        self.name = f"{predictor.name if isinstance(predictor, FittedPredictor) else type(predictor).__name__}+exponential_topk"
         self.generator_: torch.Generator | None = None
         self.n_sets_ = 0
         self.n_items: int | None = None
         self.sensitivity_: float | None = mechanism.sensitivity
+        self.draws_ = torch.zeros(0, dtype=torch.long)  # released sets per user (the accountant)
 
     def fit(self, train: Ratings) -> "ExponentialTopKRecommender":
         self.predictor.fit(train)
         self.n_items = train.n_items
         self.indicator_ = train.indicator_csr()
-        if hasattr(self.predictor, "score_range"):
+        if isinstance(self.predictor, HasScoreRange):
             self.range_ = tuple(float(x) for x in self.predictor.score_range())
         else:
             self.range_ = (float(train.scale.lo), float(train.scale.hi))
         width = self.range_[1] - self.range_[0]
+        if not (math.isfinite(width) and width >= 0):
+            raise ConfigError(f"exponential_topk: the score range {self.range_} must be finite (lo <= hi): it bounds "
+                              "the change of one score entry")
         self.sensitivity_ = self.mech.sensitivity if self.mech.sensitivity is not None else width
+        if not self.sensitivity_ > 0:
+            raise ConfigError(f"exponential_topk: the score range {self.range_} has zero width; pass sensitivity > 0")
         if self.sensitivity_ < width:
-            log.warning("exponential_topk: sensitivity=%g is below the score range %g; the epsilon claim is void",
-                        self.sensitivity_, width)
+            # one clipped score entry moves f(S) by up to the range width: a smaller Delta overstates epsilon
+            raise ConfigError(f"exponential_topk: sensitivity={self.sensitivity_:g} is below the width {width:g} of the "
+                              f"score range {self.range_}; use sensitivity=null (= the width) or a value >= {width:g}")
+        self.draws_ = torch.zeros(train.n_users, dtype=torch.long)
         return self
 
     @property
@@ -305,7 +314,7 @@ class ExponentialTopKRecommender:
 
     def scores(self, users: torch.Tensor) -> torch.Tensor:
         """``[U, M]`` scores from ``score(users)`` or ``predict`` over all items, clipped to the range."""
-        if hasattr(self.predictor, "score"):
+        if isinstance(self.predictor, Scorer):
             s = self.predictor.score(users)
         else:
             n_u = users.numel()
@@ -336,6 +345,7 @@ class ExponentialTopKRecommender:
             eligible = dense_rows(self.indicator_, blk.to(self.indicator_.device)).to(scores.device) == 0
             out.append(self._sample(scores, eligible, n))
         self.n_sets_ += users.numel()
+        self.draws_ += torch.bincount(users.cpu(), minlength=self.draws_.numel())  # per-user composition
         return torch.cat(out) if out else torch.empty(0, n, dtype=torch.long)
 
     def _sample(self, scores: torch.Tensor, eligible: torch.Tensor, n: int) -> torch.Tensor:
@@ -353,8 +363,12 @@ class ExponentialTopKRecommender:
         return mask_to_ids(chosen, n)
 
     def privacy_report(self) -> dict[str, Any]:
+        """Relation (one score entry), sensitivity (of the utility f), noise (the sampler) and accountant (basic
+        composition of one user's draws; parallel across users). Checked by the harness case ``exponential_topk``."""
         exact = self.sampler == "exact" or math.isinf(self.mech.epsilon)
-        eps = self.mech.epsilon if exact else None
+        per_set = self.mech.epsilon if exact else None
+        most = int(self.draws_.max()) if self.draws_.numel() else 0
+        eps = None if per_set is None else per_set * max(most, 1)  # k draws for one user: k eps (0 or 1 draw: eps)
         base = (
             f"Exponential mechanism (Theorem 2.2 with phi = exp(f/Delta), Prop. 4.2, exponent eps/2, Eq. (28)), "
             f"utility f(S) = sum of the user's clipped scores over S, Delta = {self.sensitivity_}. "
@@ -368,21 +382,28 @@ class ExponentialTopKRecommender:
                 " sampler=mcmc gives NO epsilon: the Sec. 4.4 candidates depend on C's ranking, so a neighbouring C' "
                 "has sets of zero probability under C, and a finite chain is not at stationarity."
             )
+        rng = getattr(self, "range_", None)
         return {
             "mechanism": "exponential_topk",
             "relation": SCORE_ENTRY_RELATION,
             "unit": "one entry of the user's score row C_i (Sec. 4.1 dynamic attack)",
             "neighbouring": "C, C' differ in one entry; training data and the excluded (rated) items are fixed",
             "sensitivity": self.sensitivity_,
+            "sensitivity_of": (f"f(S) = sum_(j in S) clip(c_ij, {rng[0]:g}, {rng[1]:g}): one entry moves f(S) of any set "
+                               f"by at most the range width {rng[1] - rng[0]:g} <= Delta") if rng else None,
             "noise": f"P(S) ∝ exp(eps f(S) / (2*{self.sensitivity_})) over n-subsets of unrated items, "
                      f"sampler={self.sampler}",
             "sampler": self.sampler,
+            "accountant": ("pure-DP basic composition over the sets released for one user (epsilon = epsilon_per_set x "
+                           "the most sets any one user received, at least 1); users' score rows are disjoint (parallel "
+                           "composition)") if exact else "none (sampler=mcmc has no epsilon)",
             "epsilon": eps,
+            "epsilon_per_set": per_set,
             "epsilon_nominal": self.mech.epsilon,
-            "epsilon_scope": (
-                "per released set; users use disjoint rows of C (parallel composition); repeated draws for one user add up"
-            ),
+            "epsilon_scope": ("epsilon: composed over the sets released to one user so far (epsilon_per_set: one set); "
+                              "users use disjoint rows of C (parallel composition)"),
             "released_sets": self.n_sets_,
+            "max_sets_per_user": most,
             "delta": 0.0,
             "analysis": analysis,
         }

@@ -34,6 +34,7 @@ from typing import Any, Iterable
 import torch
 
 from dprec_torch.errors import ConfigError
+from dprec_torch.interfaces import SupportsPerExampleNorms
 from dprec_torch.mechanisms.base import MechanismOptimizer
 from dprec_torch.mechanisms.context import TrainingContext
 from dprec_torch.privacy.opacus_accounting import ACCOUNTANTS, OpacusAccountant, noise_multiplier_for
@@ -109,7 +110,7 @@ class GaussianDPSGD(MechanismOptimizer):
 
     def clip_residuals(self, residuals: torch.Tensor, batch: Any = None, model: Any = None) -> torch.Tensor:
         """Step 2: e_ui <- e_ui min(1, c / ||g_x||) for the unit x holding (u, i)."""
-        if model is None or not hasattr(model, "per_example_grad_norms"):
+        if not isinstance(model, SupportsPerExampleNorms):
             raise ConfigError(f"mechanism=gaussian needs a model with per_example_grad_norms(); "
                               f"{type(model).__name__} has none")
         if self.unit == "user" and batch.n_targets != batch.ind.values().numel():
@@ -170,16 +171,3 @@ class GaussianDPSGD(MechanismOptimizer):
                 + ("" if math.isfinite(eps) else " sigma = 0: NOT private (clipping only).")
             ),
         }
-
-    # -------------------------------------------------------- checkpointing
-    def state_dict(self) -> dict[str, Any]:
-        sd = super().state_dict()
-        sd["accountant"] = self.accountant.state_dict()
-        return sd
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        state_dict = dict(state_dict)
-        acc = state_dict.pop("accountant", None)
-        super().load_state_dict(state_dict)
-        if acc is not None:
-            self.accountant.load_state_dict(acc)

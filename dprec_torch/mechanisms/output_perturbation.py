@@ -28,6 +28,8 @@ import torch
 
 from dprec_torch.data.ratings import Ratings
 from dprec_torch.errors import ConfigError
+from dprec_torch.interfaces import (FittedPredictor, HasOutputSensitivity, HasRatingScale, HasScoreRange, ReportsSensitivity,
+                                    Scorer, SupportsRawPredict)
 from dprec_torch.predictors.slope_one import top_n_unrated
 from dprec_torch.privacy.budget import check_epsilon
 from dprec_torch.seeding import make_generator
@@ -50,7 +52,7 @@ class LaplaceOutput:
         self.seed = int(seed)
 
     def wrap(self, predictor: Any) -> "LaplaceOutputPredictor":
-        if not hasattr(predictor, "output_sensitivity"):
+        if not isinstance(predictor, HasOutputSensitivity):
             raise ConfigError(
                 f"mechanism=laplace_output needs a model with output_sensitivity() (Delta f); "
                 f"{type(predictor).__name__} has none -- use model=slope_one or model=cosine_implicit"
@@ -65,8 +67,9 @@ class LaplaceOutputPredictor:
         self.predictor = predictor
         self.epsilon = check_epsilon(epsilon, "laplace_output")
         self.seed = int(seed)
-        self.name = f"{getattr(predictor, 'name', type(predictor).__name__)}+laplace_output"
-        self.task = getattr(predictor, "task", "rating")
+        fitted = isinstance(predictor, FittedPredictor)  # declares name and task
+        self.name = f"{predictor.name if fitted else type(predictor).__name__}+laplace_output"
+        self.task = predictor.task if fitted else "rating"
         self.generator_: torch.Generator | None = None
         self.n_released_ = 0
 
@@ -109,21 +112,21 @@ class LaplaceOutputPredictor:
     def release(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
         """``A_ij = f_ij + Lap(b)`` for each pair: the unclipped output of Theorem 2.1 (float64)."""
         base = self.predictor
-        raw = base.raw_predict(users, items) if hasattr(base, "raw_predict") else base.predict(users, items)
+        raw = base.raw_predict(users, items) if isinstance(base, SupportsRawPredict) else base.predict(users, items)
         return self.perturb(raw)
 
     def release_scores(self, users: torch.Tensor) -> torch.Tensor:
         """Noised outputs for every item, ``[len(users), M]`` (float64); M released values per user."""
-        if not hasattr(self.predictor, "score"):
+        if not isinstance(self.predictor, Scorer):
             raise ConfigError(f"laplace_output: {type(self.predictor).__name__} has no score(users); it cannot recommend")
         return self.perturb(self.predictor.score(users))
 
     def predict(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
         """Released predictions clipped to the predictor's scale (post-processing), float32."""
         out = self.release(users, items)
-        if hasattr(self.predictor, "scale"):
+        if isinstance(self.predictor, HasRatingScale):
             out = self.predictor.scale.clip(out)
-        elif hasattr(self.predictor, "score_range"):
+        elif isinstance(self.predictor, HasScoreRange):
             lo, hi = self.predictor.score_range()
             out = out.clamp(lo, hi)
         return out.float()
@@ -136,7 +139,7 @@ class LaplaceOutputPredictor:
     def privacy_report(self) -> dict[str, Any]:
         """Unit, Delta f, noise scale; ``epsilon`` = the composed total over every value released so far."""
         delta_f = self.sensitivity
-        sr = self.predictor.sensitivity_report() if hasattr(self.predictor, "sensitivity_report") else {}
+        sr = self.predictor.sensitivity_report() if isinstance(self.predictor, ReportsSensitivity) else {}
         eps = self.epsilon
         guaranteed = sr.get("sensitivity_guaranteed", delta_f)
         add_remove = sr.get("sensitivity_add_remove", guaranteed)

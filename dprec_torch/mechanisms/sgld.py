@@ -45,6 +45,7 @@ from typing import Any, Iterable
 import torch
 
 from dprec_torch.errors import ConfigError
+from dprec_torch.interfaces import ClipsTrainingPredictions, HasItemMeans
 from dprec_torch.mechanisms.base import MechanismOptimizer
 from dprec_torch.mechanisms.context import TrainingContext
 from dprec_torch.mechanisms.dpsgd_l1 import bound_model, is_pnbm, recentre_batch_
@@ -63,7 +64,7 @@ def error_bound(model: Any, span: float) -> float | None:
     """
     if model is None:
         return None
-    if bool(getattr(model, "clip_training_predictions", False)):
+    if isinstance(model, ClipsTrainingPredictions) and model.clip_training_predictions:
         return span
     if is_pnbm(model):
         return 2.0 * span
@@ -235,7 +236,7 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
     def releases_exact_statistics(self) -> bool:
         """True when the model also releases non-private training statistics (PNBM's exact item means)."""
         model = self.context.model
-        return model is not None and hasattr(model, "item_means") and self.mean_release is None
+        return isinstance(model, HasItemMeans) and self.mean_release is None
 
     def privacy_report(self) -> dict[str, Any]:
         k = self.context.total_steps

@@ -43,7 +43,7 @@ from dprec_torch.models.pair_kernels import DEFAULT_BUDGET, PairPlan, build_hist
 from dprec_torch.models import pair_numba
 from dprec_torch.models.pair_numba import BACKENDS
 from dprec_torch.models.release import fallback_from_state, fallback_state
-from dprec_torch.predictors.base import MeanFallback
+from dprec_torch.interfaces import MeanFallback
 
 GRADIENTS = ("exact", "paper_eq5")
 FORMULATIONS = ("auto", "dense", "sparse_pair")

@@ -55,7 +55,7 @@ from dprec_torch.models.pair_kernels import (DEFAULT_BUDGET, HistoryTables, Pair
                                               centred_history, gram_row_blocks, row_groups, sign_table)
 from dprec_torch.models.pnbm import GRADIENTS, denominator_mask, floored
 from dprec_torch.models.release import fallback_from_state, fallback_state
-from dprec_torch.predictors.base import MeanFallback
+from dprec_torch.interfaces import MeanFallback
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ A model has two set-up paths with one job each:
   histories that a neighbourhood model reads at prediction time. Nothing is recomputed from data,
   so evaluating a run scores exactly the private model that was trained.
 
-The fallback for unknown users/items (:class:`~dprec_torch.predictors.base.MeanFallback`) is not an
+The fallback for unknown users/items (:class:`~dprec_torch.interfaces.MeanFallback`) is not an
 ``nn.Module`` buffer, so the models carry it through ``get_extra_state`` with these two helpers.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from dprec_torch.data.ratings import RatingScale
-from dprec_torch.predictors.base import MeanFallback
+from dprec_torch.interfaces import MeanFallback
 
 
 def fallback_state(fb: MeanFallback | None) -> dict[str, Any] | None:

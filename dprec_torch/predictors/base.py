@@ -1,4 +1,5 @@
-"""The one small interface every predictor implements (LensKit/Surprise style).
+"""The plumbing every fitted predictor shares (LensKit/Surprise style); the interface itself is
+:class:`dprec_torch.interfaces.FittedPredictor`.
 
 ``fit(train) -> self`` learns from a :class:`Ratings`; ``predict(users, items)``
 returns a float tensor of predictions, clipped to the rating scale. Unknown
@@ -8,69 +9,13 @@ users and items fall back to the item mean, then the global mean
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import torch
 
-from dprec_torch.data.ratings import Ratings, RatingScale
-
-
-@runtime_checkable
-class Predictor(Protocol):
-    """Anything the evaluator can score."""
-
-    def fit(self, train: Ratings) -> "Predictor": ...
-
-    def predict(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor: ...
-
-
-@runtime_checkable
-class ReportsFallback(Protocol):
-    """A predictor that counts how many pairs of its last ``predict`` call got the fallback
-    (unknown ids, or no usable neighbour) instead of its own prediction; the evaluator records it
-    as ``fallback_rate`` in ``metrics.json``."""
-
-    fallback_rate_: float | None
-
-
-class MeanFallback:
-    """Learned state for the documented fallback: item mean, then global mean.
-
-    An item is *known* if it has a training rating; a user is *known* if they have one.
-    """
-
-    def __init__(self, train: Ratings) -> None:
-        self.scale: RatingScale = train.scale
-        self.global_mean = train.global_mean
-        self.item_counts_ = train.item_counts()
-        self.user_counts_ = train.user_counts()
-        self.item_means_ = train.item_means()  # global mean where the item is unseen
-
-    def known(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
-        """True where both the user and the item have training ratings (ids out of range are unknown)."""
-        ok_u = (users >= 0) & (users < self.user_counts_.numel())
-        ok_i = (items >= 0) & (items < self.item_counts_.numel())
-        u = users.clamp(0, self.user_counts_.numel() - 1)
-        i = items.clamp(0, self.item_counts_.numel() - 1)
-        return ok_u & ok_i & (self.user_counts_[u] > 0) & (self.item_counts_[i] > 0)
-
-    def fallback(self, items: torch.Tensor) -> torch.Tensor:
-        """Item mean for known items, global mean otherwise."""
-        ok_i = (items >= 0) & (items < self.item_means_.numel())
-        i = items.clamp(0, self.item_means_.numel() - 1)
-        return torch.where(ok_i, self.item_means_[i], torch.full_like(self.item_means_[i], self.global_mean))
-
-    def finish(self, users: torch.Tensor, items: torch.Tensor, raw: torch.Tensor,
-               usable: torch.Tensor | None = None) -> torch.Tensor:
-        """Replace predictions for unknown users/items (and, where given, pairs with ``usable`` False:
-        no neighbour carried weight) with the fallback, then clip to the scale."""
-        out = torch.where(self.answered(users, items, usable), raw, self.fallback(items))
-        return self.scale.clip(out)
-
-    def answered(self, users: torch.Tensor, items: torch.Tensor, usable: torch.Tensor | None = None) -> torch.Tensor:
-        """True where the model's own prediction is served (known ids, and ``usable`` where given)."""
-        known = self.known(users, items)
-        return known if usable is None else known & usable
+from dprec_torch.data.ratings import Ratings
+# the interface and the fallback live in dprec_torch/interfaces.py (below models/ and predictors/); re-exported here
+from dprec_torch.interfaces import MeanFallback, Predictor, ReportsFallback  # noqa: F401
 
 
 def gather_pair_scores(score: "callable", users: torch.Tensor, items: torch.Tensor, n_items: int, block: int) -> torch.Tensor:

@@ -46,6 +46,7 @@ from dprec_torch.data.ratings import Ratings, _to_csr
 from dprec_torch.errors import ConfigError, DataError
 from dprec_torch.predictors.base import BasePredictor
 from dprec_torch.privacy.gaussian_release import (
+    ITEM_STATS_SENSITIVITY,
     NOISES,
     RELATION_TEXT,
     RELATIONS,
@@ -63,7 +64,7 @@ log = logging.getLogger(__name__)
 
 def _outer_flat(f: torch.Tensor) -> torch.Tensor:
     """Row-wise f f^T flattened: ``[N, d*d]``."""
-    return (f[:, :, None] * f[:, None, :]).reshape(f.shape[0], -1)
+    return (f[:, :, None] * f[:, None, :]).reshape(f.shape[0], f.shape[1] * f.shape[1])
 
 
 def clip_rows(f: torch.Tensor, bound: float) -> torch.Tensor:
@@ -208,6 +209,13 @@ class DPALS(BasePredictor):
     def private(self) -> bool:
         return math.isfinite(self.epsilon)
 
+    def release_sensitivities(self) -> dict[str, float]:
+        """What ``fit`` calibrates its noise to: item statistics, one power-iteration round, one ALS round."""
+        m = self.max_ratings_per_user
+        return {"item_stats": ITEM_STATS_SENSITIVITY[(self.relation, self.mean_noise)],
+                "power": power_sensitivity(m, self.clamp_r, self.relation) if m is not None else math.inf,
+                "als": als_sensitivity(m, self.clip_factor, self.clamp_r, self.relation) if m is not None else math.inf}
+
     # ----------------------------------------------------------------- budget
     def _plan(self) -> None:
         """Per-release mu (and eps of Laplace means) so that the whole run is (epsilon, delta)."""
@@ -251,7 +259,7 @@ class DPALS(BasePredictor):
         if self.power_iters > 0:
             c0 = self.clamp_r * math.sqrt(m_cap) if m_cap is not None else math.inf
             if self.private:
-                self.power_std_ = power_sensitivity(m_cap, self.clamp_r, self.relation) / self.mu_["power"]
+                self.power_std_ = self.release_sensitivities()["power"] / self.mu_["power"]
             for _ in range(self.power_iters):
                 w = power_statistics(train, y, keep, q, c0)
                 if self.power_std_ > 0:
@@ -259,7 +267,7 @@ class DPALS(BasePredictor):
                 q = torch.linalg.qr(w)[0]
         v = q * (self.init_scale * math.sqrt(n_i))
         # step 2: ALS rounds with noisy item statistics
-        self.als_sensitivity_ = als_sensitivity(m_cap, self.clip_factor, self.clamp_r, self.relation) if m_cap is not None else math.inf
+        self.als_sensitivity_ = self.release_sensitivities()["als"]
         self.als_std_ = self.als_sensitivity_ / self.mu_["als"] if self.private else 0.0
         eye = torch.eye(d, dtype=torch.float64, device=dev)
         for _ in range(self.iterations):

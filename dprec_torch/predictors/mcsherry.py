@@ -76,6 +76,20 @@ def covariance_sensitivity(clamp_b: float, alpha: float, beta_p: float, max_coun
     return float((weight_term + outer_term).max())
 
 
+def global_effect_sums(train: Ratings, mid: float) -> dict[str, torch.Tensor]:
+    """Step 1 before its noise: ``GSum``/``MSum`` of ``r - mid`` and the counts ``GCnt``/``MCnt``.
+
+    One added/removed rating moves each sum by ``|r - mid| <= span/2`` and each count by 1 (L1, one item).
+    """
+    shifted = train.values - mid
+    return {
+        "gsum": shifted.sum().reshape(1),
+        "gcnt": torch.tensor([float(len(train))], device=train.device),
+        "msum": torch.zeros(train.n_items, device=train.device).index_add_(0, train.items, shifted),
+        "mcnt": train.item_counts().to(torch.float32),
+    }
+
+
 def weighted_covariance(train: Ratings, item_avg: torch.Tensor, clamp_b: float, beta_p: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Steps 2-3: ``Cov = sum_u w_u r_hat_u r_hat_u^T`` (dense items x items, sparse Gram) and the user offsets.
 
@@ -190,6 +204,14 @@ class McSherryMironov(BasePredictor):
     def private(self) -> bool:
         return math.isfinite(self.epsilon)
 
+    def release_sensitivities(self, scale: Any, n_items: int) -> dict[str, float]:
+        """What :meth:`fit` calibrates each release's noise to (one rating added/removed; the rating scale and
+        ``n_items`` are public): L1 of the Laplace releases (steps 1) and L2 (Frobenius) of the covariance (step 4,
+        ``alpha = 2 span``, max over the counts ``c = 0..n_items-1``)."""
+        half = float(scale.span) / 2.0
+        cov = covariance_sensitivity(self.clamp_b, 2.0 * float(scale.span), self.beta_p, int(n_items) - 1)
+        return {"gsum": half, "gcnt": 1.0, "msum": half, "mcnt": 1.0, "cov": cov}
+
     # ----------------------------------------------------------------- fit
     def fit(self, train: Ratings) -> "McSherryMironov":
         """Steps 1-5: noisy G and MAvg, centred/clamped ratings, weighted covariance + Gaussian noise."""
@@ -199,20 +221,25 @@ class McSherryMironov(BasePredictor):
         dev = train.device
         gen = make_generator(self.seed, dev)
         scale = train.scale
-        mid, half = (scale.lo + scale.hi) / 2.0, scale.span / 2.0
+        if self.private and bool(((train.values < scale.lo) | (train.values > scale.hi)).any()):
+            # every sensitivity below assumes lo <= r <= hi
+            raise DataError(f"mcsherry: ratings lie outside the rating scale [{scale.lo:g}, {scale.hi:g}]; "
+                            "declare the true scale (data.rating_scale) or clean the data")
+        mid = (scale.lo + scale.hi) / 2.0
         eps = {key: self.epsilon * frac for key, frac in self.budget.items()}
         noisy = self.private
 
         # step 1: global and per-item effects (Laplace, pure eps each)
-        shifted = train.values - mid
-        gsum = float(shifted.sum()) + (float(_laplace((1,), half / eps["gsum"], gen, dev)) if noisy else 0.0)
-        gcnt = float(len(train)) + (float(_laplace((1,), 1.0 / eps["gcnt"], gen, dev)) if noisy else 0.0)
+        sens = self.release_sensitivities(scale, train.n_items)
+        self.sensitivities_ = sens
+        stats = global_effect_sums(train, mid)
+        gsum = float(stats["gsum"]) + (float(_laplace((1,), sens["gsum"] / eps["gsum"], gen, dev)) if noisy else 0.0)
+        gcnt = float(stats["gcnt"]) + (float(_laplace((1,), sens["gcnt"] / eps["gcnt"], gen, dev)) if noisy else 0.0)
         g = mid + gsum / max(gcnt, 1.0)
-        msum = torch.zeros(train.n_items, device=dev).index_add_(0, train.items, shifted)
-        mcnt = train.item_counts().to(torch.float32)
+        msum, mcnt = stats["msum"], stats["mcnt"]
         if noisy:
-            msum = msum + _laplace((train.n_items,), half / eps["msum"], gen, dev)
-            mcnt = mcnt + _laplace((train.n_items,), 1.0 / eps["mcnt"], gen, dev)
+            msum = msum + _laplace((train.n_items,), sens["msum"] / eps["msum"], gen, dev)
+            mcnt = mcnt + _laplace((train.n_items,), sens["mcnt"] / eps["mcnt"], gen, dev)
         mcnt = mcnt.clamp_min(0.0)  # post-processing: a count is never negative
         m_avg = mid + (msum + self.beta_m * (g - mid)) / (mcnt + self.beta_m).clamp_min(1e-6)
         self.global_avg_ = float(scale.clip(torch.tensor(g)))
@@ -222,8 +249,7 @@ class McSherryMironov(BasePredictor):
         cov, self.user_offset_ = weighted_covariance(train, self.item_avg_, self.clamp_b, self.beta_p)
 
         # steps 4-5: Gaussian noise calibrated to the L2 sensitivity
-        alpha = 2.0 * scale.span
-        self.sensitivity_ = covariance_sensitivity(self.clamp_b, alpha, self.beta_p, train.n_items - 1)
+        self.sensitivity_ = sens["cov"]
         if noisy:
             calib = analytic_gaussian_sigma if self.calibration == "analytic" else classic_gaussian_sigma
             if self.calibration == "classic" and eps["cov"] >= 1:
@@ -344,22 +370,32 @@ class McSherryMironov(BasePredictor):
 
     # ------------------------------------------------------------- privacy
     def privacy_report(self) -> dict[str, Any]:
+        """Relation, per-release sensitivity (with its norm), noise and accountant; the harness case
+        ``mcsherry`` in :mod:`dprec_torch.privacy.sensitivity_cases` checks every sensitivity stated here."""
         if not self.private:
             return {"mechanism": "none (McSherry-Mironov pipeline at epsilon=inf)", "relation": None, "sensitivity": None,
-                    "noise": "none", "epsilon": float("inf"), "delta": 0.0, "analysis": "non-private"}
-        span = self.train_.scale.span if hasattr(self, "train_") else None
+                    "noise": "none", "accountant": "none", "epsilon": float("inf"), "delta": 0.0, "analysis": "non-private"}
+        sens = getattr(self, "sensitivities_", None) or {}
         eps = {key: self.epsilon * frac for key, frac in self.budget.items()}
+        sigma = getattr(self, "sigma_", float("nan"))
         return {
             "mechanism": "McSherry-Mironov: Laplace global/item effects + Gaussian item-item covariance",
-            "relation": "rating",
+            "relation": "rating (one rating added or removed; a changed value is two such steps)",
             "sensitivity": {
-                "gsum": None if span is None else span / 2, "gcnt": 1.0, "msum_l1": None if span is None else span / 2, "mcnt_l1": 1.0,
+                "gsum": sens.get("gsum"), "gcnt": sens.get("gcnt"), "msum_l1": sens.get("msum"), "mcnt_l1": sens.get("mcnt"),
                 "cov_l2": getattr(self, "sensitivity_", None), "cov_l2_paper": paper_covariance_bound(self.clamp_b),
+                "norms": "gsum, gcnt: |.|; msum, mcnt: L1 over items (one rating touches one item); cov: L2 (Frobenius)",
             },
             "noise": (
-                f"Lap(sens/eps_t) with eps_t = {', '.join(f'{k}={v:.4g}' for k, v in eps.items() if k != 'cov')}; "
-                f"N(0, sigma^2) on every covariance entry, sigma={getattr(self, 'sigma_', float('nan')):.4g} "
-                f"({self.calibration} Gaussian mechanism at eps_cov={eps['cov']:.4g}, delta={self.delta:g})"
+                "Laplace(sensitivity/eps_t) on gsum, gcnt and every entry of msum, mcnt with eps_t = "
+                f"{', '.join(f'{k}={v:.4g}' for k, v in eps.items() if k != 'cov')}; "
+                f"N(0, sigma^2) on every covariance entry, sigma={sigma:.4g} "
+                f"({self.calibration} Gaussian mechanism at eps_cov={eps['cov']:.4g}, delta={self.delta:g}), then symmetrised"
+            ),
+            "accountant": (
+                f"basic sequential composition of five releases on the same ratings: four pure Laplace (eps_t each) and one "
+                f"({eps['cov']:.4g}, {self.delta:g}) Gaussian -> (sum eps_t, delta) = ({self.epsilon:g}, {self.delta:g}); "
+                "one fit = one release (predictions are post-processing)"
             ),
             "epsilon": self.epsilon,
             "delta": self.delta,

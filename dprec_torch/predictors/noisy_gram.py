@@ -229,6 +229,11 @@ class NoisyGram(BasePredictor):
     def private(self) -> bool:
         return math.isfinite(self.epsilon)
 
+    def release_sensitivities(self) -> dict[str, float]:
+        """What ``fit`` calibrates its noise to: item statistics (L2, or L1 for Laplace) and the Gram triangle (L2)."""
+        return {"item_stats": ITEM_STATS_SENSITIVITY[(self.relation, self.mean_noise)],
+                "gram": gram_sensitivity(self.relation, self.clamp_b, self.clip_norm)}
+
     # ----------------------------------------------------------------- fit
     def fit(self, train: Ratings) -> "NoisyGram":
         """Release (r~, g, G~) once, then learn the estimator from them and index each user's own residuals."""
@@ -256,7 +261,7 @@ class NoisyGram(BasePredictor):
         sub, idx = restrict_to_support(train, rel.counts.to(dev), self.support)
         x = unit_vectors(sub, self.item_avg_[idx], self.relation, self.clamp_b, self.clip_norm, self.weighting, self.beta_p)
         g = gram(sub, x)
-        self.sensitivity_ = gram_sensitivity(self.relation, self.clamp_b, self.clip_norm)
+        self.sensitivity_ = self.release_sensitivities()["gram"]
         self.noise_std_ = 0.0 if not self.private else self.sensitivity_ / self.mu_["gram"]
         if self.noise_std_ > 0:
             g = g + symmetric_noise(sub.n_items, self.noise_std_, gen, dev)

@@ -327,3 +327,138 @@ def _declare_predictors() -> None:
 
 
 _declare_predictors()
+
+
+# ------------------------------------------------------------------ McSherry & Mironov
+def mcsherry_cases() -> list[SensitivityCase]:
+    """The five releases of :class:`McSherryMironov` under its relation (one rating added/removed).
+
+    Steps 1 (``gsum``, ``gcnt``, ``msum``, ``mcnt``) run the predictor's ``global_effect_sums`` and materialise every
+    rating's contribution (its clip bound is the stated sensitivity: |r - mid| <= span/2, a count 1). Step 3 runs its
+    ``weighted_covariance`` with the item averages fixed (they are released before, by step 1: sequential
+    composition analyses the covariance at a public MAvg), and materialises every user's contribution
+    ``w_u r_hat_u r_hat_u^T``. Stated sensitivities: the object's ``release_sensitivities`` (what ``fit`` calibrates to).
+    """
+    from dprec_torch.predictors.mcsherry import McSherryMironov, global_effect_sums, weighted_covariance
+
+    def subset(data: Ratings, keep: torch.Tensor) -> Ratings:
+        return Ratings(data.users[keep], data.items[keep], data.values[keep], data.n_users, data.n_items, data.scale)
+
+    def effects_case(key: str) -> SensitivityCase:
+        def release(data: Ratings, seed: int, units: bool) -> Release:
+            mid = (float(data.scale.lo) + float(data.scale.hi)) / 2
+            stated = McSherryMironov(epsilon=1.0).release_sensitivities(data.scale, data.n_items)[key]
+            total = global_effect_sums(data, mid)[key].double().reshape(-1)
+            rows = None
+            if units:  # one rating at a time, through the same function
+                idx = torch.arange(len(data))
+                rows = torch.stack([global_effect_sums(subset(data, idx == k), mid)[key].double().reshape(-1)
+                                    for k in range(len(data))]) if len(data) else torch.zeros(0, total.numel())
+            return Release(total, rows, stated)
+
+        bound = 2.0 if key in ("gsum", "msum") else 1.0  # span/2 on the harness's 1-5 scale; a count moves by 1
+        return SensitivityCase(name=f"mcsherry {key}", relation="rating", norm=1, sensitivity=bound, clip_bound=bound,
+                               release=release, max_items=8)
+
+    def cov_case(clamp_b: float, beta_p: float) -> SensitivityCase:
+        def release(data: Ratings, seed: int, units: bool) -> Release:
+            mech = McSherryMironov(epsilon=1.0, clamp_b=clamp_b, beta_p=beta_p)
+            means = public_means(data, seed)  # MAvg: released by step 1, public here (extremes make |r'| = span)
+            cov = weighted_covariance(data, means, mech.clamp_b, mech.beta_p)[0].double().reshape(-1)
+            rows = None
+            if units:  # one user at a time, through the same function
+                rows = torch.stack([weighted_covariance(subset(data, data.users == u), means, mech.clamp_b,
+                                                        mech.beta_p)[0].double().reshape(-1) for u in range(data.n_users)])
+            return Release(cov, rows, mech.release_sensitivities(data.scale, data.n_items)["cov"])
+
+        def bound_for(n_items: int) -> float:  # the case's own statement: the covariance bound at alpha = 2 span
+            from dprec_torch.predictors.mcsherry import covariance_sensitivity
+
+            return covariance_sensitivity(clamp_b, 8.0, beta_p, n_items - 1)
+
+        return SensitivityCase(name=f"mcsherry cov B={clamp_b:g} beta_p={beta_p:g}", relation="rating", norm=2,
+                               sensitivity=bound_for(6), release=release, max_items=6, sensitivity_for=bound_for)
+
+    return [effects_case(k) for k in ("gsum", "gcnt", "msum", "mcnt")] + \
+        [cov_case(1.0, 20.0), cov_case(1.0, 0.0), cov_case(0.25, 1.0), cov_case(4.0, 0.0)]
+
+
+# ------------------------------------------------------------------ exponential top-k (Park & Acharya Sec. 4)
+class TableScores:
+    """A scorer whose score matrix C is given (the harness's ratings, mapped to entries; public default elsewhere)."""
+
+    def __init__(self, table: torch.Tensor, score_range: tuple[float, float] | None) -> None:
+        self.table = table
+        if score_range is not None:
+            self.score_range = lambda: score_range
+
+    def fit(self, train: Ratings) -> "TableScores":
+        return self
+
+    def score(self, users: torch.Tensor) -> torch.Tensor:
+        return self.table[users]
+
+
+def exponential_topk_cases() -> list[SensitivityCase]:
+    """Relation ``score_entry``: one entry of one user's score row C changes (to any value: the recommender clips
+    it to the declared range). The released pre-noise quantity is the utility f(S) of EVERY candidate n-set of
+    every user, computed from the sampler's own exponent ``topk_log_weights`` (f = exponent x 2 Delta / eps);
+    ``||f(C) - f(C')||_inf <= Delta`` is exactly what the exponential mechanism's epsilon needs.
+
+    C maps each harness rating v to the entry ``mid + 2 (v - mid) x (range width / span)`` (it overshoots the range
+    on both sides, so clipping matters); a removed rating sets its entry back to a public default (seed only). The
+    rated (excluded) items come from a public training set (seed only): eligibility is fixed, as the relation says.
+    """
+    import itertools
+
+    from dprec_torch.data.ratings import dense_rows
+    from dprec_torch.mechanisms.exponential_topk import ExponentialTopK, topk_log_weights
+
+    def case(name: str, sensitivity: float | None, score_range: tuple[float, float] | None, claimed: float,
+             n: int = 2) -> SensitivityCase:
+        def release(data: Ratings, seed: int, units: bool) -> Release:
+            lo, hi = score_range if score_range is not None else (float(data.scale.lo), float(data.scale.hi))
+            mid, smid = (lo + hi) / 2, (float(data.scale.lo) + float(data.scale.hi)) / 2
+            stretch = 2 * (hi - lo) / max(float(data.scale.span), 1e-12)
+            default = (lo, hi, mid)[int(seed) % 3]
+            table = torch.full((data.n_users, data.n_items), default, dtype=torch.float64)
+            table[data.users, data.items] = mid + (data.values.double() - smid) * stretch
+            # public training set (seed only): user u rated item (u + seed) % m when seed is odd
+            users = torch.arange(data.n_users)
+            rated = users[: data.n_users if int(seed) % 2 else 0]
+            train = Ratings(rated, (rated + int(seed)) % data.n_items, torch.full((rated.numel(),), float(data.scale.hi)),
+                            data.n_users, data.n_items, data.scale)
+            rec = ExponentialTopK(epsilon=1.0, sampler="exact", sensitivity=sensitivity).wrap(
+                TableScores(table, score_range)).fit(train)
+            scores = rec.scores(users)  # the mechanism's own clipping
+            eligible = dense_rows(rec.indicator_, users) == 0
+            logw = topk_log_weights(scores, eligible, rec.mech.epsilon, rec.sensitivity_)  # the sampler's exponent
+            k = min(n, data.n_items)
+            combos = list(itertools.combinations(range(data.n_items), k))
+            sets = torch.zeros(len(combos), data.n_items, dtype=torch.float64)
+            for r, combo in enumerate(combos):
+                sets[r, list(combo)] = 1.0
+            ok = (eligible.double() @ sets.T) == k  # sets of eligible items only: the others have probability 0
+            exponent = torch.where(eligible, logw, torch.zeros_like(logw)) @ sets.T
+            utility = torch.where(ok, exponent * 2 * rec.sensitivity_ / rec.mech.epsilon, torch.zeros_like(exponent))
+            return Release(utility.reshape(-1), None, float(rec.privacy_report()["sensitivity"]))
+
+        return SensitivityCase(name=name, relation="score_entry", norm=math.inf, sensitivity=claimed, release=release,
+                               max_items=7)
+
+    return [
+        case("exponential_topk default (Delta = scale span)", None, None, 4.0),
+        case("exponential_topk paper Delta_r = 5", 5.0, None, 5.0, n=3),
+        case("exponential_topk score_range [0, 1] (cosine_implicit)", None, (0.0, 1.0), 1.0),
+    ]
+
+
+def _register_fitted_predictors() -> None:
+    from dprec_torch.mechanisms.exponential_topk import ExponentialTopKRecommender
+    from dprec_torch.predictors.mcsherry import McSherryMironov
+
+    register_sensitivity(McSherryMironov, mcsherry_cases)
+    register_sensitivity(ExponentialTopKRecommender, exponential_topk_cases)
+
+
+_register_fitted_predictors()

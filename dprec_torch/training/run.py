@@ -24,7 +24,9 @@ from dprec_torch.device import claimed_device
 from dprec_torch.config import RUNNER_KEYS, accepted, check_config, declared_parameters, fill_dataset_defaults, instantiate_node  # noqa: F401 (re-exported)
 from dprec_torch.errors import ConfigError
 from dprec_torch.evaluation.cross_validate import score_predictor
+from dprec_torch.interfaces import HasItemMeans, OutputMechanism, ReportsPrivacy, TrainableModel
 from dprec_torch.io import atomic_write_json
+from dprec_torch.mechanisms.base import MechanismOptimizer
 from dprec_torch.mechanisms.context import TrainingContext, gradient_reduction_of, prior_precision_for
 from dprec_torch.models.batching import PoissonBatchSampler
 from dprec_torch.privacy.registry import check_claim
@@ -68,17 +70,31 @@ _accepted = accepted
 _declared_parameters = declared_parameters
 
 
-def build_model(cfg: DictConfig, fold: Fold) -> torch.nn.Module:
+def build_model(cfg: DictConfig, fold: Fold) -> TrainableModel:
     cls = get_class(cfg.model._target_)
-    return instantiate_node(cfg.model, **_accepted(cls, n_items=fold.train.n_items, n_users=fold.train.n_users))
+    model = instantiate_node(cfg.model, **_accepted(cls, n_items=fold.train.n_items, n_users=fold.train.n_users))
+    if not isinstance(model, TrainableModel):
+        raise ConfigError(f"model={cfg.model.get('name', cls.__name__)} is an nn.Module but not a TrainableModel "
+                          f"(dprec_torch/interfaces.py: attach, restore, batch_predict, surrogate_loss, ...)")
+    return model
+
+
+def training_mechanism(cfg: DictConfig) -> type[MechanismOptimizer]:
+    """The class of ``cfg.mechanism``, which must be a training mechanism (a :class:`MechanismOptimizer`,
+    the base that declares every :class:`~dprec_torch.interfaces.TrainingMechanism` attribute)."""
+    if not cfg.mechanism.get("_target_"):
+        raise ConfigError(f"model={cfg.model.get('name', '?')} is trained by a mechanism; choose mechanism=none|dpsgd|sgld")
+    cls = get_class(cfg.mechanism._target_)
+    if not (isinstance(cls, type) and issubclass(cls, MechanismOptimizer)):
+        raise ConfigError(f"mechanism={cfg.mechanism.get('name', cls)} privatises fitted predictors; model="
+                          f"{cfg.model.get('name', '?')} is trained: choose mechanism=none|dpsgd|sgld|gaussian|dpsgd_paper")
+    return cls
 
 
 def mechanism_fold(cfg: DictConfig, fold: Fold) -> Fold:
     """The fold a mechanism trains on: user-level mechanisms cap each user at tau ratings (seeded)."""
-    if not cfg.mechanism.get("_target_"):
-        raise ConfigError(f"model={cfg.model.get('name', '?')} is trained by a mechanism; choose mechanism=none|dpsgd|sgld")
-    mech_cls = get_class(cfg.mechanism._target_)
-    if getattr(mech_cls, "relation", None) == "user" and cfg.mechanism.get("max_user_ratings"):
+    mech_cls = training_mechanism(cfg)
+    if mech_cls.relation == "user" and cfg.mechanism.get("max_user_ratings"):
         from dprec_torch.data.preprocess import cap_seed, cap_user_ratings
 
         tau = int(cfg.mechanism.max_user_ratings)
@@ -103,13 +119,13 @@ class TrainingSetup:
 def setup_training(cfg: DictConfig, fold: Fold, device: torch.device) -> TrainingSetup:
     """Cap the fold for the mechanism, build and attach the model, the batch sampler and the mechanism."""
     fold = mechanism_fold(cfg, fold)
-    mech_cls = get_class(cfg.mechanism._target_)
+    mech_cls = training_mechanism(cfg)
     train = fold.train
     model = build_model(cfg, fold).to(device)
     model.attach(train)
     ratio = float(cfg.mechanism.get("sampling_ratio", 1.0))
-    unit = cfg.mechanism.get("unit") or ("user" if getattr(mech_cls, "relation", None) == "user" else "rating")
-    sampler = PoissonBatchSampler(train, model.item_means if hasattr(model, "item_means") else train.item_means(),
+    unit = cfg.mechanism.get("unit") or ("user" if mech_cls.relation == "user" else "rating")
+    sampler = PoissonBatchSampler(train, model.item_means if isinstance(model, HasItemMeans) else train.item_means(),
                                   ratio, unit, make_generator(int(cfg.seed) + 1, device))
     epochs = int(cfg.mechanism.epochs)
     prior = prior_precision_for(mech_cls, model, train, ratio * len(train))
@@ -117,7 +133,7 @@ def setup_training(cfg: DictConfig, fold: Fold, device: torch.device) -> Trainin
         total_steps=epochs * sampler.steps_per_epoch(), steps_per_epoch=sampler.steps_per_epoch(),
         n_ratings=len(train), n_users=train.n_users, scale=train.scale,
         max_user_ratings=cfg.mechanism.get("max_user_ratings"),
-        entry_bound=getattr(model, "gradient_entry_bound", None), prior_precision=prior, model=model,
+        entry_bound=model.gradient_entry_bound, prior_precision=prior, model=model,
         n_units=len(train) if unit == "rating" else train.n_users,  # MF's lr is per example: G / (q n_units)
         expected_batch_size=ratio * (len(train) if unit == "rating" else train.n_users),
         gradient_reduction=gradient_reduction_of(model),
@@ -164,17 +180,17 @@ def fit_fold(cfg: DictConfig, fold: Fold, device: torch.device) -> dict[str, Any
     mech_target = cfg.mechanism.get("_target_")
     if mech_target and cfg.mechanism.get("name") != "none":
         mech_cls = get_class(mech_target)
-        if not hasattr(mech_cls, "wrap"):
+        if not issubclass(mech_cls, OutputMechanism):
             raise ConfigError(f"mechanism={cfg.mechanism.get('name', mech_target)} trains nn.Module models (pnbm, mf); "
                               f"model={cfg.model.get('name', '?')} is a fitted predictor: use mechanism=none or an output mechanism")
         predictor = instantiate_node(cfg.mechanism).wrap(predictor)
     t0 = time.perf_counter()
     predictor.fit(fold.train)
     fit_s = time.perf_counter() - t0
-    if hasattr(predictor, "privacy_report"):
+    if isinstance(predictor, ReportsPrivacy):
         check_scale_declared(fold.train, predictor.privacy_report())
     metrics = score_predictor(predictor, fold, int(cfg.eval.topn), float(cfg.eval.relevance_threshold))
-    report = predictor.privacy_report() if hasattr(predictor, "privacy_report") else {"mechanism": "none"}
+    report = predictor.privacy_report() if isinstance(predictor, ReportsPrivacy) else {"mechanism": "none"}
     diagnostics = diagnostics_enabled(cfg.get("log_private_diagnostics"), report)
     report = {**report, "scope": privacy_scope(report, None, diagnostics)}
     return {"fold": fold.index, **{f"test_{k}": v for k, v in metrics.items()}, "fit_seconds": fit_s,

@@ -24,6 +24,7 @@ import torch
 from dprec_torch.data.ratings import Fold
 from dprec_torch.errors import TrainingDiverged
 from dprec_torch.evaluation.metrics import rating_metrics
+from dprec_torch.interfaces import SupportsProjection
 from dprec_torch.mechanisms.base import MechanismOptimizer
 from dprec_torch.models.batching import PoissonBatchSampler
 from dprec_torch.training.checkpoint import load_checkpoint, save_checkpoint
@@ -63,7 +64,7 @@ class Trainer:
         clipped = self.optimizer.clip_residuals(residuals, batch, self.model)
         self.model.surrogate_loss(batch, clipped).backward()
         self.optimizer.step()
-        if hasattr(self.model, "project_"):
+        if isinstance(self.model, SupportsProjection):
             self.model.project_()
         return float((residuals.double() ** 2).sum()), batch.n_targets
 

@@ -1,0 +1,217 @@
+"""The Python API: train and query a recommender from a notebook (docs/python_api.md).
+
+    import dprec_torch
+    run = dprec_torch.train(["data=synthetic", "mechanism=dpsgd", "epsilon=2"])   # = python train.py ...
+    run.metrics["test_rmse"], run.privacy["epsilon"]
+    run.predict([0, 1], [10, 20]); run.recommend(0, n=5)
+    again = dprec_torch.load_run(run.dir)        # the released model, restored from its checkpoints
+
+* :func:`train` composes ``conf/config.yaml`` with the overrides exactly as ``train.py`` does (the same
+  Hydra config, the same validation, the same ``train(cfg)``), writes the run dir, then returns
+  :func:`load_run` of it -- so a :class:`Run` from ``train`` and one from ``load_run`` are the same thing.
+* :func:`load_run` never re-fits: each fold's model is RESTORED from ``checkpoint_fold<k>.pt``
+  (``model.restore``: S / the factors, the item means -- the DP release where the mechanism made one --
+  and the fallback all come from the checkpoint; :func:`dprec_torch.evaluation.cli.restore_fold`).
+* Ids are the RAW ids of the data files (MovieLens user 1 is ``1``; synthetic data's raw ids are
+  0..n-1), never the contiguous indices the models use inside. In :meth:`Run.predict` an id the
+  data never had gets the model's documented fallback (item mean, then global mean); in
+  :meth:`Run.recommend` an unknown user is an error.
+
+What ``load_run`` cannot do: fitted predictors (``model=pcc|cos|slope_one|pncf|...``, trained by ``fit``, not
+by a mechanism) have no checkpoint, so their runs give ``metrics`` and ``privacy`` but refuse ``predict``
+and ``recommend`` (re-fitting would be a different release, and for a private predictor new noise).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from dprec_torch.config import CONF_DIR, check_command_line, instantiate_node
+from dprec_torch.data.ratings import Fold, RatingDataset
+from dprec_torch.device import resolve_device
+from dprec_torch.errors import ConfigError, DataError
+from dprec_torch.evaluation.cli import restore_fold
+from dprec_torch.evaluation.cross_validate import score_predictor
+from dprec_torch.interfaces import TrainableModel
+
+__all__ = ["Run", "compose_config", "load_run", "train"]
+
+
+# ----------------------------------------------------------------------------------------- config
+def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
+    """``conf/config.yaml`` composed with ``overrides`` (Hydra's compose API, the composition ``train.py`` does).
+
+    The conf dir ships next to the package (``<repo>/conf``: found from a checkout and from an editable
+    install, :data:`dprec_torch.config.CONF_DIR`). A bad override (unknown group option, misspelt key,
+    out-of-range value) raises :class:`ConfigError` with one line, as the CLI prints it.
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    if not (CONF_DIR / "config.yaml").is_file():
+        raise ConfigError(f"no conf/config.yaml at {CONF_DIR}: dprec_torch.train needs the repository's conf/ "
+                          "next to the package (pip install -e <repo>)")
+    overrides = [str(o) for o in overrides]
+    check_command_line("config", overrides)  # one readable line for a bad override (the CLI's own check)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        try:
+            return compose(config_name="config", overrides=overrides)
+        except HydraException as err:  # e.g. a sweep (a,b) that the check took the first value of
+            raise ConfigError(f"cannot compose {overrides}: {str(err).splitlines()[0]}") from None
+
+
+def fresh_output_dir(root: Path | str = "outputs") -> Path:
+    """A new run dir ``<root>/<date>/<time>-<unique>`` (train.py's layout, never shared by two calls)."""
+    day = Path(root) / time.strftime("%Y-%m-%d")
+    day.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=time.strftime("%H-%M-%S-"), dir=day))
+
+
+# ----------------------------------------------------------------------------------------- the run
+@dataclass
+class Run:
+    """A finished ``train.py`` run: its config, ``metrics.json``, and each fold's released model.
+
+    Attributes:
+        dir: the run dir.
+        config: the resolved config the run was trained under (``config_resolved.json``).
+        metrics: ``metrics.json`` (``test_rmse``, ``test_mae``, per-fold records, ``privacy``, ...).
+        dataset: the data as loaded (raw-id maps, folds).
+        models: fold index -> the restored model; empty for a fitted-predictor run (see the module doc).
+        folds: fold index -> the fold as loaded (train/test ratings, contiguous indices).
+        device: where the models and folds live.
+    """
+
+    dir: Path
+    config: DictConfig
+    metrics: dict[str, Any]
+    dataset: RatingDataset
+    models: dict[int, TrainableModel] = field(default_factory=dict)
+    folds: dict[int, Fold] = field(default_factory=dict)
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    def __post_init__(self) -> None:
+        self._user_index = {raw: k for k, raw in enumerate(self.dataset.user_ids)}
+        self._item_index = {raw: k for k, raw in enumerate(self.dataset.item_ids)}
+
+    @property
+    def privacy(self) -> dict[str, Any]:
+        """The mechanism's privacy report (relation, sensitivity, noise, accountant and the defended ``epsilon``)."""
+        return self.metrics["privacy"]
+
+    def model(self, fold: int | None = None) -> TrainableModel:
+        """The released model of ``fold`` (default: the run's first fold)."""
+        if not self.models:
+            raise ConfigError(
+                f"run {self.dir} fitted model={self.config.model.get('name')}, a predictor train.py keeps no checkpoint "
+                "of: it cannot be queried without re-fitting (load_run never re-fits); its metrics and privacy are here")
+        key = next(iter(self.models)) if fold is None else int(fold)
+        if key not in self.models:
+            raise ConfigError(f"run {self.dir} has folds {sorted(self.models)}, not {fold}")
+        return self.models[key]
+
+    def _fold(self, fold: int | None) -> Fold:
+        return self.folds[next(iter(self.folds)) if fold is None else int(fold)]
+
+    def _users(self, users: Iterable[Any]) -> torch.Tensor:
+        return torch.tensor([self._user_index.get(u, -1) for u in users], dtype=torch.long, device=self.device)
+
+    def _items(self, items: Iterable[Any]) -> torch.Tensor:
+        return torch.tensor([self._item_index.get(i, -1) for i in items], dtype=torch.long, device=self.device)
+
+    def predict(self, users: Any, items: Any, fold: int | None = None) -> torch.Tensor:
+        """Predicted ratings for the pairs (users[k], items[k]) of RAW ids, clipped to the rating scale (float32, CPU).
+
+        A scalar broadcasts against a list (``run.predict(1, [10, 20, 30])``). Ids the data never had get
+        the model's fallback (item mean, then global mean). Predictions for user u also read u's own
+        training ratings (PNBM's Eq. (2)): the guarantee is joint DP, as the privacy report says.
+        """
+        model = self.model(fold)
+        u, i = np.broadcast_arrays(np.asarray(users, dtype=object), np.asarray(items, dtype=object))
+        out = model.predict(self._users(u.ravel().tolist()), self._items(i.ravel().tolist()))
+        return out.detach().float().cpu()
+
+    def recommend(self, user: Any, n: int = 10, exclude_seen: bool = True, fold: int | None = None) -> list[Any]:
+        """The ``n`` items with the highest predicted rating for ``user`` (a RAW id), best first, as RAW item ids.
+
+        ``exclude_seen`` drops the items the user rated in the fold's training data. Ties go to the item
+        listed first in the data. Post-processing of the released model and the user's own ratings.
+        """
+        if int(n) != n or n < 1:
+            raise ConfigError(f"recommend n={n} must be an integer >= 1")
+        if user not in self._user_index:
+            raise DataError(f"user {user!r} is not in {self.dataset.name} (raw ids as in the data files, e.g. "
+                            f"{self.dataset.user_ids[0]!r})")
+        model, dev = self.model(fold), self.device
+        u = self._user_index[user]
+        n_items = len(self.dataset.item_ids)
+        items = torch.arange(n_items, device=dev)
+        scores = model.predict(torch.full((n_items,), u, dtype=torch.long, device=dev), items).detach().double()
+        if exclude_seen:
+            train = self._fold(fold).train
+            seen = train.items[train.users == u].to(dev)
+            scores[seen] = float("-inf")
+        order = torch.sort(scores, descending=True, stable=True).indices
+        order = order[torch.isfinite(scores[order])][: int(n)]
+        return [self.dataset.item_ids[k] for k in order.tolist()]
+
+    def evaluate(self) -> dict[str, float]:
+        """Re-score every restored model on its test fold: ``test_rmse`` / ``test_mae`` averaged over folds as
+        ``metrics.json`` does (equal to the run's own figures: the model is the one released)."""
+        per_fold = [score_predictor(self.model(k), self.folds[k]) for k in self.models]
+        return {f"test_{m}": float(np.mean([f[m] for f in per_fold])) for m in ("rmse", "mae")}
+
+
+# ----------------------------------------------------------------------------------------- entry points
+def load_run(run_dir: str | Path, device: str | None = None) -> Run:
+    """The run in ``run_dir`` (a ``train.py`` or :func:`train` output dir) with each fold's released model restored.
+
+    Reads ``config_resolved.json`` and ``metrics.json``, reloads the data the config names, and restores
+    every fold's model from ``checkpoint_fold<k>.pt`` on ``device`` (default: the run's own ``device``),
+    re-fitting nothing. A fitted-predictor run has no checkpoints: its :class:`Run` has no models.
+    """
+    from dprec_torch.training.run import is_trainable
+
+    run_dir = Path(run_dir)
+    cfg_path, metrics_path = run_dir / "config_resolved.json", run_dir / "metrics.json"
+    if not cfg_path.exists():
+        raise ConfigError(f"{run_dir} is not a train.py run dir (no config_resolved.json)")
+    if not metrics_path.exists():
+        raise ConfigError(f"{run_dir} holds no metrics.json: the run did not finish (resume it with resume=true)")
+    cfg = OmegaConf.create(json.loads(cfg_path.read_text()))
+    metrics = json.loads(metrics_path.read_text())
+    dev = resolve_device(device or cfg.get("device", "auto"))
+    dataset = instantiate_node(cfg.data)
+    models: dict[int, TrainableModel] = {}
+    folds: dict[int, Fold] = {}
+    for fold in dataset.folds:
+        folds[fold.index] = fold.to(dev)  # as loaded: recommend's "seen" items are all of u's training ratings
+        if is_trainable(cfg.model):
+            models[fold.index] = restore_fold(cfg, fold, run_dir, dev)[1]
+    return Run(run_dir, cfg, metrics, dataset, models, folds, dev)
+
+
+def train(overrides: Sequence[str] | DictConfig = ()) -> Run:
+    """Train as ``python train.py <overrides>`` does and return the :class:`Run` (see :func:`load_run`).
+
+    ``overrides``: Hydra overrides (``["mechanism=sgld", "epsilon=20"]``), or a config already composed
+    from ``conf/config.yaml`` (:func:`compose_config`; it is copied, not changed). The run dir is
+    ``output_dir=`` when given, else a fresh ``outputs/<date>/<time>-<unique>`` under the working directory.
+    """
+    from dprec_torch.training.run import train as train_cfg
+
+    cfg = copy.deepcopy(overrides) if isinstance(overrides, DictConfig) else compose_config(list(overrides))
+    if not cfg.get("output_dir"):
+        cfg.output_dir = str(fresh_output_dir())
+    train_cfg(cfg)
+    return load_run(cfg.output_dir, device=str(cfg.get("device", "auto")))

@@ -1,0 +1,308 @@
+"""What a model, a predictor and a mechanism ARE: the typing Protocols the runner and the mechanisms check.
+
+Code that needs a capability asks ``isinstance(obj, Protocol)`` of one of these runtime-checkable
+Protocols instead of probing with ``hasattr``/``getattr``: the Protocol names the capability, lists
+what it consists of, and is the one place a new model or mechanism looks up what to implement.
+(``isinstance`` on a runtime Protocol checks that the members exist, not their signatures.)
+
+Three families (issue 16, "Interfaces"):
+
+* a **trainable model** (:class:`TrainableModel`: PNBM, PNBM-topk, MF) is an ``nn.Module`` learned under a
+  training mechanism. Set-up has two paths with one job each (:mod:`dprec_torch.models.release`):
+  ``attach(train)`` BUILDS from data before training, ``restore(train, state)`` RESTORES what was
+  released. Optional capabilities: :class:`SupportsProjection`, :class:`HasItemMeans`,
+  :class:`ItemSimilarityModel`, :class:`FactorModel`, :class:`SupportsPerExampleNorms`,
+  :class:`ClipsTrainingPredictions`, :class:`SupportsPriorPrecision`;
+* a **fitted predictor** (:class:`FittedPredictor`: kNN, Slope One, PNCF, ...) learns in ``fit(train)``
+  and answers ``predict(users, items)`` (:class:`Predictor`) and/or ``recommend(users, n)``
+  (:class:`Recommender`); unknown users/items fall back to :class:`MeanFallback`;
+* a **mechanism**: a :class:`TrainingMechanism` (an optimizer whose ``step`` is private; base class
+  :class:`dprec_torch.mechanisms.base.MechanismOptimizer` provides every default) or an
+  :class:`OutputMechanism` (``wrap(predictor)`` returns a private predictor). Both report what they
+  defend through :class:`ReportsPrivacy`; the accountant is
+  :class:`dprec_torch.privacy.accountants.Accountant`, saved with the optimizer's ``state_dict``.
+
+This module sits below ``models/``, ``predictors/`` and ``mechanisms/`` (it imports only ``data``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterator, Protocol, runtime_checkable
+
+import torch
+
+from dprec_torch.data.ratings import Ratings, RatingScale
+
+if TYPE_CHECKING:  # typing only: the accountants module is above this one
+    from dprec_torch.privacy.accountants import Accountant
+
+__all__ = [
+    "ClipsTrainingPredictions", "FactorModel", "FittedPredictor", "HasItemMeans", "HasOutputSensitivity", "HasRatingScale",
+    "HasScoreRange", "ItemSimilarityModel", "MeanFallback", "OutputMechanism", "Predictor", "Recommender",
+    "ReportsFallback", "ReportsPrivacy", "ReportsSensitivity", "Scorer", "SupportsPerExampleNorms",
+    "SupportsPriorPrecision", "SupportsProjection", "SupportsRawPredict", "TrainableModel", "TrainingMechanism",
+]
+
+
+# ============================================================================ privacy reports
+@runtime_checkable
+class ReportsPrivacy(Protocol):
+    """Anything that states what it defends: ``privacy_report()`` returns a dict with at least
+    ``mechanism``, ``relation`` (the neighbouring relation, None when non-private), ``epsilon`` (the
+    defended figure; None/inf when nothing is defended) and ``analysis`` (one readable paragraph)."""
+
+    def privacy_report(self) -> dict[str, Any]: ...
+
+
+# ============================================================================ trainable models
+@runtime_checkable
+class TrainableModel(Protocol):
+    """A model learned under a :class:`TrainingMechanism` (an ``nn.Module``: PNBM, PNBM-topk, MF).
+
+    ``attach(train)`` builds from data (once, before training); ``restore(train, state)`` restores a
+    checkpoint's ``model`` entry exactly, computing nothing from ``train`` (it only binds the users'
+    histories a neighbourhood model reads). ``batch_predict`` / ``surrogate_loss`` are the training
+    forward and the scalar whose gradient is sum e_ui d r_hat_ui / d theta; ``gradient_entry_bound``
+    bounds one example's gradient entry for a residual bound (the paper's Delta F); ``predict`` is
+    clipped to the rating scale with the documented fallback for unknown ids.
+    """
+
+    task: str
+    name: str
+
+    def attach(self, train: Ratings) -> Any: ...
+
+    def restore(self, train: Ratings, state: dict[str, Any]) -> Any: ...
+
+    def batch_predict(self, batch: Any) -> torch.Tensor: ...
+
+    def surrogate_loss(self, batch: Any, residuals: torch.Tensor) -> torch.Tensor: ...
+
+    def gradient_entry_bound(self, residual_bound: float) -> float: ...
+
+    def predict(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor: ...
+
+    def parameters(self, recurse: bool = True) -> Iterator[torch.nn.Parameter]: ...
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class SupportsProjection(Protocol):
+    """A model with a constraint set re-imposed after every step (PNBM: S symmetric, zero diagonal);
+    post-processing of the released parameters, so privacy is unaffected."""
+
+    def project_(self) -> None: ...
+
+
+@runtime_checkable
+class HasItemMeans(Protocol):
+    """A model that centres on, and releases, item means r_bar (PNBM's Eq. (2) baseline): a buffer a
+    mechanism may replace by a DP release (:func:`dprec_torch.privacy.item_means.install_item_means`)."""
+
+    item_means: torch.Tensor
+
+
+@runtime_checkable
+class ItemSimilarityModel(Protocol):
+    """Dense item-item PNBM: the M x M similarity ``S``, the denominator floor ``floor_c`` (C), the bound
+    training histories, the item means and the gradient form (``exact`` | ``paper_eq5``); what the
+    per-user clipping norms of :mod:`dprec_torch.privacy.pnbm_clipping` read."""
+
+    S: torch.nn.Parameter
+    floor_c: float
+    history: Ratings | None
+    item_means: torch.Tensor
+    gradient: str
+
+
+@runtime_checkable
+class FactorModel(Protocol):
+    """Biased matrix factorisation: the tables whose per-example gradient norms are closed-form
+    (:mod:`dprec_torch.privacy.mf_clipping`)."""
+
+    user_factors: torch.nn.Embedding
+    item_factors: torch.nn.Embedding
+    user_bias: torch.nn.Embedding
+    item_bias: torch.nn.Embedding
+
+
+@runtime_checkable
+class SupportsPerExampleNorms(Protocol):
+    """A model that computes per-example (``unit`` = rating | user) L2 gradient norms without
+    materialising the gradients (Gaussian DP-SGD clips with them)."""
+
+    def per_example_grad_norms(self, batch: Any, residuals: torch.Tensor, unit: str) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class ClipsTrainingPredictions(Protocol):
+    """A model whose training predictions may be clipped to the rating scale (then |e_ui| <= phi)."""
+
+    clip_training_predictions: bool
+
+
+@runtime_checkable
+class SupportsPriorPrecision(Protocol):
+    """A model that computes SGLD's prior correction H (Wang & Tang Eq. (11))."""
+
+    def sgld_prior_precision(self, train: Ratings, batch_ratings: float) -> list[torch.Tensor | None]: ...
+
+
+# ============================================================================ fitted predictors
+@runtime_checkable
+class FittedPredictor(Protocol):
+    """A predictor that learns in ``fit(train) -> self`` (no mechanism steps): kNN, Slope One, PNCF, ...
+
+    ``task`` is ``rating`` (it predicts: :class:`Predictor`), ``topn`` (it recommends:
+    :class:`Recommender`) or ``both``; ``name`` labels it in tables.
+    """
+
+    name: str
+    task: str
+
+    def fit(self, train: Ratings) -> Any: ...
+
+
+@runtime_checkable
+class Predictor(Protocol):
+    """Anything the evaluator can score on ratings: ``predict`` returns a float tensor clipped to the scale."""
+
+    def fit(self, train: Ratings) -> Any: ...
+
+    def predict(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class Recommender(Protocol):
+    """Anything that returns ``[len(users), n]`` item indices (``-1`` padded), unrated items only."""
+
+    def recommend(self, users: torch.Tensor, n: int) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class Scorer(Protocol):
+    """A predictor with a score for every item: ``score(users) -> [len(users), M]`` (unclipped)."""
+
+    def score(self, users: torch.Tensor) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class HasRatingScale(Protocol):
+    """A fitted predictor whose outputs are ratings on ``scale`` (clipped to it after any noise)."""
+
+    scale: RatingScale
+
+
+@runtime_checkable
+class HasScoreRange(Protocol):
+    """A scorer whose scores lie in a declared range (not the rating scale), e.g. cosine in [0, 1]."""
+
+    def score_range(self) -> tuple[float, float]: ...
+
+
+@runtime_checkable
+class SupportsRawPredict(Protocol):
+    """A predictor whose unclipped output (the function a sensitivity theorem bounds) is available."""
+
+    def raw_predict(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class HasOutputSensitivity(Protocol):
+    """A predictor that declares Delta f, the sensitivity of one released output (Park & Acharya
+    Theorems 3.1/3.2), which ``mechanism=laplace_output`` calibrates its noise to."""
+
+    def output_sensitivity(self) -> float: ...
+
+
+@runtime_checkable
+class ReportsSensitivity(Protocol):
+    """A predictor that documents its sensitivity: relation, unit, theorem, guaranteed vs paper figure."""
+
+    def sensitivity_report(self) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class ReportsFallback(Protocol):
+    """A predictor that counts how many pairs of its last ``predict`` call got the fallback
+    (unknown ids, or no usable neighbour) instead of its own prediction; the evaluator records it
+    as ``fallback_rate`` in ``metrics.json``."""
+
+    fallback_rate_: float | None
+
+
+class MeanFallback:
+    """Learned state for the documented fallback: item mean, then global mean.
+
+    An item is *known* if it has a training rating; a user is *known* if they have one. Shared by
+    the trainable models and the fitted predictors (it lives here, below both).
+    """
+
+    def __init__(self, train: Ratings) -> None:
+        self.scale: RatingScale = train.scale
+        self.global_mean = train.global_mean
+        self.item_counts_ = train.item_counts()
+        self.user_counts_ = train.user_counts()
+        self.item_means_ = train.item_means()  # global mean where the item is unseen
+
+    def known(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        """True where both the user and the item have training ratings (ids out of range are unknown)."""
+        ok_u = (users >= 0) & (users < self.user_counts_.numel())
+        ok_i = (items >= 0) & (items < self.item_counts_.numel())
+        u = users.clamp(0, self.user_counts_.numel() - 1)
+        i = items.clamp(0, self.item_counts_.numel() - 1)
+        return ok_u & ok_i & (self.user_counts_[u] > 0) & (self.item_counts_[i] > 0)
+
+    def fallback(self, items: torch.Tensor) -> torch.Tensor:
+        """Item mean for known items, global mean otherwise."""
+        ok_i = (items >= 0) & (items < self.item_means_.numel())
+        i = items.clamp(0, self.item_means_.numel() - 1)
+        return torch.where(ok_i, self.item_means_[i], torch.full_like(self.item_means_[i], self.global_mean))
+
+    def finish(self, users: torch.Tensor, items: torch.Tensor, raw: torch.Tensor,
+               usable: torch.Tensor | None = None) -> torch.Tensor:
+        """Replace predictions for unknown users/items (and, where given, pairs with ``usable`` False:
+        no neighbour carried weight) with the fallback, then clip to the scale."""
+        out = torch.where(self.answered(users, items, usable), raw, self.fallback(items))
+        return self.scale.clip(out)
+
+    def answered(self, users: torch.Tensor, items: torch.Tensor, usable: torch.Tensor | None = None) -> torch.Tensor:
+        """True where the model's own prediction is served (known ids, and ``usable`` where given)."""
+        known = self.known(users, items)
+        return known if usable is None else known & usable
+
+
+# ============================================================================ mechanisms
+@runtime_checkable
+class TrainingMechanism(ReportsPrivacy, Protocol):
+    """An optimizer whose ``step`` is the private update (Opacus's DPOptimizer shape).
+
+    Class attributes (defaults in :class:`~dprec_torch.mechanisms.base.MechanismOptimizer`): ``name``;
+    ``relation``, the neighbouring relation / sampling unit the runner samples by (None: per instance,
+    read ``mechanism.unit``); ``uses_prior_precision`` (reads SGLD's H); ``accountant``, the one place
+    the spent budget lives, saved by ``state_dict`` so a resumed run keeps it.
+    """
+
+    name: str
+    relation: str | None
+    uses_prior_precision: bool
+    accountant: "Accountant | None"
+
+    def clip_residuals(self, residuals: torch.Tensor, batch: Any = None, model: Any = None) -> torch.Tensor: ...
+
+    def step(self, closure: Any = None) -> Any: ...
+
+    def epsilon_spent(self) -> float: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
+
+@runtime_checkable
+class OutputMechanism(Protocol):
+    """A mechanism that privatises a fitted predictor's outputs: ``wrap(predictor)`` returns a
+    :class:`FittedPredictor` that also :class:`ReportsPrivacy` (``laplace_output``, ``exponential_topk``)."""
+
+    def wrap(self, predictor: Any) -> Any: ...

@@ -1,0 +1,135 @@
+"""Sensitivity-harness cases for the issue-17 mechanisms (:mod:`dprec_torch.privacy.registry`).
+
+Each release runs the predictor module's own pre-noise functions on the harness's dataset; public inputs
+(the item means released earlier, the item factors / subspace of the previous round) depend on the seed only.
+
+* :class:`~dprec_torch.predictors.noisy_gram.NoisyGram`: the item statistics (S, C) (L2 for Gaussian, L1 for
+  Laplace noise; per-unit rows = one user, or one rating at rating level) and the Gram triangle (per-user rows
+  at user level, clip bound c^2; no per-unit clip at rating level, where the bound 2 B^2 comes from the entry
+  clamp and the |R_u|^(-1/2) weight).
+* :class:`~dprec_torch.predictors.dpals.DPALS`: one ALS round's (tri(A_j), b_j) over all items, and one
+  power-iteration round's W = sum_u x_u x_u^T Q; per-user rows at user level; rating level is the
+  replace-one-user bound (2x), checked for removed and changed ratings.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from dprec_torch.data.ratings import Ratings
+from dprec_torch.privacy.registry import Release, SensitivityCase, register_sensitivity
+
+
+def _public_means(data: Ratings, seed: int) -> torch.Tensor:
+    lo, hi = float(data.scale.lo), float(data.scale.hi)
+    choices = torch.tensor([lo, (lo + hi) / 2, hi, lo + (hi - lo) / 4])
+    return choices[torch.randint(0, 4, (data.n_items,), generator=torch.Generator().manual_seed(int(seed) + 1))]
+
+
+def _public_factors(n_items: int, d: int, seed: int, orthonormal: bool) -> torch.Tensor:
+    f = torch.randn(n_items, d, generator=torch.Generator().manual_seed(int(seed) + 7), dtype=torch.float64) * 2.0
+    return torch.linalg.qr(f)[0] if orthonormal else f
+
+
+def _subset(data: Ratings, keep: torch.Tensor) -> Ratings:
+    return Ratings(data.users[keep], data.items[keep], data.values[keep], data.n_users, data.n_items, data.scale)
+
+
+def _rows(data: Ratings, per_unit: str, fn) -> torch.Tensor:
+    """``fn`` applied to each unit's own data (one user, or one rating), stacked."""
+    if per_unit == "user":
+        return torch.stack([fn(_subset(data, data.users == u)) for u in range(data.n_users)])
+    idx = torch.arange(len(data))
+    return torch.stack([fn(_subset(data, idx == k)) for k in range(len(data))])
+
+
+def _item_stats_case(cls_name: str, relation: str, noise: str, make) -> SensitivityCase:
+    from dprec_torch.privacy.gaussian_release import ITEM_STATS_SENSITIVITY, item_stats
+
+    def release(data: Ratings, seed: int, units: bool) -> Release:
+        total = item_stats(data, relation, noise)
+        rows = _rows(data, relation, lambda d: item_stats(d, relation, noise)) if units and len(data) else None
+        return Release(total, rows, make().release_sensitivities()["item_stats"])
+
+    bound = ITEM_STATS_SENSITIVITY[(relation, noise)]
+    return SensitivityCase(name=f"{cls_name} item stats {relation} {noise}", relation=relation,
+                           norm=2 if noise == "gaussian" else 1, sensitivity=bound, clip_bound=bound,
+                           also_change=relation == "rating", release=release, max_items=8)
+
+
+def noisy_gram_cases() -> list[SensitivityCase]:
+    from dprec_torch.predictors.noisy_gram import NoisyGram, gram, triangle, unit_vectors
+
+    cases = [_item_stats_case("noisy_gram", rel, noise, lambda rel=rel, noise=noise: NoisyGram(relation=rel, mean_noise=noise))
+             for rel in ("user", "rating") for noise in ("gaussian", "laplace")]
+
+    def gram_case(relation: str, clamp_b: float, clip_norm: float, weighting: str, beta_p: float) -> SensitivityCase:
+        mech = NoisyGram(relation=relation, clamp_b=clamp_b, clip_norm=clip_norm, weighting=weighting, beta_p=beta_p)
+
+        def tri(d: Ratings, means: torch.Tensor) -> torch.Tensor:
+            return triangle(gram(d, unit_vectors(d, means, relation, clamp_b, clip_norm, weighting, beta_p)))
+
+        def release(data: Ratings, seed: int, units: bool) -> Release:
+            means = _public_means(data, seed)
+            rows = _rows(data, "user", lambda d: tri(d, means)) if units and relation == "user" and len(data) else None
+            return Release(tri(data, means), rows, mech.release_sensitivities()["gram"])
+
+        bound = mech.release_sensitivities()["gram"]
+        return SensitivityCase(name=f"noisy_gram gram {relation} B={clamp_b:g} c={clip_norm:g} {weighting}", relation=relation,
+                               norm=2, sensitivity=bound, clip_bound=bound if relation == "user" else None,
+                               also_change=relation == "rating", release=release, max_items=8)
+
+    cases += [gram_case("user", 2.0, 3.0, "clip", 5.0), gram_case("user", 1.0, 0.5, "normalize", 0.0),
+              gram_case("user", math.inf, 1.0, "clip", 0.0), gram_case("rating", 1.0, 1.0, "clip", 0.0),
+              gram_case("rating", 2.5, 1.0, "clip", 0.0)]
+    return cases
+
+
+def dpals_cases() -> list[SensitivityCase]:
+    from dprec_torch.predictors.dpals import DPALS, als_round_statistics, power_statistics, user_residuals
+    from dprec_torch.privacy.gaussian_release import per_user_sample
+
+    cases = [_item_stats_case("dpals", rel, noise, lambda rel=rel, noise=noise: DPALS(relation=rel, mean_noise=noise))
+             for rel in ("user", "rating") for noise in ("gaussian", "laplace")]
+
+    def als_case(relation: str, m: int, gu: float, gr: float, d: int, power: bool) -> SensitivityCase:
+        mech = DPALS(relation=relation, max_ratings_per_user=m, clip_factor=gu, clamp_r=gr, dim=d, reg=1.0, beta_p=2.0)
+
+        def stats(data: Ratings, seed: int) -> torch.Tensor:
+            _, y = user_residuals(data, _public_means(data, seed), mech.beta_p, gr)
+            keep = per_user_sample(data.users, data.items, m, seed)
+            if power:
+                q = _public_factors(data.n_items, min(d, data.n_items), seed, orthonormal=True)
+                return power_statistics(data, y, keep, q, gr * math.sqrt(m)).reshape(-1)
+            v = _public_factors(data.n_items, d, seed, orthonormal=False)
+            a, b = als_round_statistics(data, y, keep, v, mech.reg, gu)
+            iu = torch.triu_indices(d, d)
+            return torch.cat([a[:, iu[0], iu[1]].reshape(-1), b.reshape(-1)])
+
+        def release(data: Ratings, seed: int, units: bool) -> Release:
+            rows = _rows(data, "user", lambda sub: stats(sub, seed)) if units and relation == "user" and len(data) else None
+            return Release(stats(data, seed), rows, mech.release_sensitivities()["power" if power else "als"])
+
+        bound = mech.release_sensitivities()["power" if power else "als"]
+        kind = "power" if power else "als"
+        return SensitivityCase(name=f"dpals {kind} {relation} m={m} Gu={gu:g} Gr={gr:g} d={d}", relation=relation, norm=2,
+                               sensitivity=bound, clip_bound=bound if relation == "user" else None,
+                               also_change=relation == "rating", release=release, max_items=8)
+
+    cases += [als_case("user", 3, 1.0, 1.0, 2, False), als_case("user", 2, 0.3, 2.0, 3, False),
+              als_case("rating", 3, 1.0, 1.0, 2, False), als_case("user", 3, 1.0, 1.0, 2, True),
+              als_case("rating", 2, 1.0, 2.0, 2, True)]
+    return cases
+
+
+def register() -> None:
+    from dprec_torch.predictors.dpals import DPALS
+    from dprec_torch.predictors.noisy_gram import NoisyGram
+
+    register_sensitivity(NoisyGram, noisy_gram_cases)
+    register_sensitivity(DPALS, dpals_cases)
+
+
+register()
