@@ -1,11 +1,11 @@
-"""Copy benchmark tables (``benchmarks/results/bench-<tag>.md``) into README.md and docs/performance.md,
+"""Copy benchmark tables (``benchmarks/results/bench-<tag>.md``) into docs/performance.md,
 and derive the issue's targets table from the JSON files.
 
     python benchmarks/publish.py
     python benchmarks/publish.py --main cpu-main-t1 --t2 cpu-syn1m-t2 --scaling cpu-scaling-t1 \\
         --parity cpu-parity-none cpu-parity-dpsgd
 
-README's ``bench`` and ``bench-targets`` blocks and docs/performance.md's ``main``, ``t2``,
+docs/performance.md's ``main``, ``t2``,
 ``parity``, ``scaling``, ``targets``, ``gpu``, ``sweep-cpu`` and ``startup-cpu`` blocks are rewritten; numbers are never typed by hand.
 The ``gpu`` block comes from ``benchmarks/results/gpu-check.json`` (``benchmarks/gpu_check.sh`` on a
 GPU machine; a ``gpu-check-rerun.json`` of some stages is laid over it); without that file it says
@@ -257,10 +257,6 @@ def main() -> None:
     args = ap.parse_args()
     repeated = cases(args.repeated) if (RESULTS / f"bench-{args.repeated}.json").exists() else None
     table = targets(cases(args.main), cases(args.t2), [cases(t) for t in args.parity], repeated)
-    readme = ROOT / "README.md"
-    for name, body in (("bench", read(args.main, "md")), ("bench-targets", table)):
-        if f"<!-- {name}:start -->" in readme.read_text():  # the README may no longer carry these tables
-            splice(readme, name, body)
     doc = ROOT / "docs" / "performance.md"
     splice(doc, "main", read(args.main, "md"))
     splice(doc, "t2", read(args.t2, "md") + ("" if repeated is None else "\n" + read(args.repeated, "md")))

@@ -78,6 +78,13 @@ def fresh_output_dir(root: Path | str = "outputs") -> Path:
 
 
 # ----------------------------------------------------------------------------------------- the run
+def _ids(ids: Any) -> np.ndarray:
+    """Raw ids as an object array of plain Python values (a tensor's elements would not match the id map)."""
+    if isinstance(ids, (torch.Tensor, np.ndarray)):
+        ids = ids.tolist()
+    return np.asarray(ids, dtype=object)
+
+
 @dataclass
 class Run:
     """A finished ``train.py`` run: its config, ``metrics.json``, and each fold's released model.
@@ -137,7 +144,7 @@ class Run:
         training ratings (PNBM's Eq. (2)): the guarantee is joint DP, as the privacy report says.
         """
         model = self.model(fold)
-        u, i = np.broadcast_arrays(np.asarray(users, dtype=object), np.asarray(items, dtype=object))
+        u, i = np.broadcast_arrays(_ids(users), _ids(items))
         out = model.predict(self._users(u.ravel().tolist()), self._items(i.ravel().tolist()))
         return out.detach().float().cpu()
 
@@ -149,6 +156,7 @@ class Run:
         """
         if int(n) != n or n < 1:
             raise ConfigError(f"recommend n={n} must be an integer >= 1")
+        user = _ids(user).item()
         if user not in self._user_index:
             raise DataError(f"user {user!r} is not in {self.dataset.name} (raw ids as in the data files, e.g. "
                             f"{self.dataset.user_ids[0]!r})")

@@ -27,9 +27,10 @@ def python_block(path: Path) -> str:
     return blocks[0]
 
 
-def test_documented_example_runs(tmp_path, monkeypatch):
+@pytest.mark.parametrize("doc", ["docs/python_api.md", "README.md"])  # README: its "Python API" section
+def test_documented_example_runs(tmp_path, monkeypatch, doc):
     monkeypatch.chdir(tmp_path)  # the example writes outputs/<date>/... under the working directory
-    exec(compile(python_block(ROOT / "docs" / "python_api.md"), "docs/python_api.md", "exec"), {})
+    exec(compile(python_block(ROOT / doc), doc, "exec"), {})
     assert len(list((tmp_path / "outputs").glob("*/*/metrics.json"))) == 1
 
 
@@ -86,6 +87,7 @@ def test_predict_maps_raw_ids_to_indices_and_unknown_ids_to_the_fallback():
     run = dprec_torch.Run(Path("."), None, {"privacy": {"epsilon": None}}, data, {1: _Echo()}, {1: data.folds[0]})
     assert run.predict(["u9", "u7"], [103, 101]).tolist() == [12.0, 0.0]
     assert run.predict("u9", [101, 102]).tolist() == [10.0, 11.0]  # a scalar broadcasts
+    assert run.predict(["u7"], torch.tensor([102])).tolist() == [1.0]  # a tensor of raw ids is read by value
     assert run.predict(["nobody"], [999]).tolist() == [-11.0]  # -1, -1: the model's fallback answers them
     assert run.privacy == {"epsilon": None}
 

@@ -153,3 +153,13 @@ def test_config_composes_and_instantiates():
         cfg = compose("config", overrides=["model=dpals", "epsilon=10", "data=synthetic"])
     model = instantiate_node(cfg.model)
     assert model.epsilon == 10.0 and cfg.mechanism.name == "builtin"
+
+
+def test_canary_audit_stays_below_the_claim_and_has_power():
+    from dprec_torch.audit.fitted import audit_fitted
+
+    base = tiny_fold().train
+    private = audit_fitted(lambda s: DPALS(epsilon=1.0, dim=3, iterations=1, seed=s), base, "user", trials=20, canaries=20)
+    assert private.epsilon_lower_bound <= private.epsilon_claimed == 1.0
+    leaky = audit_fitted(lambda s: DPALS(epsilon=math.inf, dim=3, iterations=1, seed=s), base, "user", trials=20, canaries=20)
+    assert leaky.epsilon_lower_bound > 2.0

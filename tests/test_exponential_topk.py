@@ -170,3 +170,53 @@ def test_bad_config() -> None:
         ExponentialTopK(epsilon=1, sampler="gibbs")
     with pytest.raises(ConfigError, match="Eq. \\(36\\)"):
         BirthDeathChain(torch.tensor([[0.0, -0.1, -5.0]], dtype=torch.float64), dt=1.0)
+
+
+# ------------------------------------------------------------------ privacy statement (issue 15)
+def _toy_train() -> Ratings:
+    return Ratings(torch.tensor([0, 1]), torch.tensor([0, 2]), torch.tensor([5.0, 4.0]), 2, 7, RatingScale(1.0, 5.0))
+
+
+def test_a_sensitivity_below_the_score_range_is_refused() -> None:
+    """Delta < the clipped range understates how far one score entry moves f(S): the old code only logged a
+    warning and still reported the epsilon (fails on it)."""
+    with pytest.raises(ConfigError, match="below the width 4"):
+        ExponentialTopK(epsilon=1.0, sensitivity=1.0).wrap(FixedScores()).fit(_toy_train())
+    paper = ExponentialTopK(epsilon=1.0, sensitivity=5.0).wrap(FixedScores()).fit(_toy_train())  # U_r = 5: looser, fine
+    assert paper.privacy_report()["sensitivity"] == 5.0 and paper.privacy_report()["epsilon"] == 1.0
+
+
+def test_report_states_relation_sensitivity_noise_and_accountant() -> None:
+    rec = ExponentialTopK(epsilon=0.5, sampler="exact").wrap(FixedScores()).fit(_toy_train())
+    rep = rec.privacy_report()
+    assert rep["relation"].startswith("score-entry") and rep["sensitivity"] == 4.0
+    assert "clip(c_ij, 1, 5)" in rep["sensitivity_of"] and "exp(eps f(S) / (2*4.0))" in rep["noise"]
+    assert "basic composition" in rep["accountant"] and "parallel" in rep["accountant"]
+
+
+def test_accountant_composes_the_sets_released_to_one_user() -> None:
+    """Each set is eps-DP for its user's row; two sets for user 0 cost 2 eps (fails on the old code, whose
+    report kept the per-set figure)."""
+    rec = ExponentialTopK(epsilon=0.5, sampler="exact").wrap(FixedScores()).fit(_toy_train())
+    assert rec.privacy_report()["epsilon"] == 0.5  # before any draw: the cost of the first one
+    rec.recommend(torch.tensor([0, 1]), 2)
+    assert rec.privacy_report()["epsilon"] == 0.5  # one set per user: parallel composition
+    rec.recommend(torch.tensor([0]), 3)
+    rep = rec.privacy_report()
+    assert rep["epsilon"] == 1.0 and rep["epsilon_per_set"] == 0.5 and rep["max_sets_per_user"] == 2
+
+
+class _NonFiniteScores(FixedScores):
+    def score(self, users: torch.Tensor) -> torch.Tensor:
+        s = super().score(users).clone()
+        s[:, 1], s[:, 3], s[:, 5] = float("nan"), float("inf"), -float("inf")
+        return s
+
+
+def test_non_finite_scores_stay_within_the_calibrated_range() -> None:
+    """One entry set to NaN/inf must still move f(S) by <= Delta: NaN -> lo, +-inf -> the range ends (the old
+    clamp kept NaN, which poisoned the exponent of every set holding that item)."""
+    rec = ExponentialTopK(epsilon=1.0, sampler="exact").wrap(_NonFiniteScores()).fit(_toy_train())
+    s = rec.scores(torch.tensor([0, 1]))
+    assert s[:, 1].tolist() == [1.0, 1.0] and s[:, 3].tolist() == [5.0, 5.0] and s[:, 5].tolist() == [1.0, 1.0]
+    assert rec.recommend(torch.tensor([0, 1]), 3).ge(0).all()  # full sets: no NaN weight drops an item

@@ -234,3 +234,40 @@ class TestPrivateMcSherryContract(_DampedFallback, PredictorContract):
 
     def make_predictor(self):
         return McSherryMironov(epsilon=1e6, delta=1e-6, beta_m=self.beta_m, seed=0)
+
+
+# ------------------------------------------------------------------ privacy statement (issue 15)
+def test_privacy_report_states_relation_sensitivity_noise_and_accountant() -> None:
+    train = _random_train(20, 10, 0.5, 0)
+    model = McSherryMironov(epsilon=2.0, delta=1e-6).fit(train)
+    rep = model.privacy_report()
+    assert rep["relation"] == "rating" and "added or removed" in rep["neighbouring"]
+    assert rep["sensitivity"] == {"gsum": 2.0, "gcnt": 1.0, "msum_l1": 2.0, "mcnt_l1": 1.0,
+                                  "cov_l2": pytest.approx(covariance_sensitivity(1.0, 8.0, 20.0, 9)),
+                                  "cov_l2_paper": pytest.approx(paper_covariance_bound(1.0)), "norms": rep["sensitivity"]["norms"]}
+    assert "Laplace" in rep["noise"] and f"sigma={model.sigma_:.4g}" in rep["noise"]
+    assert "basic sequential composition" in rep["accountant"] and "(2, 1e-06)" in rep["accountant"]
+    assert McSherryMironov(epsilon=math.inf).fit(train).privacy_report()["accountant"] == "none"
+
+
+def test_laplace_scales_are_the_stated_sensitivities_over_each_epsilon(monkeypatch) -> None:
+    """The noise of step 1 is calibrated to exactly the sensitivities the harness checks (release_sensitivities)."""
+    from dprec_torch.predictors import mcsherry
+
+    scales = []
+    real = mcsherry._laplace
+    monkeypatch.setattr(mcsherry, "_laplace", lambda shape, scale, gen, dev: scales.append(scale) or real(shape, scale, gen, dev))
+    train = _random_train(20, 10, 0.5, 0)
+    model = McSherryMironov(epsilon=2.0).fit(train)
+    sens = model.release_sensitivities(train.scale, train.n_items)
+    assert scales == pytest.approx([sens[k] / (2.0 * model.budget[k]) for k in ("gsum", "gcnt", "msum", "mcnt")])
+    assert model.sigma_ == pytest.approx(analytic_gaussian_sigma(sens["cov"], 2.0 * model.budget["cov"], model.delta))
+
+
+def test_ratings_outside_the_scale_are_refused_when_private() -> None:
+    """Every sensitivity assumes lo <= r <= hi: a 7 on a 1-5 scale would move GSum by 4 > span/2 (fails on the old
+    code, which released it)."""
+    bad = _ratings([0, 1], [0, 1], [5.0, 7.0], 2, 2)
+    with pytest.raises(DataError, match="outside the rating scale"):
+        McSherryMironov(epsilon=1.0).fit(bad)
+    McSherryMironov(epsilon=math.inf).fit(bad)  # the non-private pipeline claims nothing

@@ -274,3 +274,24 @@ def test_train_runs_a_private_rating_model_end_to_end(tmp_path: Path):
     metrics = train(cfg)
     assert metrics["privacy"]["epsilon"] == 1.0 and metrics["privacy"]["relation"] == "rating"
     assert math.isfinite(metrics["test_rmse"])
+
+
+# ------------------------------------------------------------------ audit (audit.py drives trainable models only)
+@pytest.mark.parametrize("relation", ["rating", "user"])
+def test_canary_audit_stays_below_the_claim_and_has_power(relation):
+    from dprec_torch.audit.fitted import audit_fitted
+
+    base = tiny_fold().train
+    private = audit_fitted(lambda s: NoisyGram(epsilon=1.0, relation=relation, estimator="knn", seed=s), base, relation,
+                           trials=20, canaries=20)
+    assert private.epsilon_lower_bound <= private.epsilon_claimed == 1.0
+    leaky = audit_fitted(lambda s: NoisyGram(epsilon=math.inf, relation=relation, estimator="knn", seed=s), base, relation,
+                         trials=20, canaries=20)
+    assert leaky.epsilon_lower_bound > 2.0  # the same audit sees the canaries when nothing is noised
+
+
+def test_fitted_object_holds_the_released_means_not_the_exact_ones():
+    train = tiny_fold().train
+    m = NoisyGram(epsilon=1.0).fit(train)
+    assert torch.equal(m.fallback_.item_means_, m.item_avg_) and m.fallback_.global_mean == m.global_avg_
+    assert not torch.allclose(m.item_avg_, train.item_means(), atol=1e-3)

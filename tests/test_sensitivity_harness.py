@@ -31,6 +31,7 @@ from dprec_torch.privacy.registry import SensitivityCase
 SCALE = RatingScale(1, 5)
 VALUES = (1.0, 5.0, 3.0, 1.0, 5.0, 2.0, 4.5)  # extremes twice as likely; ties are frequent
 TOL = 1e-5
+NON_FINITE = (float("nan"), float("inf"), -float("inf"))  # a score entry may be any float
 
 CASES = [case for builder in registry.registered_classes().values() for case in builder()]
 HARNESS = settings(max_examples=25, deadline=None, derandomize=True, database=None,
@@ -90,8 +91,8 @@ def neighbours(case: SensitivityCase, data: Ratings, draw) -> list[tuple[str, Ra
             if case.relation == "rating_value" or case.also_change:
                 out.append((f"change rating {k}", changed(data, k)))
             if case.relation == "score_entry":  # the case maps rating k to one score entry: any new value, or the default
-                value = draw(st.sampled_from(VALUES + (SCALE.lo, SCALE.hi, 3.0)))
-                out.append((f"set entry of rating {k} to {value}", changed(data, k, value)))
+                for value in (draw(st.sampled_from(VALUES + (3.0,))), SCALE.lo, SCALE.hi, *NON_FINITE):
+                    out.append((f"set entry of rating {k} to {value}", changed(data, k, value)))
                 out.append((f"reset entry of rating {k}", without(data, torch.arange(n) != k)))
     return out
 
@@ -250,3 +251,94 @@ def test_check_claim_refuses_a_finite_epsilon_without_a_harness():
     registry.check_claim(Unregistered(), {"epsilon": None})
     with pytest.raises(ConfigError, match="no sensitivity harness"):
         registry.check_claim(Unregistered(), {"epsilon": 1.0})
+
+
+# ---------------------------------------------------------------- the fitted predictors' cases can fail
+def _case(prefix: str) -> SensitivityCase:
+    return next(c for c in CASES if c.name.startswith(prefix))
+
+
+def test_harness_catches_an_exponent_that_overstates_the_topk_epsilon(monkeypatch):
+    """Mutation: a sampler exponent of eps f / Delta (the eps/2 of Eq. (28) dropped) moves the utility it implies by
+    2 Delta for one score entry; check (b) must fail on the exponential_topk case."""
+    from dprec_torch.mechanisms import exponential_topk as et
+
+    data = Ratings(torch.tensor([0, 0]), torch.tensor([0, 1]), torch.tensor([5.0, 1.0]), 1, 3, SCALE)
+    draw = lambda s: [0] if "lists" in repr(s) else 1.0  # noqa: E731  (entry of rating 0: 7 -> -1, clipped 5 -> 1)
+    assert check_case(_case("exponential_topk default"), data, 0, draw)  # Eq. (28) as implemented holds...
+    real = et.topk_log_weights
+    monkeypatch.setattr(et, "topk_log_weights", lambda s, e, eps, d: real(s, e, 2 * eps, d))
+    with pytest.raises(AssertionError, match="moved the release"):
+        check_case(_case("exponential_topk default"), data, 0, draw)  # ...the doubled exponent does not
+
+
+def test_harness_catches_a_covariance_sensitivity_without_the_max_over_counts(monkeypatch):
+    """Mutation: McSherry's covariance bound taken at c = 0 only (B^2, a user's first rating) is understated for a
+    user who already has ratings; check (b) must catch it (a 6-rating user loses an extreme rating: ~2.8 B^2)."""
+    from dprec_torch.predictors import mcsherry
+
+    case = _case("mcsherry cov B=0.25 beta_p=1")
+    data = Ratings(torch.zeros(6, dtype=torch.long), torch.tensor([1, 0, 4, 3, 2, 5]),
+                   torch.tensor([5.0, 1.0, 3.0, 3.0, 3.0, 1.0]), 1, 6, SCALE)
+    assert check_case(case, data, 1, lambda s: [0])  # the real bound holds...
+    monkeypatch.setattr(mcsherry, "covariance_sensitivity", lambda b, alpha, beta_p, max_count: b * b)
+    with pytest.raises(AssertionError, match="moved the release"):
+        check_case(case, data, 1, lambda s: [0])  # ...the c = 0 bound does not
+
+
+def test_mcsherry_stated_sensitivities_are_what_fit_calibrates_to():
+    """The harness reads release_sensitivities(); fit must use exactly those figures for its noise."""
+    from dprec_torch.predictors.mcsherry import McSherryMironov
+    from tests.helpers import tiny_fold
+
+    train = tiny_fold().train
+    model = McSherryMironov(epsilon=1.0).fit(train)
+    stated = model.release_sensitivities(train.scale, train.n_items)
+    rep = model.privacy_report()["sensitivity"]
+    assert model.sensitivities_ == stated and rep["cov_l2"] == stated["cov"] and rep["msum_l1"] == stated["msum"]
+
+
+# ---------------------------------------------------------------- runtime enforcement (training/run.py)
+def _fitted_cfg(*overrides: str):
+    from hydra import compose, initialize_config_dir
+
+    from tests.helpers import CONF_DIR
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose(config_name="config", overrides=["data=synthetic", "device=cpu", *overrides])
+
+
+@pytest.mark.parametrize("overrides", [("model=mcsherry", "epsilon=1"),
+                                       ("model=slope_one", "mechanism=exponential_topk", "epsilon=1")],
+                         ids=["mcsherry", "exponential_topk"])
+def test_fit_fold_refuses_a_finite_epsilon_from_an_unregistered_predictor(monkeypatch, overrides):
+    """fit_fold checks the claim before scoring: the same run passes registered and fails unregistered."""
+    from dprec_torch.errors import ConfigError
+    from dprec_torch.mechanisms.exponential_topk import ExponentialTopKRecommender
+    from dprec_torch.predictors.mcsherry import McSherryMironov
+    from dprec_torch.training.run import fit_fold
+    from tests.helpers import tiny_fold
+
+    cfg, fold = _fitted_cfg(*overrides), tiny_fold()
+    record = fit_fold(cfg, fold, torch.device("cpu"))
+    assert record["privacy"]["epsilon"] == 1.0
+    cls = McSherryMironov if "model=mcsherry" in overrides else ExponentialTopKRecommender
+    registry.registered_classes()  # the built-ins are loaded before one is taken away
+    monkeypatch.delitem(registry._BUILDERS, cls)
+    with pytest.raises(ConfigError, match="no sensitivity harness"):
+        fit_fold(cfg, fold, torch.device("cpu"))
+
+
+def test_check_claim_lets_a_pending_class_run_with_a_warning(monkeypatch, caplog):
+    from dprec_torch.errors import ConfigError
+
+    class Gap:
+        pass
+
+    with pytest.raises(ConfigError):
+        registry.check_claim(Gap(), {"epsilon": 2.0})
+    monkeypatch.setitem(registry.PENDING, registry.qualified_name(Gap), "a known gap")
+    registry.check_claim(Gap(), {"epsilon": 2.0})
+    assert "known gap" in caplog.text
+    with pytest.raises(ConfigError, match="must be a number"):
+        registry.check_claim(Gap(), {"epsilon": "one"})

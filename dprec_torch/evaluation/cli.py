@@ -81,7 +81,8 @@ def _run_diagnostics(cfg: DictConfig, run_dir: Path) -> bool:
     return diagnostics_enabled(None, json.loads(path.read_text()).get("privacy", {}))
 
 
-def restore_fold(cfg: DictConfig, fold: Fold, run_dir: Path, device: torch.device) -> tuple[Fold, TrainableModel, dict[str, Any]]:
+def restore_fold(cfg: DictConfig, fold: Fold, run_dir: Path,
+                 device: torch.device) -> tuple[Fold, TrainableModel, dict[str, Any]]:
     """The model that ``run_dir`` released on ``fold``, RESTORED from its checkpoint (``model.restore``), never
     re-fitted; returns (the fold it was trained on -- capped for a user-level mechanism --, the model, the checkpoint)."""
     ckpt_path = run_dir / f"checkpoint_fold{fold.index}.pt"

@@ -38,8 +38,12 @@ Walking the items once, item i joins with probability ``w_i e_{r-1}(w_{i+1:}) / 
 Privacy (see :meth:`ExponentialTopKRecommender.privacy_report`)
 ------------------------------------------------------------------
 Unit: one entry of the user's score row ``C_i`` -- the paper's "dynamic attack" (Sec. 4.1).
-The exact sampler is eps-DP for each released set; different users use disjoint rows of C
-(parallel composition); repeated draws for the same user add up. It says nothing about the
+One entry, clipped to the score range ``[lo, hi]``, moves f(S) of any set by at most ``hi - lo``, so a
+``sensitivity`` below that width is refused (``ConfigError``). The exact sampler is eps-DP for each
+released set; different users use disjoint rows of C (parallel composition); repeated draws for the
+same user add up, and the report's ``epsilon`` composes them (``epsilon_per_set`` beside it). The
+sensitivity harness case ``exponential_topk`` (:mod:`dprec_torch.privacy.sensitivity_cases`) checks the
+bound on the sampler's own exponent. It says nothing about the
 *training* ratings: one rating can move many entries of C, so training-data privacy needs a
 private scorer underneath. The MCMC sampler has no finite epsilon: its candidate sets
 depend on C's ranking, so a neighbouring C' has candidates with zero probability under C
@@ -277,11 +281,13 @@ class ExponentialTopKRecommender:
     def __init__(self, predictor: Any, mechanism: ExponentialTopK) -> None:
         self.predictor = predictor
         self.mech = mechanism
-        self.name = f"{predictor.name if isinstance(predictor, FittedPredictor) else type(predictor).__name__}+exponential_topk"
+        label = predictor.name if isinstance(predictor, FittedPredictor) else type(predictor).__name__
+        self.name = f"{label}+exponential_topk"
         self.generator_: torch.Generator | None = None
         self.n_sets_ = 0
         self.n_items: int | None = None
         self.sensitivity_: float | None = mechanism.sensitivity
+        self.range_: tuple[float, float] | None = None  # the scores' clipping range, set by fit()
         self.draws_ = torch.zeros(0, dtype=torch.long)  # released sets per user (the accountant)
 
     def fit(self, train: Ratings) -> "ExponentialTopKRecommender":
@@ -313,14 +319,15 @@ class ExponentialTopKRecommender:
         return self.mech.sampler
 
     def scores(self, users: torch.Tensor) -> torch.Tensor:
-        """``[U, M]`` scores from ``score(users)`` or ``predict`` over all items, clipped to the range."""
+        """``[U, M]`` scores from ``score(users)`` or ``predict`` over all items, clipped to the range (NaN -> lo)."""
         if isinstance(self.predictor, Scorer):
             s = self.predictor.score(users)
         else:
             n_u = users.numel()
             items = torch.arange(self.n_items, device=users.device)
             s = self.predictor.predict(users.repeat_interleave(self.n_items), items.repeat(n_u)).reshape(n_u, self.n_items)
-        return s.double().clamp(*self.range_)
+        # NaN -> lo and +-inf -> the range ends: any value of one entry stays within the Delta it was calibrated to
+        return s.double().nan_to_num(nan=self.range_[0]).clamp(*self.range_)
 
     def _gen(self, device: torch.device) -> torch.Generator:
         if self.generator_ is None:
@@ -382,7 +389,7 @@ class ExponentialTopKRecommender:
                 " sampler=mcmc gives NO epsilon: the Sec. 4.4 candidates depend on C's ranking, so a neighbouring C' "
                 "has sets of zero probability under C, and a finite chain is not at stationarity."
             )
-        rng = getattr(self, "range_", None)
+        rng = self.range_
         return {
             "mechanism": "exponential_topk",
             "relation": SCORE_ENTRY_RELATION,

@@ -177,7 +177,7 @@ class PNBM(nn.Module):
         init = (torch.rand(n_items, n_items, generator=gen) * 2 - 1) * init_scale
         self.S = nn.Parameter(init)
         self.register_buffer("item_means", torch.zeros(n_items))
-        self.project_()
+        self.project_(compiled=False)
         self.history: Ratings | None = None
         self.fallback_: MeanFallback | None = None
 
@@ -210,14 +210,15 @@ class PNBM(nn.Module):
         self.fallback_ = fallback_from_state(state["fallback"], self.item_means.device)
 
     @torch.no_grad()
-    def project_(self, block: int = 512) -> None:
+    def project_(self, block: int = 512, compiled: bool = True) -> None:
         """Keep S symmetric with a zero diagonal: S <- (S + S^T) / 2, diag(S) <- 0 (post-processing).
 
         Done in place over pairs of ``block`` x ``block`` tiles (cache-friendly, no M x M temporaries);
-        on the CPU by :func:`~dprec_torch.models.pair_numba.symmetrize_` (the same float operations).
+        on the CPU by :func:`~dprec_torch.models.pair_numba.symmetrize_` (the same float operations)
+        unless ``compiled=False`` (the constructor: a GPU run must not wait for numba to compile).
         """
         s = self.S.data
-        if s.is_contiguous() and pair_numba.use_numba(self.pair_backend, s):
+        if compiled and s.is_contiguous() and pair_numba.use_numba(self.pair_backend, s):
             pair_numba.symmetrize_(s)
             return
         m = s.shape[0]

@@ -51,6 +51,7 @@ from dprec_torch.privacy.gaussian_release import (
     RELATION_TEXT,
     RELATIONS,
     gdp_epsilon,
+    install_private_fallback,
     per_user_sample,
     rdp_epsilon,
     release_item_means,
@@ -248,6 +249,7 @@ class DPALS(BasePredictor):
         rel = release_item_means(train, self.relation, budget if self.private else math.inf, self.mean_prior_std, gen, self.mean_noise)
         self.means_release_ = rel
         self.item_avg_, self.global_avg_ = rel.means.to(dev), rel.global_mean
+        install_private_fallback(self, self.item_avg_, self.global_avg_)
         self.user_offset_, y = user_residuals(train, self.item_avg_, self.beta_p, self.clamp_r)
         keep = per_user_sample(train.users, train.items, self.max_ratings_per_user, self.seed)
         mask = train.csr(torch.ones_like(y))
@@ -282,12 +284,25 @@ class DPALS(BasePredictor):
             v = torch.linalg.solve(a_psd + lam_v * eye, b.unsqueeze(-1)).squeeze(-1)
         # step 3: users solve their own factors from the released V
         self.item_factors_ = v.float()
-        self.user_factors_ = solve_rows(mask, resid, v.double(), self.reg).float()
-        self.user_counts_ = train.user_counts()
-        self.train_ = train
+        self._index_users(train)
         log.info("dpals(%s, eps=%g): d=%d T=%d m=%s, ALS noise std %.4g (Delta %.4g), power std %.4g",
                  self.relation, self.epsilon, d, self.iterations, m_cap, self.als_std_, self.als_sensitivity_, self.power_std_)
         return self
+
+    def personalise(self, ratings: Ratings) -> "DPALS":
+        """Recompute every user-side quantity (b_u, p_u) from ``ratings`` and the released r~, V only (the billboard
+        model: what each user does on their own device; the audit uses it with the auditor's known histories)."""
+        self._index_users(ratings.to(self.device))
+        return self
+
+    def _index_users(self, train: Ratings) -> None:
+        """Step 3: b_u and p_u = (V_Ru^T V_Ru + lambda I)^-1 V_Ru^T y_u from the user's own ratings."""
+        offset, y = user_residuals(train, self.item_avg_, self.beta_p, self.clamp_r)
+        v = self.item_factors_.double()
+        self.user_offset_ = offset
+        self.user_factors_ = solve_rows(train.csr(torch.ones_like(y)), train.csr(y), v, self.reg).float()
+        self.user_counts_ = train.user_counts()
+        self.train_ = train
 
     # ------------------------------------------------------------- predict
     def predict(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:

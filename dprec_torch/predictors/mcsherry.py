@@ -35,7 +35,10 @@ paper). How the slides were read, step by step (slide titles in quotes):
 
 Privacy: relation = one rating added or removed. The four Laplace releases are pure eps_t each and the
 covariance is (eps_cov, delta); basic sequential composition gives (sum eps_t, delta) = (eps, delta)
-for the published (G, MAvg, Cov). Predictions for user u also read u's own ratings, which is not a
+for the published (G, MAvg, Cov). :meth:`McSherryMironov.release_sensitivities` is the one source of every
+noise scale; the sensitivity harness (case ``mcsherry`` in :mod:`dprec_torch.privacy.sensitivity_cases`)
+checks each figure on adversarial neighbours, and a private fit refuses ratings outside the scale (every
+bound assumes ``lo <= r <= hi``). Predictions for user u also read u's own ratings, which is not a
 release about anybody else. ``epsilon=inf`` runs the same pipeline without noise.
 """
 
@@ -380,7 +383,8 @@ class McSherryMironov(BasePredictor):
         sigma = getattr(self, "sigma_", float("nan"))
         return {
             "mechanism": "McSherry-Mironov: Laplace global/item effects + Gaussian item-item covariance",
-            "relation": "rating (one rating added or removed; a changed value is two such steps)",
+            "relation": "rating",
+            "neighbouring": "one rating added or removed (a changed value is two such steps); scale and n_items public",
             "sensitivity": {
                 "gsum": sens.get("gsum"), "gcnt": sens.get("gcnt"), "msum_l1": sens.get("msum"), "mcnt_l1": sens.get("mcnt"),
                 "cov_l2": getattr(self, "sensitivity_", None), "cov_l2_paper": paper_covariance_bound(self.clamp_b),

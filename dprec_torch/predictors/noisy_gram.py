@@ -51,10 +51,12 @@ from dprec_torch.data.ratings import Ratings, dense_rows
 from dprec_torch.errors import ConfigError, DataError
 from dprec_torch.predictors.base import BasePredictor
 from dprec_torch.privacy.gaussian_release import (
-    RELATION_TEXT,
+    ITEM_STATS_SENSITIVITY,
     NOISES,
+    RELATION_TEXT,
     RELATIONS,
     gdp_epsilon,
+    install_private_fallback,
     rdp_epsilon,
     release_item_means,
     split_mu,
@@ -257,6 +259,7 @@ class NoisyGram(BasePredictor):
             rel = release_item_means(train, self.relation, self.mu_["item_stats"], self.mean_prior_std, gen)
         self.means_release_ = rel
         self.item_avg_, self.global_avg_ = rel.means.to(dev), rel.global_mean
+        install_private_fallback(self, self.item_avg_, self.global_avg_)
 
         sub, idx = restrict_to_support(train, rel.counts.to(dev), self.support)
         x = unit_vectors(sub, self.item_avg_[idx], self.relation, self.clamp_b, self.clip_norm, self.weighting, self.beta_p)
@@ -291,7 +294,7 @@ class NoisyGram(BasePredictor):
             return
         if self.estimator == "ease":
             # (G~ + (edge + lambda) I) is positive definite whenever the noise's spectral norm is below its edge;
-            # if not, the Cholesky fails and we add the edge again (post-processing, data-independent choice)
+            # if not, the Cholesky fails and we add the edge again (a choice made from G~ only: post-processing)
             eye = torch.eye(m, dtype=g.dtype, device=g.device)
             shift = edge + self.reg
             chol, info = torch.linalg.cholesky_ex(g + shift * eye)
@@ -316,17 +319,19 @@ class NoisyGram(BasePredictor):
         self.n_components_ = keep
 
     def _expand(self, idx: torch.Tensor, m: int) -> None:
-        """Embed the learned support-space matrices into the M-item space (zeros outside the support)."""
-        if idx.numel() == m or self.estimator == "none":
+        """Embed low-rank components into the M-item space (zero rows outside the support); kNN/EASE matrices stay
+        in the support space and :meth:`_user_term` scatters their output."""
+        if idx.numel() == m or self.estimator != "lowrank":
             return
-        if self.estimator == "lowrank":
-            full = torch.zeros(m, self.components_.shape[1], device=idx.device)
-            full[idx] = self.components_
-            self.components_ = full
-        else:
-            full = torch.zeros(m, m, device=idx.device)
-            full[idx[:, None], idx[None, :]] = self.item_matrix_
-            self.item_matrix_ = full
+        full = torch.zeros(m, self.components_.shape[1], device=idx.device)
+        full[idx] = self.components_
+        self.components_ = full
+
+    def personalise(self, ratings: Ratings) -> "NoisyGram":
+        """Recompute every user-side quantity from ``ratings`` and the released item-side state only (what each user
+        does on their own device in the billboard model; the audit uses it with the auditor's known histories)."""
+        self._index_users(ratings.to(self.device))
+        return self
 
     def _index_users(self, train: Ratings) -> None:
         """Each user's own residuals y_u (CSR rows) and offset b_u; for lowrank, the user factors p_u."""
@@ -353,12 +358,16 @@ class NoisyGram(BasePredictor):
             return torch.zeros(users.numel(), self.train_.n_items, device=users.device)
         if self.estimator == "lowrank":
             return self.user_factors_[users] @ self.components_.t()
-        y = dense_rows(self.resid_csr_, users)
-        num = y @ self.item_matrix_
+        idx = self.support_items_
+        out = torch.zeros(users.numel(), self.train_.n_items, device=users.device)
+        y = dense_rows(self.resid_csr_, users)[:, idx]
+        num = y @ self.item_matrix_  # support space only: the matrix is zero elsewhere
         if self.estimator == "ease":
-            return num
-        den = dense_rows(self.mask_csr_, users) @ self.item_matrix_ + self.knn_shrinkage
-        return num / den
+            out[:, idx] = num
+            return out
+        den = dense_rows(self.mask_csr_, users)[:, idx] @ self.item_matrix_ + self.knn_shrinkage
+        out[:, idx] = num / den
+        return out
 
     def predict(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
         """r^_ui = clip(r~_i + b_u + f_i(y_u)); unknown users get r~_i, unknown item ids g (private fallback)."""

@@ -234,3 +234,11 @@ def per_user_sample(users: torch.Tensor, items: torch.Tensor, max_per_user: int 
     keep = torch.zeros_like(users, dtype=torch.bool)
     keep[order] = rank < int(max_per_user)
     return keep
+
+
+def install_private_fallback(predictor: Any, means: torch.Tensor, global_mean: float) -> None:
+    """Replace a fitted predictor's :class:`MeanFallback` statistics (exact training means, set up by ``_prepare``)
+    with the released ones, so the object holds no non-private item statistic."""
+    fb = predictor.fallback_
+    fb.item_means_, fb.global_mean = means.to(fb.item_means_.device), float(global_mean)
+    fb.item_counts_ = torch.ones_like(fb.item_counts_)  # "known item" must not depend on who rated what

@@ -43,7 +43,8 @@ that is neither registered, nor declared non-private (:func:`declare_non_private
 declared predictor and checks its report says epsilon = inf), nor listed in :data:`PENDING`
 (known gaps, each named in the docs; registering a class requires removing it from there). So a new
 mechanism file fails the fast suite until it registers. :func:`check_claim` is the runtime form (a
-finite epsilon from an unregistered class raises), for the privacy-report path of the runner.
+finite epsilon from an unregistered class raises a ``ConfigError``): the runner calls it in ``train_fold``
+(mechanisms) and ``fit_fold`` (fitted predictors and output mechanisms) before anything is scored.
 Built-in registrations live in :mod:`dprec_torch.privacy.sensitivity_cases` (imported on first lookup).
 """
 
@@ -65,10 +66,7 @@ RELATIONS = ("user", "rating", "rating_value", "score_entry")
 #: Known gaps: classes (``module.Class``) whose privacy_report can print a finite epsilon but that have no harness
 #: case yet. :func:`check_claim` lets them through with a warning naming the gap (so their runs keep working);
 #: the harness test fails for a class that is registered AND still listed here, so registering removes the entry.
-PENDING: dict[str, str] = {
-    "dprec_torch.predictors.noisy_gram.NoisyGram": "noisy Gram release (issue 17): register its pre-noise Gram statistics",
-    "dprec_torch.predictors.dpals.DPALS": "DP-ALS (issue 17): register its per-round item statistics (A_j, b_j) and W",
-}
+PENDING: dict[str, str] = {}
 
 
 @dataclass
@@ -135,6 +133,7 @@ def _load_builtin() -> None:
     if not _LOADED:
         _LOADED = True
         import dprec_torch.privacy.sensitivity_cases  # noqa: F401  (registers the built-in mechanisms)
+        import dprec_torch.privacy.learned_similarity_cases  # noqa: F401  (noisy_gram, dpals: issue 17)
 
 
 def builder_for(cls: type) -> Builder | None:

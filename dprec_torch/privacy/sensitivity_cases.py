@@ -412,7 +412,7 @@ def exponential_topk_cases() -> list[SensitivityCase]:
     import itertools
 
     from dprec_torch.data.ratings import dense_rows
-    from dprec_torch.mechanisms.exponential_topk import ExponentialTopK, topk_log_weights
+    from dprec_torch.mechanisms import exponential_topk as et
 
     def case(name: str, sensitivity: float | None, score_range: tuple[float, float] | None, claimed: float,
              n: int = 2) -> SensitivityCase:
@@ -428,11 +428,11 @@ def exponential_topk_cases() -> list[SensitivityCase]:
             rated = users[: data.n_users if int(seed) % 2 else 0]
             train = Ratings(rated, (rated + int(seed)) % data.n_items, torch.full((rated.numel(),), float(data.scale.hi)),
                             data.n_users, data.n_items, data.scale)
-            rec = ExponentialTopK(epsilon=1.0, sampler="exact", sensitivity=sensitivity).wrap(
+            rec = et.ExponentialTopK(epsilon=1.0, sampler="exact", sensitivity=sensitivity).wrap(
                 TableScores(table, score_range)).fit(train)
             scores = rec.scores(users)  # the mechanism's own clipping
             eligible = dense_rows(rec.indicator_, users) == 0
-            logw = topk_log_weights(scores, eligible, rec.mech.epsilon, rec.sensitivity_)  # the sampler's exponent
+            logw = et.topk_log_weights(scores, eligible, rec.mech.epsilon, rec.sensitivity_)  # the sampler's exponent
             k = min(n, data.n_items)
             combos = list(itertools.combinations(range(data.n_items), k))
             sets = torch.zeros(len(combos), data.n_items, dtype=torch.float64)

@@ -188,7 +188,9 @@ def fit_fold(cfg: DictConfig, fold: Fold, device: torch.device) -> dict[str, Any
     predictor.fit(fold.train)
     fit_s = time.perf_counter() - t0
     if isinstance(predictor, ReportsPrivacy):
-        check_scale_declared(fold.train, predictor.privacy_report())
+        claim = predictor.privacy_report()
+        check_scale_declared(fold.train, claim)
+        check_claim(predictor, claim)  # no finite epsilon without a sensitivity harness, before anything is scored
     metrics = score_predictor(predictor, fold, int(cfg.eval.topn), float(cfg.eval.relevance_threshold))
     report = predictor.privacy_report() if isinstance(predictor, ReportsPrivacy) else {"mechanism": "none"}
     diagnostics = diagnostics_enabled(cfg.get("log_private_diagnostics"), report)
