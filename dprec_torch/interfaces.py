@@ -37,8 +37,8 @@ if TYPE_CHECKING:  # typing only: the accountants module is above this one
     from dprec_torch.privacy.accountants import Accountant
 
 __all__ = [
-    "ClipsTrainingPredictions", "FactorModel", "FittedPredictor", "HasItemMeans", "HasOutputSensitivity", "HasRatingScale",
-    "HasScoreRange", "ItemSimilarityModel", "MeanFallback", "OutputMechanism", "Predictor", "Recommender",
+    "ClipsTrainingPredictions", "DeclaresGradientReduction", "FactorModel", "FittedPredictor", "HasItemMeans", "HasOutputSensitivity", "HasRatingScale",
+    "HasScoreRange", "ItemSimilarityModel", "MeanFallback", "OutputMechanism", "PerturbsResiduals", "Predictor", "Recommender",
     "ReportsFallback", "ReportsPrivacy", "ReportsSensitivity", "Scorer", "SupportsPerExampleNorms",
     "SupportsPriorPrecision", "SupportsProjection", "SupportsRawPredict", "TrainableModel", "TrainingMechanism",
 ]
@@ -147,6 +147,22 @@ class SupportsPriorPrecision(Protocol):
     """A model that computes SGLD's prior correction H (Wang & Tang Eq. (11))."""
 
     def sgld_prior_precision(self, train: Ratings, batch_ratings: float) -> list[torch.Tensor | None]: ...
+
+
+@runtime_checkable
+class DeclaresGradientReduction(Protocol):
+    """A model that declares what ``lr`` is a step on: ``sum`` (PNBM, the paper's summed G) or ``mean`` (MF:
+    the mechanisms divide the clipped, noised sum by the expected batch size; mechanisms/base.py)."""
+
+    gradient_reduction: str
+
+
+@runtime_checkable
+class PerturbsResiduals(Protocol):
+    """A model that ``mechanism=dpsgd_paper`` trains by perturbing each rating's error (Berlioz et al. 2015:
+    DPSGD-MF) rather than the gradient; read ``dpsgd_perturb_residuals``."""
+
+    dpsgd_perturb_residuals: bool
 
 
 # ============================================================================ fitted predictors
