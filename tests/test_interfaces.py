@@ -37,6 +37,9 @@ def test_models_are_what_the_protocols_say():
     assert isinstance(mf, I.SupportsPerExampleNorms) and not isinstance(pnbm, I.SupportsPerExampleNorms)
     assert isinstance(mf, I.ClipsTrainingPredictions) and not isinstance(mf, I.SupportsProjection)
     assert isinstance(pnbm, I.SupportsPriorPrecision)
+    assert isinstance(mf, I.DeclaresGradientReduction) and isinstance(mf, I.PerturbsResiduals)
+    assert not isinstance(pnbm, I.DeclaresGradientReduction)  # PNBM: the default "sum"
+    assert all(hasattr(I, name) for name in I.__all__)
 
 
 def test_predictors_and_mechanisms_are_what_the_protocols_say():
