@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # typing only: the accountants module is above this one
     from dprec_torch.privacy.accountants import Accountant
 
 __all__ = [
-    "ClipsTrainingPredictions", "DeclaresGradientReduction", "FactorModel", "FittedPredictor", "HasItemMeans", "HasOutputSensitivity", "HasRatingScale",
+    "ClipsTrainingPredictions", "DeclaresFallback", "DeclaresGradientReduction", "DeclaresPrivacyCaveat", "HasMeanFallback", "ReadsUserHistory", "FactorModel", "FittedPredictor", "HasItemMeans", "HasOutputSensitivity", "HasRatingScale",
     "HasScoreRange", "ItemSimilarityModel", "MeanFallback", "OutputMechanism", "PerturbsResiduals", "Predictor", "Recommender",
     "ReportsFallback", "ReportsPrivacy", "ReportsSensitivity", "Scorer", "SupportsPerExampleNorms",
     "SupportsPriorPrecision", "SupportsProjection", "SupportsRawPredict", "TrainableModel", "TrainingMechanism",
@@ -147,6 +147,34 @@ class SupportsPriorPrecision(Protocol):
     """A model that computes SGLD's prior correction H (Wang & Tang Eq. (11))."""
 
     def sgld_prior_precision(self, train: Ratings, batch_ratings: float) -> list[torch.Tensor | None]: ...
+
+
+@runtime_checkable
+class ReadsUserHistory(Protocol):
+    """A model whose prediction for u reads u's own training ratings (PNBM's Eq. (2)): joint DP only."""
+
+    history: Ratings | None
+
+
+@runtime_checkable
+class HasMeanFallback(Protocol):
+    """A model whose unknown users/items get a :class:`MeanFallback` built from its item means."""
+
+    fallback_: "MeanFallback | None"
+
+
+@runtime_checkable
+class DeclaresFallback(Protocol):
+    """A model whose fallback for ids without training ratings is chosen by config (MF: ``mean`` | ``model``)."""
+
+    fallback: str
+
+
+@runtime_checkable
+class DeclaresPrivacyCaveat(Protocol):
+    """A model with a released part that no mechanism covers (top-k PNBM: its data-chosen support)."""
+
+    privacy_caveat: str | None
 
 
 @runtime_checkable

@@ -48,15 +48,15 @@ def score_predictor(predictor: object, fold: Fold, topn: int = 10, relevance_thr
     predictor: kNN, PNCF, McSherry-Mironov); Precision/Recall/F1@N and coverage if it recommends."""
     test = fold.test
     out: dict[str, float] = {}
-    task = getattr(predictor, "task", "rating")
-    if task in ("rating", "both") and hasattr(predictor, "predict"):
+    task = predictor.task  # every TrainableModel and FittedPredictor declares it (dprec_torch/interfaces.py)
+    if task in ("rating", "both"):
         pred = predictor.predict(test.users, test.items).to(test.values.device)
         if not torch.isfinite(pred).all():
             raise FloatingPointError("predictions contain NaN or inf")
         out.update(rating_metrics(pred, test.values))
         if isinstance(predictor, ReportsFallback) and predictor.fallback_rate_ is not None:
             out["fallback_rate"] = predictor.fallback_rate_  # share of test pairs answered by the fallback
-    if task in ("topn", "both") and hasattr(predictor, "recommend"):
+    if task in ("topn", "both"):
         users = torch.unique(test.users)
         rec = predictor.recommend(users, topn)
         out.update(topn_metrics(rec.to(test.users.device), users, test, relevance_threshold))

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from dprec_torch.errors import ConfigError
+from dprec_torch.interfaces import HasMeanFallback
 
 RELATIONS = ("user", "rating")
 
@@ -165,7 +166,7 @@ def install_item_means(model: Any, release: DPItemMeans) -> None:
     """
     with torch.no_grad():
         model.item_means.copy_(release.means.to(model.item_means.device))
-    fb = getattr(model, "fallback_", None)
+    fb = model.fallback_ if isinstance(model, HasMeanFallback) else None
     if fb is not None:
         fb.item_means_ = release.means.to(fb.item_means_.device)
         fb.global_mean = release.global_mean

@@ -46,14 +46,15 @@ from typing import Any
 import torch
 
 from dprec_torch.errors import ConfigError
+from dprec_torch.interfaces import ItemSimilarityModel
 
 DEFAULT_CHUNK_PAIRS = 1 << 22
 
 
 def _check_pnbm(model: Any) -> None:
-    if not hasattr(model, "S") or not hasattr(model, "floor_c"):
+    if not isinstance(model, ItemSimilarityModel):
         raise ConfigError(f"per-user PNBM gradient norms need a PNBM model, got {type(model).__name__}")
-    if getattr(model, "gradient", "exact") != "exact":
+    if model.gradient != "exact":
         raise ConfigError(f"per-user clipping needs model.gradient=exact (the released gradient), got '{model.gradient}'")
 
 

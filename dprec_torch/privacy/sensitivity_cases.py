@@ -27,6 +27,7 @@ import torch
 
 from dprec_torch.data.ratings import Ratings
 from dprec_torch.errors import DataError
+from dprec_torch.interfaces import HasItemMeans
 from dprec_torch.mechanisms.base import MechanismOptimizer
 from dprec_torch.mechanisms.context import TrainingContext
 from dprec_torch.mechanisms.dpsgd import DPSGDLaplace
@@ -70,7 +71,7 @@ def public_means(data: Ratings, seed: int) -> torch.Tensor:
 
 def _context(data: Ratings, model: Any, tau: int | None = None) -> TrainingContext:
     return TrainingContext(total_steps=1, steps_per_epoch=1, n_ratings=max(len(data), 1), n_users=data.n_users,
-                           scale=data.scale, max_user_ratings=tau, entry_bound=getattr(model, "gradient_entry_bound", None),
+                           scale=data.scale, max_user_ratings=tau, entry_bound=model.gradient_entry_bound,
                            model=model)
 
 
@@ -119,7 +120,7 @@ def _gradient_release(model: Any, opt: MechanismOptimizer, data: Ratings, units:
     if len(data) == 0:
         return Release(torch.zeros(sum(p.numel() for p in model.parameters()), dtype=torch.float64),
                        torch.zeros(0, sum(p.numel() for p in model.parameters()), dtype=torch.float64) if units else None)
-    means = model.item_means if hasattr(model, "item_means") else data.item_means()
+    means = model.item_means if isinstance(model, HasItemMeans) else data.item_means()
     batch = full_batch(data, means)
     residuals = (model.batch_predict(batch) - batch.values).detach()
     clipped = opt.clip_residuals(residuals, batch, model)
@@ -230,7 +231,7 @@ def _sgld_case(model_kind: str, tau: int) -> SensitivityCase:
         if len(data) == 0:
             total = torch.zeros(1, dtype=torch.float64)
         else:
-            means = model.item_means if hasattr(model, "item_means") else data.item_means()
+            means = model.item_means if isinstance(model, HasItemMeans) else data.item_means()
             batch = full_batch(data, means)
             e = (model.batch_predict(batch) - batch.values).detach().double()
             total = (e * e).sum().reshape(1) / 2

@@ -21,6 +21,7 @@ import torch
 
 from dprec_torch.errors import ConfigError
 from dprec_torch.io import _json_default, _sanitize, atomic_torch_save, atomic_write_json
+from dprec_torch.mechanisms.base import MechanismOptimizer
 from dprec_torch.seeding import rng_state, set_rng_state
 
 log = logging.getLogger(__name__)
@@ -125,7 +126,7 @@ def load_checkpoint(path: Path, *, model: torch.nn.Module, optimizer: torch.opti
     ckpt = read_checkpoint(path)
     if config is not None and ckpt.get("config") is not None:
         check_resume_config(ckpt["config"], config, path)
-    if getattr(optimizer, "accountant", None) is not None and "accountant" not in ckpt["optimizer"]:
+    if isinstance(optimizer, MechanismOptimizer) and optimizer.accountant is not None and "accountant" not in ckpt["optimizer"]:
         raise ConfigError(f"checkpoint {path} holds no accountant state for {type(optimizer).__name__} (an older "
                           f"format): resuming would forget the epsilon already spent; {FIX}")
     try:
