@@ -31,9 +31,9 @@ DOC = ROOT / "docs" / "mf.md"
 DATASETS = ("ml-100k", "ml-1m")
 FIG1_EPS = ("0.1", "0.5", "1", "2", "5", "10", "20", "50")  # conf/study/fig1.yaml
 FIG2_EPS = ("2", "10", "20", "100", "200")  # conf/study/fig2.yaml
-# ML-1M, non-private: the SAME per-rating step lr / (q n) = 30 / (0.02 x 80,000) = 0.019 and lambda as ML-100K, with
-# 5x larger batches (q = 0.009: B ~ 8,100 of n ~ 900,000; lr = 0.019 q n ~ 150), which are stable on ML-1M and take
-# 1/5 of the steps of q = 0.0018 (B = 1,600) per epoch; chosen on data=ml-1m-val (docs/mf.md).
+# ML-1M, non-private: its own schedule with ML-100K's lambda. At ML-100K's q and lr the per-rating step lr / (q n)
+# is 11x smaller on ML-1M (n ~ 900,000), and B ~ 1,600 batches (q = 0.0018) cost 560 steps per epoch; q = 0.009 with
+# lr = 150 (per-rating step 0.019, stable on ML-1M) and 15 epochs was chosen on data=ml-1m-val (docs/mf.md).
 ML1M_NONE = ("mechanism.sampling_ratio=0.009", "mechanism.lr=150", "mechanism.epochs=15")
 GAUSSIAN_USER = ("mechanism.unit=user", "mechanism.sampling_ratio=0.2", "mechanism.clip_norm=1", "mechanism.lr=1",
                  "mechanism.weight_decay=10", "mechanism.epochs=10")  # conf/tuned/gaussian_mf.yaml's comment

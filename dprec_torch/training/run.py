@@ -65,14 +65,9 @@ def is_trainable(model_cfg: DictConfig) -> bool:
         raise ConfigError(f"cannot import model target '{model_cfg.get('_target_')}': {err}") from err
 
 
-# The Hydra glue lives in dprec_torch/config.py; these names stay importable from here.
-_accepted = accepted
-_declared_parameters = declared_parameters
-
-
 def build_model(cfg: DictConfig, fold: Fold) -> TrainableModel:
     cls = get_class(cfg.model._target_)
-    model = instantiate_node(cfg.model, **_accepted(cls, n_items=fold.train.n_items, n_users=fold.train.n_users))
+    model = instantiate_node(cfg.model, **accepted(cls, n_items=fold.train.n_items, n_users=fold.train.n_users))
     if not isinstance(model, TrainableModel):
         raise ConfigError(f"model={cfg.model.get('name', cls.__name__)} is an nn.Module but not a TrainableModel "
                           f"(dprec_torch/interfaces.py: attach, restore, batch_predict, surrogate_loss, ...)")
