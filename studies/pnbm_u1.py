@@ -15,9 +15,7 @@ import logging
 import time
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
-
-from dprec_torch.training.run import train
+from dprec_torch.study.runs import run_configs
 from dprec_torch.evaluation.markers import splice
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,18 +27,8 @@ RUNS = ([("none", "inf")] + [("dpsgd_paper", e) for e in ("0.1", "0.5", "1", "2"
 
 
 def run_all(runs_dir: Path) -> list[dict]:
-    out = []
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        for mech, eps in RUNS:
-            run_dir = runs_dir / f"{mech}_eps{eps}"
-            if not (run_dir / "metrics.json").exists():
-                cfg = compose(config_name="config", overrides=[f"mechanism={mech}", f"epsilon={eps}", "tensorboard=false",
-                                                                f"output_dir={run_dir}"])
-                t0 = time.perf_counter()
-                train(cfg)
-                logging.info("%s eps=%s done in %.0fs", mech, eps, time.perf_counter() - t0)
-            out.append({"mechanism": mech, "epsilon_nominal": eps, **json.loads((run_dir / "metrics.json").read_text())})
-    return out
+    done = run_configs(runs_dir, [(f"{m}_eps{e}", [f"mechanism={m}", f"epsilon={e}"]) for m, e in RUNS])
+    return [{"mechanism": m, "epsilon_nominal": e, **done[f"{m}_eps{e}"]} for m, e in RUNS]
 
 
 def table(rows: list[dict]) -> str:

@@ -9,6 +9,7 @@ import torch
 
 from dprec_torch.data.ratings import RatingScale
 from dprec_torch.errors import ConfigError
+from dprec_torch.interfaces import DeclaresGradientReduction
 
 
 @dataclass
@@ -67,8 +68,9 @@ REDUCTIONS = ("sum", "mean")
 
 
 def gradient_reduction_of(model: Any) -> str:
-    """The model's declared reduction (``gradient_reduction`` class attribute; ``sum`` when it declares none)."""
-    return str(getattr(model, "gradient_reduction", "sum"))
+    """The model's declared reduction (:class:`~dprec_torch.interfaces.DeclaresGradientReduction`; ``sum`` when it
+    declares none, as PNBM)."""
+    return str(model.gradient_reduction) if isinstance(model, DeclaresGradientReduction) else "sum"
 
 
 def prior_precision_for(mechanism_cls: type, model: Any, train: Any, batch_ratings: float) -> list[torch.Tensor | None]:
