@@ -246,7 +246,6 @@ DOMAINS: dict[str, Domain] = {
     "eig_threshold": number("[0, inf)"),
     "prior_power": number("[0, inf)"),
     "block": integer(1),
-    "support": integer(2, null=True, note="null = all items"),
     "iterations": integer(1),
     "power_iters": integer(0),
     "max_ratings_per_user": integer(1, null=True, note="null = every rating (only without noise)"),
@@ -297,7 +296,8 @@ TARGET_DOMAINS: dict[str, dict[str, Domain]] = {
     "dprec_torch.mechanisms.gaussian_pnbm.GaussianPNBM": {"delta": _GAUSSIAN_DELTA},
     "dprec_torch.mechanisms.sgld.ScaledPosteriorSGLD": {"max_user_ratings": integer(1, note="tau bounds B")},
     "dprec_torch.predictors.dpals.DPALS": {"reg": number("(0, inf)"), "init_scale": number("(0, inf)"), "delta": _GAUSSIAN_DELTA},
-    "dprec_torch.predictors.noisy_gram.NoisyGram": {"delta": _GAUSSIAN_DELTA},
+    "dprec_torch.predictors.noisy_gram.NoisyGram": {"delta": _GAUSSIAN_DELTA,
+                                                    "support": integer(2, null=True, note="null = all items")},
 }
 
 
