@@ -43,7 +43,7 @@ ROWS = [
     ("dpsgd_mf", "DPSGD-MF (Berlioz; ε per rating value)", "dpsgd_paper", FIG1_EPS, (), {}),
     ("dpps_mf", "DPPS-MF (sgld_paper, ρ = 1; user level)", "sgld_paper", FIG2_EPS, (), {}),
     ("gaussian", "Gaussian DP-SGD, unit=rating", "gaussian", ("1", "10"), ("mechanism.unit=rating",), {}),
-    ("gaussian", "Gaussian DP-SGD, unit=user", "gaussian", ("1", "10"), GAUSSIAN_USER, {}),
+    ("gaussian", "Gaussian DP-SGD, unit=user (q = 0.2, c = 1, lr = 1, λ = 10, 10 epochs)", "gaussian", ("1", "10"), GAUSSIAN_USER, {}),
 ]
 
 
