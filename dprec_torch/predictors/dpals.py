@@ -45,6 +45,7 @@ import torch
 from dprec_torch.data.ratings import Ratings, _to_csr
 from dprec_torch.errors import ConfigError, DataError
 from dprec_torch.predictors.base import BasePredictor
+from dprec_torch.privacy.budget import check_epsilon_delta
 from dprec_torch.privacy.gaussian_release import (
     ITEM_STATS_SENSITIVITY,
     NOISES,
@@ -177,14 +178,7 @@ class DPALS(BasePredictor):
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__(device)
-        try:
-            self.epsilon, self.delta = float(epsilon), float(delta)
-        except (TypeError, ValueError) as err:
-            raise ConfigError(f"dpals: epsilon={epsilon!r}/delta={delta!r} must be numbers") from err
-        if not self.epsilon > 0:
-            raise ConfigError(f"dpals: epsilon={epsilon} must be > 0 (inf for the same algorithm without noise)")
-        if math.isfinite(self.epsilon) and not 0 < self.delta < 1:
-            raise ConfigError(f"dpals: delta={delta} must be in (0, 1)")
+        self.epsilon, self.delta = check_epsilon_delta(epsilon, delta, "dpals")
         if relation not in RELATIONS:
             raise ConfigError(f"dpals: relation={relation!r}; use one of {RELATIONS}")
         if mean_noise not in NOISES:

@@ -55,6 +55,7 @@ from scipy.special import log_ndtr
 from dprec_torch.data.ratings import Ratings
 from dprec_torch.errors import ConfigError, DataError
 from dprec_torch.predictors.base import BasePredictor
+from dprec_torch.privacy.budget import check_epsilon_delta
 from dprec_torch.seeding import make_generator
 
 log = logging.getLogger(__name__)
@@ -180,14 +181,7 @@ class McSherryMironov(BasePredictor):
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__(device)
-        try:
-            self.epsilon, self.delta = float(epsilon), float(delta)
-        except (TypeError, ValueError) as err:
-            raise ConfigError(f"mcsherry: epsilon={epsilon!r}/delta={delta!r} must be numbers") from err
-        if not self.epsilon > 0:
-            raise ConfigError(f"mcsherry: epsilon={epsilon} must be > 0 (use inf for the non-private pipeline)")
-        if math.isfinite(self.epsilon) and not 0 < self.delta < 1:
-            raise ConfigError(f"mcsherry: delta={delta} must be in (0, 1) for the Gaussian covariance release")
+        self.epsilon, self.delta = check_epsilon_delta(epsilon, delta, "mcsherry")
         if int(k) != k or k < 1:
             raise ConfigError(f"mcsherry: k={k} must be a positive integer")
         if not (clamp_b > 0 and beta_m >= 0 and beta_p >= 0):
