@@ -140,7 +140,8 @@ def gpu_tables(data: dict | None) -> str:
                 "the measured rows and the targets' verdicts.\n\n"
                 "| target (issue 18) | figure | verdict |\n|---|---|---|\n"
                 f"| ML-1M: every PNBM mechanism ≤ {GPU_TARGETS['ml1m_epoch']} s/epoch, CPU RMSE | – | pending: no GPU lent |\n"
-                f"| start-up ≤ {GPU_TARGETS['startup_first_epoch']:g} s to the first epoch, ≤ {GPU_TARGETS['startup_end_to_end']:g} s end to end | – | pending: no GPU lent |\n"
+                f"| start-up ≤ {GPU_TARGETS['startup_first_epoch']:g} s to the first epoch, "
+                f"≤ {GPU_TARGETS['startup_end_to_end']:g} s end to end | – | pending: no GPU lent |\n"
                 f"| ML-20M-size ≤ {GPU_TARGETS['ml20m_epoch']:g} s/epoch | – | pending: no GPU lent |\n"
                 f"| batched sweep ≥ {GPU_TARGETS['sweep_speedup']:g}× one process per job (ML-1M, one GPU) | – | pending: no GPU lent |")
     env = data.get("env", {})

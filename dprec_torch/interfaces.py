@@ -37,7 +37,8 @@ if TYPE_CHECKING:  # typing only: the accountants module is above this one
     from dprec_torch.privacy.accountants import Accountant
 
 __all__ = [
-    "ClipsTrainingPredictions", "DeclaresFallback", "DeclaresGradientReduction", "DeclaresPrivacyCaveat", "HasMeanFallback", "ReadsUserHistory", "FactorModel", "FittedPredictor", "HasItemMeans", "HasOutputSensitivity", "HasRatingScale",
+    "ClipsTrainingPredictions", "DeclaresFallback", "DeclaresGradientReduction", "DeclaresPrivacyCaveat", "HasMeanFallback",
+    "ReadsUserHistory", "FactorModel", "FittedPredictor", "HasItemMeans", "HasOutputSensitivity", "HasRatingScale",
     "HasScoreRange", "ItemSimilarityModel", "MeanFallback", "OutputMechanism", "PerturbsResiduals", "Predictor", "Recommender",
     "ReportsFallback", "ReportsPrivacy", "ReportsSensitivity", "Scorer", "SupportsPerExampleNorms",
     "SupportsPriorPrecision", "SupportsProjection", "SupportsRawPredict", "TrainableModel", "TrainingMechanism",

@@ -10,7 +10,6 @@ table is regenerated from those files and spliced into docs/results.md between t
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import time
 from pathlib import Path

@@ -76,7 +76,8 @@ BASE: dict[tuple[str, str], dict[str, Any]] = {
 }
 GRID: dict[str, list[dict[str, Any]]] = {
     "noisy_gram": [dict(estimator="none"), dict(estimator="knn"), dict(estimator="knn", support=300, variance_floor=10.0, knn_shrinkage=3.0, k=50),
-                   dict(estimator="knn", variance_floor=3.0, knn_shrinkage=1.0), dict(estimator="knn", support=1000, variance_floor=3.0, knn_shrinkage=1.0, k=100),
+                   dict(estimator="knn", variance_floor=3.0, knn_shrinkage=1.0),
+                   dict(estimator="knn", support=1000, variance_floor=3.0, knn_shrinkage=1.0, k=100),
                    dict(estimator="lowrank", support=1000), dict(estimator="ease", support=1000, reg=1000.0)],
     "dpals": [dict(max_ratings_per_user=30), dict(max_ratings_per_user=100), dict(max_ratings_per_user=30, dim=3, iterations=1)],
 }
@@ -349,7 +350,8 @@ def targets(res: dict[str, Any], refs: dict[str, Any]) -> list[str]:
         out.append(f"| DP-ALS user level ε = 10 within 0.02 of non-private ALS | gap {gap:+.4f} | {'yes' if gap <= 0.02 else 'no'} |")
     out += ["", "## What limits each mechanism (ML-1M, measured)", "",
             "Noise vs bias: σ = 0 runs the same estimator with the same clipping, sampling, support and centring but no "
-            "noise (the item statistics are then noiseless: exact means at rating level, user-weighted means at user level). noise cost = RMSE(ε) − RMSE(σ = 0, same configuration); "
+            "noise (the item statistics are then noiseless: exact means at rating level, user-weighted means at user level). "
+            "noise cost = RMSE(ε) − RMSE(σ = 0, same configuration); "
             "bias cost = RMSE(σ = 0) − non-private PNBM on the same folds. 'learned S vs means only' compares, on the "
             "validation split, the chosen configuration with `estimator=none` (DP item means + the user's own offset, "
             "same release) at the tuning ε (noisy_gram only).", "",

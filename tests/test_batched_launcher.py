@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 

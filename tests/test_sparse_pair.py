@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dprec_torch.data.ratings import Ratings, RatingScale, _to_csr
+from dprec_torch.data.ratings import Ratings, RatingScale
 from dprec_torch.errors import ConfigError
 from dprec_torch.mechanisms.context import TrainingContext
 from dprec_torch.mechanisms.sgd import MapSGD
-from dprec_torch.models.batching import PoissonBatchSampler, UserBatch, full_batch, make_batch
+from dprec_torch.models.batching import PoissonBatchSampler, UserBatch, full_batch
 from dprec_torch.models.pair_kernels import build_history, build_plan
 from dprec_torch.models.pnbm import PNBM
 from dprec_torch.seeding import make_generator

@@ -26,7 +26,8 @@ class FoldResult:
     predict_seconds: float
 
     def as_dict(self) -> dict:
-        return {"fold": self.fold, **{f"test_{k}": v for k, v in self.metrics.items()}, "fit_seconds": self.fit_seconds, "predict_seconds": self.predict_seconds}
+        return {"fold": self.fold, **{f"test_{k}": v for k, v in self.metrics.items()}, "fit_seconds": self.fit_seconds,
+                "predict_seconds": self.predict_seconds}
 
 
 @dataclass

@@ -292,8 +292,8 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
             "accountant": ("basic composition of the DP item means (eps_0) and one exact posterior sample "
                            "(eps_s/rho x B_true/B); m averaged samples compose to m times the sample's epsilon"),
             "analysis": (
-                f"Sampling the posterior scaled by eps_s/(4B) is eps_s-DP at user level when every user's "
-                f"log-likelihood is bounded by B; " + " ".join(notes)
+                "Sampling the posterior scaled by eps_s/(4B) is eps_s-DP at user level when every user's "
+                "log-likelihood is bounded by B; " + " ".join(notes)
                 + (f" Released model: epsilon = {eps:.4g} (user level), delta unquantified." if eps is not None else "")
             ),
         }

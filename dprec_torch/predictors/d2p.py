@@ -246,7 +246,8 @@ class D2P(BasePredictor):
         self.liked_, self.train_ = _RowIndex(liked), _RowIndex(train)
         self.n_items_, self.n_users_ = train.n_items, train.n_users
         self.n_elem_, self.group_mean_ = n_elem, float(sizes.double().mean())
-        log.info("d2p(%s): p=%.4g p*=%.4g lambda=%g |G|min=%d eps(Eq.12)=%.4g", self.mode, self.p_used_, self.p_star_used_, self.lam, self.g_min_, self.epsilon_eq12_)
+        log.info("d2p(%s): p=%.4g p*=%.4g lambda=%g |G|min=%d eps(Eq.12)=%.4g", self.mode, self.p_used_, self.p_star_used_,
+                 self.lam, self.g_min_, self.epsilon_eq12_)
         return self
 
     # ---------------------------------------------------------- recommend

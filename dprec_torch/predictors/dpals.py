@@ -235,7 +235,7 @@ class DPALS(BasePredictor):
         if len(train) == 0:
             raise DataError("dpals: the training set is empty; check the data split")
         train = self._prepare(train)
-        dev, n_u, n_i, d = train.device, train.n_users, train.n_items, self.dim
+        dev, n_i, d = train.device, train.n_items, self.dim
         gen = make_generator(self.seed, dev)
         self._plan()
         # step 0: item means, offsets, residuals, per-user sample
