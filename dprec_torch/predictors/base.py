@@ -34,6 +34,22 @@ def gather_pair_scores(score: "callable", users: torch.Tensor, items: torch.Tens
     return torch.where(ok_i, out, torch.zeros_like(out))
 
 
+def query_pairs(users: Any, items: Any, train: Ratings, user_counts: torch.Tensor, device: Any, what: str
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Validated (user, item) query ids: ``(uc, ic, known_item, known_pair)`` with ids clamped into the tables,
+    ``known_item`` = the item is in the training id space, ``known_pair`` = both ids are and the user has ratings."""
+    from dprec_torch.errors import DataError
+
+    users = torch.as_tensor(users, dtype=torch.long, device=device)
+    items = torch.as_tensor(items, dtype=torch.long, device=device)
+    if users.shape != items.shape or users.dim() != 1:
+        raise DataError(f"{what}.predict: users {tuple(users.shape)} and items {tuple(items.shape)} must be 1-D of equal length")
+    n_u, n_i = train.n_users, train.n_items
+    ok_u, ok_i = (users >= 0) & (users < n_u), (items >= 0) & (items < n_i)
+    uc, ic = users.clamp(0, n_u - 1), items.clamp(0, n_i - 1)
+    return uc, ic, ok_i, ok_u & ok_i & (user_counts[uc] > 0)
+
+
 class BasePredictor:
     """Shared plumbing: device handling, the fallback, and an empty privacy report."""
 

@@ -44,7 +44,7 @@ import torch
 
 from dprec_torch.data.ratings import Ratings, _to_csr
 from dprec_torch.errors import ConfigError, DataError
-from dprec_torch.predictors.base import BasePredictor
+from dprec_torch.predictors.base import BasePredictor, query_pairs
 from dprec_torch.privacy.budget import check_epsilon_delta
 from dprec_torch.privacy.gaussian_release import (
     ITEM_STATS_SENSITIVITY,
@@ -303,14 +303,7 @@ class DPALS(BasePredictor):
         """r^_ui = clip(r~_i + b_u + p_u . v_i); unknown users get r~_i, unknown item ids g (private fallback)."""
         if self.fallback_ is None:
             raise RuntimeError("DPALS.predict called before fit()")
-        users = torch.as_tensor(users, dtype=torch.long, device=self.device)
-        items = torch.as_tensor(items, dtype=torch.long, device=self.device)
-        if users.shape != items.shape or users.dim() != 1:
-            raise DataError(f"dpals.predict: users {tuple(users.shape)} and items {tuple(items.shape)} must be 1-D of equal length")
-        n_u, n_i = self.train_.n_users, self.train_.n_items
-        ok_u, ok_i = (users >= 0) & (users < n_u), (items >= 0) & (items < n_i)
-        uc, ic = users.clamp(0, n_u - 1), items.clamp(0, n_i - 1)
-        known = ok_u & ok_i & (self.user_counts_[uc] > 0)
+        uc, ic, ok_i, known = query_pairs(users, items, self.train_, self.user_counts_, self.device, "dpals")
         term = (self.user_factors_[uc] * self.item_factors_[ic]).sum(1)
         base = torch.where(ok_i, self.item_avg_[ic], torch.full_like(term, self.global_avg_))
         return self.train_.scale.clip(torch.where(known, base + self.user_offset_[uc] + term, base))

@@ -49,7 +49,7 @@ import torch
 
 from dprec_torch.data.ratings import Ratings, dense_rows
 from dprec_torch.errors import ConfigError, DataError
-from dprec_torch.predictors.base import BasePredictor
+from dprec_torch.predictors.base import BasePredictor, query_pairs
 from dprec_torch.privacy.budget import check_epsilon_delta
 from dprec_torch.privacy.gaussian_release import (
     ITEM_STATS_SENSITIVITY,
@@ -367,15 +367,8 @@ class NoisyGram(BasePredictor):
         """r^_ui = clip(r~_i + b_u + f_i(y_u)); unknown users get r~_i, unknown item ids g (private fallback)."""
         if self.fallback_ is None:
             raise RuntimeError("NoisyGram.predict called before fit()")
-        users = torch.as_tensor(users, dtype=torch.long, device=self.device)
-        items = torch.as_tensor(items, dtype=torch.long, device=self.device)
-        if users.shape != items.shape or users.dim() != 1:
-            raise DataError(f"noisy_gram.predict: users {tuple(users.shape)} and items {tuple(items.shape)} must be 1-D of equal length")
-        n_u, n_i = self.train_.n_users, self.train_.n_items
-        ok_u, ok_i = (users >= 0) & (users < n_u), (items >= 0) & (items < n_i)
-        uc, ic = users.clamp(0, n_u - 1), items.clamp(0, n_i - 1)
-        known = ok_u & ok_i & (self.user_counts_[uc] > 0)
-        term = torch.zeros(users.numel(), device=users.device)
+        uc, ic, ok_i, known = query_pairs(users, items, self.train_, self.user_counts_, self.device, "noisy_gram")
+        term = torch.zeros(uc.numel(), device=uc.device)
         uniq, inv = torch.unique(uc[known], return_inverse=True)
         kidx = torch.nonzero(known).squeeze(1)
         for start in range(0, uniq.numel(), self.block):  # blocks of distinct users, vectorised over items
