@@ -208,7 +208,8 @@ def train_case(kind: str, mech: str, fold, impl: str, epochs: int, topk_k: int =
     from dense_reference import DenseMFEpoch, DensePNBMEpoch
 
     from dprec_torch.evaluation.metrics import rmse
-    from dprec_torch.mechanisms.context import TrainingContext, prior_precision_for
+    from dprec_torch.interfaces import HasItemMeans
+    from dprec_torch.mechanisms.context import TrainingContext, gradient_reduction_of, prior_precision_for
     from dprec_torch.models.batching import PoissonBatchSampler
     from dprec_torch.seeding import make_generator
     from dprec_torch.training.trainer import Trainer
@@ -233,12 +234,15 @@ def train_case(kind: str, mech: str, fold, impl: str, epochs: int, topk_k: int =
 
         model = MF(train.n_users, train.n_items).attach(train)
     unit = "user" if getattr(cls, "relation", None) == "user" else "rating"
-    means = model.item_means if hasattr(model, "item_means") else train.item_means()
+    means = model.item_means if isinstance(model, HasItemMeans) else train.item_means()
     sampler = PoissonBatchSampler(train, means, 1.0, unit, make_generator(1))
     prior = prior_precision_for(cls, model, train, len(train))
+    n_units = len(train) if unit == "rating" else train.n_users
     ctx = TrainingContext(total_steps=epochs, steps_per_epoch=1, n_ratings=len(train), n_users=train.n_users,
                           scale=train.scale, max_user_ratings=kwargs.get("max_user_ratings"),
-                          entry_bound=getattr(model, "gradient_entry_bound", None), prior_precision=prior)
+                          entry_bound=model.gradient_entry_bound, prior_precision=prior, model=model,
+                          n_units=n_units, expected_batch_size=n_units,  # full batch: q = 1, as the runner builds it
+                          gradient_reduction=gradient_reduction_of(model))
     opt = cls(model.parameters(), ctx, **kwargs)
     dense = None
     if impl == "dense":

@@ -158,7 +158,7 @@ class TestMFContract(PredictorContract):
 def _dpsgd_mf(model: MF, steps: int, **kw):
     from dprec_torch.mechanisms.dpsgd import DPSGDLaplace
 
-    ctx = TrainingContext(steps, steps, len(TOY), TOY.n_users, TOY.scale, entry_bound=model.gradient_entry_bound)
+    ctx = TrainingContext(steps, steps, len(TOY), TOY.n_users, TOY.scale, entry_bound=model.gradient_entry_bound, model=model)
     return DPSGDLaplace(model.parameters(), ctx, beta=1.0, **kw)
 
 

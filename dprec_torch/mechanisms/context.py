@@ -9,7 +9,7 @@ import torch
 
 from dprec_torch.data.ratings import RatingScale
 from dprec_torch.errors import ConfigError
-from dprec_torch.interfaces import DeclaresGradientReduction
+from dprec_torch.interfaces import DeclaresGradientReduction, SupportsPriorPrecision
 
 
 @dataclass
@@ -79,6 +79,9 @@ def prior_precision_for(mechanism_cls: type, model: Any, train: Any, batch_ratin
     H is M x M for dense PNBM (2.9 GB at 27K items), so only the mechanisms that read it
     (``uses_prior_precision``) pay for it.
     """
-    if not getattr(mechanism_cls, "uses_prior_precision", False) or not hasattr(model, "sgld_prior_precision"):
+    from dprec_torch.mechanisms.base import MechanismOptimizer  # here: base imports this module
+
+    if not (isinstance(mechanism_cls, type) and issubclass(mechanism_cls, MechanismOptimizer)
+            and mechanism_cls.uses_prior_precision and isinstance(model, SupportsPriorPrecision)):
         return []
     return model.sgld_prior_precision(train, batch_ratings)

@@ -39,6 +39,7 @@ from typing import Any, Iterable
 import torch
 
 from dprec_torch.errors import ConfigError
+from dprec_torch.interfaces import PerturbsResiduals
 from dprec_torch.mechanisms.base import add_laplace_noise_, laplace_noise
 from dprec_torch.mechanisms.context import TrainingContext
 from dprec_torch.mechanisms.sgd import MapSGD
@@ -82,8 +83,8 @@ class DPSGDLaplace(MapSGD):
         self.epsilon, self.sampling_ratio = epsilon, float(sampling_ratio)
         self.phi = context.scale.span
         self.accountant = PureDPAccountant()
-        if perturb_residuals is None:  # the model bound to context.entry_bound declares its variant
-            perturb_residuals = getattr(getattr(context.entry_bound, "__self__", None), "dpsgd_perturb_residuals", False)
+        if perturb_residuals is None:  # the model being trained declares its variant (interfaces.PerturbsResiduals)
+            perturb_residuals = isinstance(context.model, PerturbsResiduals) and context.model.dpsgd_perturb_residuals
         self.perturb_residuals = bool(perturb_residuals)
         if self.perturb_residuals:
             self._init_residual_perturbation(e_max, float(delta))
@@ -168,7 +169,8 @@ class DPSGDLaplace(MapSGD):
 
     # Alg. 1 line 5
     def clip_residuals(self, residuals: torch.Tensor, batch: Any = None, model: Any = None) -> torch.Tensor:
-        if model is not None and bool(getattr(model, "dpsgd_perturb_residuals", False)) != self.perturb_residuals:
+        declared = isinstance(model, PerturbsResiduals) and model.dpsgd_perturb_residuals
+        if model is not None and bool(declared) != self.perturb_residuals:
             raise ConfigError(f"mechanism.perturb_residuals={self.perturb_residuals} does not match model "
                               f"{type(model).__name__} (dpsgd_perturb_residuals)")
         if self.perturb_residuals:
