@@ -23,6 +23,7 @@ from dprec_torch.audit.bounds import epsilon_lower_bound, guesses
 from dprec_torch.audit.canaries import CanarySet, canary_history, make_canaries, score_canaries
 from dprec_torch.data.ratings import Fold, Ratings
 from dprec_torch.errors import ConfigError
+from dprec_torch.mechanisms.base import MechanismOptimizer
 from dprec_torch.seeding import make_generator, seed_everything
 from dprec_torch.training.trainer import Trainer
 
@@ -54,7 +55,9 @@ def canary_kind(cfg: DictConfig) -> str:
     kind = str(cfg.audit.canary)
     if kind != "auto":
         return kind
-    rel = cfg.mechanism.get("relation") or getattr(get_class(cfg.mechanism._target_), "relation", None)
+    cls = get_class(cfg.mechanism._target_)
+    declared = cls.relation if isinstance(cls, type) and issubclass(cls, MechanismOptimizer) else None
+    rel = cfg.mechanism.get("relation") or declared
     return "user" if rel == "user" else "rating"
 
 
