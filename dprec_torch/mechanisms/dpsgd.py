@@ -44,6 +44,7 @@ from dprec_torch.mechanisms.base import add_laplace_noise_, laplace_noise
 from dprec_torch.mechanisms.context import TrainingContext
 from dprec_torch.mechanisms.sgd import MapSGD
 from dprec_torch.privacy.accountants import PureDPAccountant, amplified_epsilon
+from dprec_torch.privacy.budget import check_epsilon
 
 PER_ENTRY_CAVEAT = (
     "Wang & Tang's Delta F bounds one gradient ENTRY; one rating moves row i of G and the row of every "
@@ -74,9 +75,7 @@ class DPSGDLaplace(MapSGD):
         e_max: float | None = None,
         delta: float = 0.0,
     ) -> None:
-        epsilon = float(epsilon)
-        if not epsilon > 0:
-            raise ConfigError(f"epsilon must be > 0 (use epsilon=inf for no noise), got {epsilon}")
+        epsilon = check_epsilon(epsilon, "mechanism")
         if context.entry_bound is None:
             raise ConfigError("mechanism=dpsgd needs a model that bounds its per-example gradient entries")
         super().__init__(params, context, lr=lr, weight_decay=weight_decay, beta=beta, seed=seed)

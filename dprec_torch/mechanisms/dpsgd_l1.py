@@ -48,6 +48,7 @@ from dprec_torch.mechanisms.context import TrainingContext
 from dprec_torch.mechanisms.sgd import MapSGD
 from dprec_torch.privacy.accountants import PureDPAccountant
 from dprec_torch.privacy.analysis import analyse_dpsgd_l1, composed_epsilon, dpsgd_l1_group_factor, laplace_step_epsilon
+from dprec_torch.privacy.budget import check_epsilon
 from dprec_torch.privacy.item_means import dp_item_means, install_item_means
 from dprec_torch.privacy.pnbm_clipping import DEFAULT_CHUNK_PAIRS, per_user_grad_norms, zero_diagonal_
 
@@ -115,9 +116,7 @@ class ClippedLaplaceDPSGD(MapSGD):
         seed: int = 0,
         model: Any = None,
     ) -> None:
-        epsilon, clip_norm, q = float(epsilon), float(clip_norm), float(sampling_ratio)
-        if not epsilon > 0:
-            raise ConfigError(f"epsilon must be > 0 (epsilon=inf: clipping without noise), got {epsilon}")
+        epsilon, clip_norm, q = check_epsilon(epsilon, "mechanism"), float(clip_norm), float(sampling_ratio)
         if not clip_norm > 0 or math.isinf(clip_norm):
             raise ConfigError(f"mechanism.clip_norm (c, L1) must be a finite number > 0, got {clip_norm}")
         if not 0 < q <= 1:

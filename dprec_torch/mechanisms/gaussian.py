@@ -37,6 +37,7 @@ from dprec_torch.errors import ConfigError
 from dprec_torch.interfaces import SupportsPerExampleNorms
 from dprec_torch.mechanisms.base import MechanismOptimizer
 from dprec_torch.mechanisms.context import TrainingContext
+from dprec_torch.privacy.budget import check_epsilon
 from dprec_torch.privacy.opacus_accounting import ACCOUNTANTS, OpacusAccountant, noise_multiplier_for
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ class GaussianDPSGD(MechanismOptimizer):
         sampling_ratio: float = 0.01,
         seed: int = 0,
     ) -> None:
-        epsilon, delta, clip_norm = float(epsilon), float(delta), float(clip_norm)
+        epsilon, delta, clip_norm = check_epsilon(epsilon, "mechanism"), float(delta), float(clip_norm)
         if unit not in UNITS:
             raise ConfigError(f"mechanism.unit must be one of {UNITS}, got '{unit}'")
         if not clip_norm > 0 or math.isinf(clip_norm):
@@ -78,8 +79,6 @@ class GaussianDPSGD(MechanismOptimizer):
             raise ConfigError(f"mechanism.accountant must be one of {ACCOUNTANTS}, got '{accountant}'")
         if not 0 < float(sampling_ratio) <= 1:
             raise ConfigError(f"mechanism.sampling_ratio (q) must be in (0, 1], got {sampling_ratio}")
-        if not epsilon > 0:
-            raise ConfigError(f"epsilon must be > 0 (epsilon=inf: clipping without noise), got {epsilon}")
         if noise_multiplier is not None and not float(noise_multiplier) >= 0:
             raise ConfigError(f"mechanism.noise_multiplier (sigma) must be >= 0, got {noise_multiplier}")
         private = math.isfinite(epsilon) or (noise_multiplier is not None and float(noise_multiplier) > 0)

@@ -49,6 +49,7 @@ from dprec_torch.interfaces import ClipsTrainingPredictions, HasItemMeans
 from dprec_torch.mechanisms.base import MechanismOptimizer
 from dprec_torch.mechanisms.context import TrainingContext
 from dprec_torch.mechanisms.dpsgd_l1 import bound_model, is_pnbm, recentre_batch_
+from dprec_torch.privacy.budget import check_epsilon
 from dprec_torch.privacy.item_means import dp_item_means, install_item_means
 
 BOUNDS = ("paper", "model")
@@ -103,9 +104,7 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
         mean_global_fraction: float = 0.25,
         mean_shrinkage: float = 8.0,
     ) -> None:
-        epsilon = float(epsilon)
-        if not epsilon > 0:
-            raise ConfigError(f"epsilon must be > 0 (epsilon=inf samples the unscaled posterior), got {epsilon}")
+        epsilon = check_epsilon(epsilon, "mechanism")
         if not 0 < temperature <= 1:
             raise ConfigError(f"mechanism.temperature (rho) must be in (0, 1], got {temperature}")
         if likelihood_bound not in BOUNDS:
