@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 
 from dprec_torch.config import exit_on_bad_command_line, report_error
 from dprec_torch.errors import DprecError
-from dprec_torch.evaluation.cli import evaluate
+from dprec_torch.training.evaluate import evaluate
 
 log = logging.getLogger("evaluate")
 

@@ -11,7 +11,7 @@ import logging
 import sys
 
 from dprec_torch.errors import DprecError
-from dprec_torch.evaluation.report import build_report
+from dprec_torch.study.report import build_report
 
 
 def main() -> None:

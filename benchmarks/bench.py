@@ -430,6 +430,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads in every case (default: torch's)")
     ap.add_argument("--tag", default=None, help="output name: <out-dir>/bench-<tag>.json/.md")
     ap.add_argument("--out-dir", default=str(HERE / "results"))
+    ap.add_argument("--data", nargs="*", default=None, choices=sorted(DATA),
+                    help="only the group's cases on these data (e.g. --data ml1m)")
+    ap.add_argument("--merge", action="store_true",
+                    help="add this run's rows to an existing bench-<tag>.json/.md (same case: replaced); the other rows and "
+                         "their header stay as they were, and the header names this run's command and load too")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.threads:
@@ -438,6 +443,8 @@ def main() -> None:
         print(json.dumps(run_case(args.one, args.epochs)))
         return
     cases = args.cases or cases_in(args.group)
+    if args.data:
+        cases = [c for c in cases if parse(c)[2] in args.data]
     missing = [k for k in dict.fromkeys(parse(c)[2] for c in cases) if not available(k)]
     for key in missing:
         print(f"{key}: data not on disk (set DPREC_DATA to a folder holding {DATA[key][1]['name']}/): its rows are skipped",
@@ -467,13 +474,30 @@ def main() -> None:
     header = (f"Machine: {mach}; torch threads per case: {args.threads or torch.get_num_threads()}; "
               f"each case run {args.repeat}x (minimum shown); 1-min load average {load[0]:.1f} before, {load[1]:.1f} after; "
               f"`python benchmarks/bench.py {' '.join(sys.argv[1:])}`")
-    md = markdown(rows, header)
-    print(md)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"bench-{tag}.json").write_text(json.dumps({"machine": mach, "argv": sys.argv[1:], "load_average": load,
-                                                      "rows": rows}, indent=2))
+    record = {"machine": mach, "argv": sys.argv[1:], "load_average": load, "rows": rows}
+    if args.merge and (out / f"bench-{tag}.json").exists():
+        record, header = merged(out / f"bench-{tag}.json", out / f"bench-{tag}.md", record, header, args.group)
+    md = markdown(record["rows"], header)
+    print(md)
+    (out / f"bench-{tag}.json").write_text(json.dumps(record, indent=2))
     (out / f"bench-{tag}.md").write_text(md + "\n")
+
+
+def merged(json_path: Path, md_path: Path, new: dict, new_header: str, group: str) -> tuple[dict, str]:
+    """``new``'s rows laid over the stored run's (same case: replaced), in the group's case order; the stored
+    header is kept and this run's header follows it, so every row says which command and load measured it."""
+    old = json.loads(json_path.read_text())
+    by_case = {r["case"]: r for r in old["rows"]} | {r["case"]: r for r in new["rows"]}
+    order = {c: i for i, c in enumerate(cases_in(group))}
+    rows = sorted(by_case.values(), key=lambda r: order.get(r["case"], len(order)))
+    runs = old.get("merged_runs", []) + [{"argv": new["argv"], "load_average": new["load_average"],
+                                          "cases": [r["case"] for r in new["rows"]]}]
+    old_header = md_path.read_text().split("\n\n", 1)[0] if md_path.exists() else ""
+    data = sorted({r["data"] for r in new["rows"]})
+    header = f"{old_header}\n\nRows of {', '.join(f'`{d}`' for d in data)} (merged in): {new_header}"
+    return {**old, "rows": rows, "merged_runs": runs}, header
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ cannot fit is recorded as skipped, never guessed), the JSON rewritten after ever
   (``benchmarks/bench_startup.py``);
 * ``sweep``: the 7-epsilon ML-1M sweep, one process per job vs the basic vs the batched launcher
   (``benchmarks/bench_sweep.py``), same numbers checked;
-* ``ml20m``: one ML-20M-size synthetic DPSGD-PNBM epoch: s/epoch and GPU peak.
+* ``ml20m``: one ML-20M-size synthetic DPSGD-PNBM epoch: s/epoch and GPU peak;
+* ``gemm``: the product behind ``models.batching.dense_gemm_wins`` -- ML-1M's full history block
+  times S as cuSPARSE ``csrmm`` and as a dense GEMM, float32 and float64, ms a call.
 
     python benchmarks/gpu_bench.py --out benchmarks/results/gpu-check.json
     python benchmarks/gpu_bench.py --dry-run --out /tmp/gpu-dry.json     # CPU, tiny data: tests the plumbing
@@ -40,7 +42,7 @@ PARITY_TOL = 1e-4  # |RMSE_gpu - RMSE_cpu| for the noise-free run: float32 sums 
 CASE_TIMEOUT = 150
 SWEEP_EPS = "epsilon=0.1,0.5,1,2,5,10,20"
 # expected seconds of each stage on one H100/H200 (from the issue's timings), to skip what cannot fit
-ESTIMATE = {"mechanisms": 120, "parity": 35, "startup": 40, "sweep": 150, "ml20m": 90}
+ESTIMATE = {"gemm": 15, "mechanisms": 120, "parity": 35, "startup": 40, "ml20m": 60, "sweep": 130}
 
 
 def log(msg: str) -> None:
@@ -91,6 +93,43 @@ def case_subprocess(overrides: list[str], timeout: float) -> dict[str, Any]:
     return row
 
 
+def gemm_costs(data: list[str], repeat: int = 5) -> dict[str, Any]:
+    """ms per call of (history block) x S^T as CSR x dense and as dense GEMM, on this run's device and data."""
+    import torch
+    from hydra import compose, initialize_config_dir
+
+    from dprec_torch.config import instantiate_node
+    from dprec_torch.models.batching import full_batch
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[*data])
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    train = instantiate_node(cfg.data).folds[0].to(dev).train
+    batch = full_batch(train, train.item_means())
+    out: dict[str, Any] = {"device": str(dev), "rows": int(batch.x.shape[0]), "items": int(batch.x.shape[1]),
+                           "density": float(batch.x.values().numel() / (batch.x.shape[0] * batch.x.shape[1]))}
+    for dtype in (torch.float32, torch.float64):
+        S = torch.rand(train.n_items, train.n_items, device=dev, dtype=dtype)
+        x = batch.x.to(dtype)
+        dense = x.to_dense()
+
+        def timed(fn) -> float:
+            fn()
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(repeat):
+                fn()
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            return (time.perf_counter() - t0) / repeat * 1e3
+
+        name = str(dtype).replace("torch.", "")
+        out[f"csrmm_ms_{name}"] = timed(lambda: torch.sparse.mm(x, S.T))
+        out[f"gemm_ms_{name}"] = timed(lambda: dense @ S.T)
+    return out
+
+
 # ------------------------------------------------------------------ what to run
 def pnbm_mechanisms() -> list[str]:
     """``conf/mechanism`` entries that train an nn.Module (PNBM): output mechanisms (``wrap``) excluded."""
@@ -110,7 +149,9 @@ def pnbm_mechanisms() -> list[str]:
         except Exception:  # noqa: BLE001 - an unimportable mechanism still gets its (failing) row
             pass
         names.append(path.stem)
-    return names
+    # MF-only mechanisms are not PNBM rows; `gaussian` with model=pnbm is the same class as gaussian_pnbm
+    names = [n for n in names if not n.endswith("_mf")]
+    return [n for n in names if not (n == "gaussian" and "gaussian_pnbm" in names)]
 
 
 def paper_dpsgd(mechs: list[str]) -> str:
@@ -131,7 +172,7 @@ def plan(dry: bool) -> dict[str, Any]:
     quick = ["compare_baselines=false", "tensorboard=false"]
     cases = []
     for m in todo:
-        cap = [] if dry else (["mechanism.epochs=3"] if m in ("gaussian", "sgld", "sgld_paper") else [])
+        cap = [] if dry else (["mechanism.epochs=3"] if m in ("gaussian", "gaussian_pnbm", "sgld", "sgld_paper") else [])
         cases.append([*data, dev, "model=pnbm", f"mechanism={m}", *quick, *epochs, *cap])
     cases.append([*data, dev, "model=pnbm", f"mechanism={paper_dpsgd(mechs)}", "model.formulation=sparse_pair", *quick, *epochs])
     return {
@@ -141,6 +182,7 @@ def plan(dry: bool) -> dict[str, Any]:
                   "fixed": [*data, dev, "model=pnbm", f"mechanism={paper_dpsgd(mechs)}", *epochs]},
         "ml20m": [*big, dev, "model=pnbm", f"mechanism={paper_dpsgd(mechs)}", "mechanism.epochs=1", *quick, *epochs],
         "parity": [[*data, d, "model=pnbm", "mechanism=none", "mechanism.epochs=2", *quick, *epochs] for d in (dev, "device=cpu")],
+        "gemm": data,
     }
 
 
@@ -183,6 +225,13 @@ def main_all(args: argparse.Namespace) -> dict[str, Any]:
         return False
 
     save()
+    if fits("gemm"):
+        try:
+            out["gemm"] = gemm_costs(steps["gemm"], repeat=1 if args.dry_run else 5)
+        except Exception as err:  # noqa: BLE001 - a failing stage is a result, not a crash of the whole check
+            out["gemm"] = {"error": repr(err)[-500:]}
+        log(json.dumps(out["gemm"]))
+        save()
     if fits("mechanisms"):
         out["mechanisms"] = []
         for case in steps["mechanisms"]:

@@ -14,7 +14,7 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 DRY=""
-BUDGET="${GPU_CHECK_BUDGET:-360}"   # seconds for gpu_bench.py's stages; the tests (<= 120 s) and set-up come on top
+BUDGET="${GPU_CHECK_BUDGET:-400}"   # seconds for gpu_bench.py's stages; the tests (<= 90 s) and set-up come on top
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY="--dry-run" ;;
@@ -40,7 +40,7 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,dri
 TEST_RC=skipped
 if [ -z "$DRY" ]; then
   echo "== pytest -m gpu"
-  timeout 120 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider -x 2>&1 | tail -15
+  timeout 90 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider -x 2>&1 | tail -15
   TEST_RC=${PIPESTATUS[0]}
 fi
 echo "== gpu_bench (budget ${BUDGET} s)"

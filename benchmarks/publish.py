@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dprec_torch.evaluation.markers import splice  # noqa: E402
+from dprec_torch.study.markers import splice  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 RSS_LIMIT_MIB = 1.5e9 / 2**20  # "1.5 GB" read as 1.5e9 bytes, the stricter reading
@@ -101,7 +101,7 @@ GPU_TARGETS = {"ml1m_epoch": 0.02, "startup_first_epoch": 4.0, "startup_end_to_e
                "sweep_speedup": 10.0}  # issue 18
 
 
-GPU_STAGES = ("mechanisms", "parity", "startup", "sweep", "ml20m")  # benchmarks/gpu_bench.py's stages
+GPU_STAGES = ("gemm", "mechanisms", "parity", "startup", "sweep", "ml20m")  # benchmarks/gpu_bench.py's stages
 
 
 def merge_gpu_rerun(base: dict, rerun: dict) -> dict:
@@ -163,13 +163,21 @@ def gpu_tables(data: dict | None) -> str:
             continue
         lines.append(f"| {label} | {r['seconds_per_epoch']:.3f} | {r['test_rmse']:.4f} | {_gib(r)} | "
                      f"{r.get('process_wall', float('nan')):.1f} s |")
+    gm = data.get("gemm") or {}
+    if "gemm_ms_float32" in gm:
+        lines += ["", f"History block × S on {gm['device']} ({gm['rows']} × {gm['items']}, {100 * gm['density']:.1f} % dense), "
+                  "ms a call — the measurement behind `models.batching.dense_gemm_wins`:", "",
+                  "| dtype | cuSPARSE csrmm | dense GEMM |", "|---|---|---|"]
+        lines += [f"| {t} | {gm[f'csrmm_ms_{t}']:.2f} | {gm[f'gemm_ms_{t}']:.2f} |" for t in ("float32", "float64")]
     lines += ["", "| target (issue 18) | figure | verdict |", "|---|---|---|"]
-    ok = [r for r in data.get("mechanisms", []) if "error" not in r]
+    # the target is the mechanisms at their default formulation; the sparse_pair variant is shown above, not judged
+    judged = [r for r in data.get("mechanisms", []) if "model.formulation=sparse_pair" not in r.get("overrides", [])]
+    ok = [r for r in judged if "error" not in r]
     if ok:
         worst = max(ok, key=lambda r: r["seconds_per_epoch"])
-        met = len(ok) == len(data["mechanisms"]) and worst["seconds_per_epoch"] <= GPU_TARGETS["ml1m_epoch"]
+        met = len(ok) == len(judged) and worst["seconds_per_epoch"] <= GPU_TARGETS["ml1m_epoch"]
         lines.append(f"| ML-1M: every PNBM mechanism ≤ {GPU_TARGETS['ml1m_epoch']} s/epoch | slowest {_label(worst)} "
-                     f"{worst['seconds_per_epoch']:.3f} s ({len(ok)}/{len(data['mechanisms'])} ran) | {yes(met)} |")
+                     f"{worst['seconds_per_epoch']:.3f} s ({len(ok)}/{len(judged)} ran) | {yes(met)} |")
     par = data.get("parity", {})
     if "abs_diff" in par:
         tol = data.get("parity_tolerance", 1e-4)

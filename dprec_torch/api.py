@@ -11,7 +11,7 @@
   :func:`load_run` of it -- so a :class:`Run` from ``train`` and one from ``load_run`` are the same thing.
 * :func:`load_run` never re-fits: each fold's model is RESTORED from ``checkpoint_fold<k>.pt``
   (``model.restore``: S / the factors, the item means -- the DP release where the mechanism made one --
-  and the fallback all come from the checkpoint; :func:`dprec_torch.evaluation.cli.restore_fold`).
+  and the fallback all come from the checkpoint; :func:`dprec_torch.training.evaluate.restore_fold`).
 * Ids are the RAW ids of the data files (MovieLens user 1 is ``1``; synthetic data's raw ids are
   0..n-1), never the contiguous indices the models use inside. In :meth:`Run.predict` an id the
   data never had gets the model's documented fallback (item mean, then global mean); in
@@ -40,7 +40,7 @@ from dprec_torch.config import CONF_DIR, check_command_line, instantiate_node
 from dprec_torch.data.ratings import Fold, RatingDataset
 from dprec_torch.device import resolve_device
 from dprec_torch.errors import ConfigError, DataError
-from dprec_torch.evaluation.cli import restore_fold
+from dprec_torch.training.evaluate import restore_fold
 from dprec_torch.evaluation.cross_validate import score_predictor
 from dprec_torch.interfaces import TrainableModel
 

@@ -53,11 +53,15 @@ NODE_RUNNER_KEYS: dict[str, tuple[str, ...]] = {
 RUNNER_KEYS: tuple[str, ...] = tuple(dict.fromkeys(k for keys in NODE_RUNNER_KEYS.values() for k in keys))
 
 #: Keys a target inherits from the base yaml it is swapped into but does not implement: allowed only
-#: at null, and dropped before instantiation (conf/tuned/gaussian_pnbm.yaml puts GaussianPNBM into
-#: conf/mechanism/gaussian.yaml, whose ``noise_multiplier`` it has no use for).
+#: at null, and dropped before instantiation (mechanism=gaussian model=pnbm merges
+#: conf/mechanism/gaussian_pnbm.yaml onto conf/mechanism/gaussian.yaml, whose ``noise_multiplier`` it has no use for).
 NULL_ONLY_KEYS: dict[str, tuple[str, ...]] = {
     "dprec_torch.mechanisms.gaussian_pnbm.GaussianPNBM": ("noise_multiplier",),
 }
+
+#: Keys that no longer exist -> the one line naming what replaced them (an old override fails with it).
+RETIRED_KEYS = {"perturb_residuals": "DPSGD-MF is its own mechanism now: mechanism=dpsgd_mf "
+                                     "(mechanism=dpsgd_paper model=mf selects it)"}
 
 #: Usual names of our keys, for the "did you mean" hint of a misspelt key.
 ALIASES = {"learning_rate": "lr", "n_epochs": "epochs", "num_epochs": "epochs", "eps": "epsilon",
@@ -254,6 +258,10 @@ DOMAINS: dict[str, Domain] = {
     "item_reg": number("(0, inf)"),
     "noise_reg": number("[0, inf)"),
     "init_fraction": number("[0, 1)"),
+    "count_weight": number("(0, inf)", null=True, note="null = the relation's default count weight"),
+    "steps": integer(1),
+    "sample_rate": number("(0, 1]"),
+    "clip": number("(0, inf)"),
     "budget.gsum": number("(0, 1]"),
     "budget.gcnt": number("(0, 1]"),
     "budget.msum": number("(0, 1]"),
@@ -274,6 +282,7 @@ DOMAINS: dict[str, Domain] = {
     "init_value": ANY_REAL,
     "chunk_pairs": integer(1),
     "decay": number("[0, inf)"),
+    "lr_decay": number("(0, 1]", note="per-epoch factor on lr (mechanism=none)"),
     "temperature": number("(0, 1]"),
     "burn_in_epochs": integer(0),
     "prior_kappa": number("(0, inf)", null=True, note="null = weight_decay as given"),
@@ -347,6 +356,8 @@ def check_node(kind: str, node: DictConfig, path: str | None = None) -> None:
     for key, value in data.items():
         if key in HYDRA_KEYS or key in declared or key in runner:
             continue
+        if key in RETIRED_KEYS:
+            raise ConfigError(f"{path}.{key} is no longer a key: {RETIRED_KEYS[key]}")
         if key in null_only:
             if value is not None:
                 raise ConfigError(f"{path}.{key}={value} is not supported by {label}: it must be null")

@@ -29,6 +29,20 @@ def resolve_device(name: str = "auto") -> torch.device:
         raise ConfigError(f"unknown device '{name}'; use auto, cpu or cuda") from err
 
 
+MATMUL_PRECISIONS = ("highest", "high", "medium")
+
+
+def set_matmul_precision(name: str = "highest") -> str:
+    """``torch.set_float32_matmul_precision``: ``highest`` (float32, the default), ``high`` (TF32 where the
+    GPU has it), ``medium`` (bf16). Reduced precision is only ever this explicit choice, never silent."""
+    name = str(name).lower()
+    if name not in MATMUL_PRECISIONS:
+        raise ConfigError(f"matmul_precision must be one of {', '.join(MATMUL_PRECISIONS)}, got '{name}' "
+                          "(highest = float32; high = TF32; medium = bf16)")
+    torch.set_float32_matmul_precision(name)
+    return name
+
+
 def warm_up(device: torch.device) -> threading.Thread | None:
     """Create ``device``'s CUDA context on a background thread; None for a CPU device.
 

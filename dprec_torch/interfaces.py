@@ -187,6 +187,15 @@ class DeclaresGradientReduction(Protocol):
 
 
 @runtime_checkable
+class ReadsTargetsOnly(Protocol):
+    """A model whose training step reads a batch's targets (users, items, values) and never the history
+    blocks ``x``/``ind`` (MF): with ``reads_history = False`` the rating-level sampler skips building them,
+    an O(#ratings of the batch's users) CSR build per step (models/batching.py)."""
+
+    reads_history: bool
+
+
+@runtime_checkable
 class PerturbsResiduals(Protocol):
     """A model that ``mechanism=dpsgd_paper`` trains by perturbing each rating's error (Berlioz et al. 2015:
     DPSGD-MF) rather than the gradient; read ``dpsgd_perturb_residuals``."""
@@ -324,9 +333,12 @@ class TrainingMechanism(ReportsPrivacy, Protocol):
     """An optimizer whose ``step`` is the private update (Opacus's DPOptimizer shape).
 
     Class attributes (defaults in :class:`~dprec_torch.mechanisms.base.MechanismOptimizer`): ``name``;
-    ``relation``, the neighbouring relation / sampling unit the runner samples by (None: per instance,
-    read ``mechanism.unit``); ``uses_prior_precision`` (reads SGLD's H); ``accountant``, the one place
-    the spent budget lives, saved by ``state_dict`` so a resumed run keeps it.
+    ``relation``, the NEIGHBOURING RELATION the mechanism defends (``user`` | ``rating``; where the config
+    chooses it, the class value is the default and the instance holds the configured one; None: the config's
+    ``mechanism.unit`` decides, as for Gaussian DP-SGD's add/remove-one-unit). The runner caps users at tau for a
+    user-level relation. The SAMPLING unit (Poisson over users or ratings, and the clipping unit) is always
+    ``unit``: ``mechanism.unit``, else the relation's unit. ``uses_prior_precision`` (reads SGLD's H);
+    ``accountant``, the one place the spent budget lives, saved by ``state_dict`` so a resumed run keeps it.
     """
 
     name: str

@@ -12,7 +12,7 @@ from pathlib import Path
 from dprec_torch.data.movielens import load_movielens
 from dprec_torch.evaluation.cross_validate import cross_validate
 from dprec_torch.predictors.knn import ItemKNN
-from dprec_torch.evaluation.markers import splice
+from dprec_torch.study.markers import splice
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 from hydra import compose, initialize_config_dir
 
-from dprec_torch.evaluation.markers import splice
+from dprec_torch.study.markers import splice
 from dprec_torch.training.run import train
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-from dprec_torch.evaluation.markers import splice
+from dprec_torch.study.markers import splice
 from dprec_torch.training.run import train
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -5,7 +5,7 @@
 
 All four studies run the PAPER-FAITHFUL mechanisms (``mechanism=dpsgd_paper`` / ``sgld_paper``, conf/study/),
 not the provable defaults ``dpsgd`` / ``sgld``. ``--relabel`` rewrites result folders written before that rename
-(method names only; :func:`dprec_torch.evaluation.report.relabel`).
+(method names only; :func:`dprec_torch.study.report.relabel`).
 
 ``--run`` executes, one after the other, ``python study.py study=fig1``, ``study=fig2``, ``study=fig3`` and
 ``study=fig2 search=repo`` (each a pair of Hydra multiruns, see study.py) and records their wall times in
@@ -26,8 +26,9 @@ from pathlib import Path
 
 import yaml
 
-from dprec_torch.evaluation.markers import splice
-from dprec_torch.evaluation.report import legacy_method, relabel
+from dprec_torch.io import atomic_write_json
+from dprec_torch.study.markers import splice
+from dprec_torch.study.report import legacy_method, relabel
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDIES = {"fig1": "results/fig1_ml-100k_tuned", "fig2": "results/fig2_ml-100k_tuned", "fig3": "results/fig3_ml-100k_tuned",
@@ -221,10 +222,35 @@ RUNS = {
     "python study.py study=fig2 search=repo": ["study=fig2", "search=repo", "out=outputs/studies/fig2_ml-100k_tuned_repo",
                                                f"report={STUDIES['fig2repo']}"],
 }
+#: ML-1M (5 seeded 90/10 hold-outs): Fig. 1 and Fig. 2; the Fig. 3 claim is answered from their runs (``claims``)
+DATASETS = {"ml-100k": "ML-100K", "ml-1m": "ML-1M"}
+FIG_KEYS = ("fig1", "fig2", "fig3", "fig2repo")
 
 
-def run_all(extra: list[str]) -> None:
-    """Run every study (each one documented command, plus ``extra`` study.py overrides) and record its wall time."""
+def studies_of(dataset: str) -> dict[str, str]:
+    """Result folders of one dataset's studies (ML-100K: :data:`STUDIES`)."""
+    if dataset == "ml-100k":
+        return dict(STUDIES)
+    return {"fig1": f"results/fig1_{dataset}_tuned", "fig2": f"results/fig2_{dataset}_tuned",
+            "fig3": f"results/fig3_{dataset}_tuned", "fig2repo": f"results/fig2_{dataset}_tuned_repo"}
+
+
+def runs_of(dataset: str, figs: list[str] | None) -> dict[str, list[str]]:
+    """The documented study.py command per figure key (``figs``: a subset of :data:`FIG_KEYS`; None = the default set)."""
+    if dataset == "ml-100k":
+        runs = dict(zip(FIG_KEYS, RUNS.items()))
+    else:
+        repo = ["search=repo", f"out=outputs/studies/fig2_{dataset}_tuned_repo", f"report={studies_of(dataset)['fig2repo']}"]
+        runs = {k: (f"python study.py {' '.join(a)}", a) for k, a in
+                (("fig1", ["study=fig1", f"dataset={dataset}"]), ("fig2", ["study=fig2", f"dataset={dataset}"]),
+                 ("fig3", ["study=fig3", f"dataset={dataset}"]), ("fig2repo", ["study=fig2", f"dataset={dataset}", *repo]))}
+        figs = figs or ["fig1", "fig2"]
+    return dict(runs[k] for k in (figs or FIG_KEYS))
+
+
+def run_all(extra: list[str], dataset: str = "ml-100k", figs: list[str] | None = None) -> None:
+    """Run every study (each one documented command, plus ``extra`` study.py overrides) and record its wall time
+    in ``results/paper_study_times.json`` (ML-100K at the top level, another dataset under its name)."""
     import os
     import platform
     import subprocess
@@ -232,7 +258,7 @@ def run_all(extra: list[str]) -> None:
     import time
 
     minutes = {}
-    for cmd, args in RUNS.items():
+    for cmd, args in runs_of(dataset, figs).items():
         t0 = time.perf_counter()
         subprocess.run([sys.executable, str(ROOT / "study.py"), *args, *extra], cwd=ROOT, check=True)
         minutes[cmd] = (time.perf_counter() - t0) / 60
@@ -247,7 +273,53 @@ def run_all(extra: list[str]) -> None:
                 f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, {time.strftime('%Y-%m-%d')}")
     if extra:
         hardware += ", study.py " + " ".join(extra)
-    (ROOT / "results" / "paper_study_times.json").write_text(json.dumps({"hardware": hardware, "minutes": minutes}, indent=2))
+    path = ROOT / "results" / "paper_study_times.json"
+    times = json.loads(path.read_text()) if path.exists() else {}  # re-read at the end: studies may run side by side
+    if dataset == "ml-100k":
+        times.update(hardware=hardware, minutes=minutes)
+    else:
+        entry = times.setdefault(dataset, {"minutes": {}})
+        entry["minutes"].update(minutes)
+        entry.setdefault("hardware", {}).update({cmd: hardware for cmd in minutes})
+    atomic_write_json(path, times)
+
+
+FIG_TABLES = (("fig1", "fig1", "Fig. 1 (DPSGD)", ["dpsgd_paper-pnbm", "dpsgd_paper-mf"]),
+              ("fig2", "fig2", "Fig. 2 (DPPS, ε = x·τ)", ["sgld_paper-pnbm", "sgld_paper-mf"]),
+              ("fig2repo", "fig2", "Fig. 2 with DPPS step sizes on this repository's scale (`search=repo`, "
+               "conf/grid/sgld_paper_*_repo.yaml; NOT the paper's grid)", ["sgld_paper-pnbm", "sgld_paper-mf"]),
+              ("fig3", "fig3", "Fig. 3 (DPSGD-PNBM vs DPPS-PNBM)", ["dpsgd_paper-pnbm", "sgld_paper-pnbm"]))
+FOLDS_TEXT = {"ml-100k": "u1–u5", "ml-1m": "5 seeded 90/10 hold-outs"}
+
+
+def study_tables(dataset: str, found: dict[str, dict | None]) -> list[str]:
+    """One dataset's tables (Fig. 1, 2, 2 repo, 3); another dataset than ML-100K shows only the studies it ran."""
+    lines = []
+    for key, fixed_key, name, methods in FIG_TABLES:
+        s = found.get(key)
+        if s is None and dataset != "ml-100k":
+            continue
+        lines += [f"**{name}**, {DATASETS[dataset]}, mean ± std test RMSE over {FOLDS_TEXT[dataset]} "
+                  "(chosen configuration and its validation RMSE next to it):", ""]
+        fixed = fixed_rmse(ROOT / FIXED[fixed_key]) if dataset == "ml-100k" else {}
+        lines += table(s, methods, fixed) if s else ["not run"]
+        lines.append("")
+    return lines
+
+
+def verdict_table(by_dataset: dict[str, list[str]]) -> list[str]:
+    """Claim x dataset verdicts, read off the generated bullets (``- <claim>: **<verdict>** ...``)."""
+    import re
+
+    rows: dict[str, dict[str, str]] = {}
+    for d, bullets in by_dataset.items():
+        for b in bullets:
+            m = re.match(r"- (.*?): (\*\*[^*]+\*\*)", b)
+            if m:
+                rows.setdefault(m.group(1), {})[d] = m.group(2)
+    head = "| claim | " + " | ".join(DATASETS[d] for d in by_dataset) + " |"
+    return [head, "|---|" + "---|" * len(by_dataset)] + [
+        f"| {c} | " + " | ".join(v.get(d, "not run") for d in by_dataset) + " |" for c, v in rows.items()]
 
 
 def main() -> None:
@@ -262,33 +334,44 @@ def main() -> None:
     ap.add_argument("--run", action="store_true", help="run the four studies first (about 50 min on a 2-core CPU)")
     ap.add_argument("--relabel", action="store_true",
                     help="first rewrite result folders written before the dpsgd/sgld -> *_paper rename (names only)")
+    ap.add_argument("--dataset", default="ml-100k", choices=sorted(DATASETS),
+                    help="with --run: the dataset to run (ml-1m: fig1 and fig2 unless --figs says otherwise)")
+    ap.add_argument("--figs", nargs="*", choices=FIG_KEYS, default=None, help="with --run: only these studies")
     ap.add_argument("overrides", nargs="*", help="with --run: extra study.py overrides, e.g. launcher=joblib n_jobs=2")
     args = ap.parse_args()
     if args.run:
-        run_all(args.overrides)
+        run_all(args.overrides, args.dataset, args.figs)
     if args.relabel:
         for folder in [args.fig1, args.fig2, args.fig3, args.fig2repo, *(str(ROOT / f) for f in FIXED.values())]:
             if Path(folder).exists():
                 print("relabelled:", ", ".join(relabel(folder)) or "nothing")
     s1, s2, s3 = load(Path(args.fig1)), load(Path(args.fig2)), load(Path(args.fig3))
     s2r = load(Path(args.fig2repo))
+    other = {d: {k: load(ROOT / f) for k, f in studies_of(d).items()} for d in DATASETS if d != "ml-100k"}
     lines = [FORMS, ""]
-    for key, name, s, methods in (("fig1", "Fig. 1 (DPSGD)", s1, ["dpsgd_paper-pnbm", "dpsgd_paper-mf"]),
-                                  ("fig2", "Fig. 2 (DPPS, ε = x·τ)", s2, ["sgld_paper-pnbm", "sgld_paper-mf"]),
-                                  ("fig2", "Fig. 2 with DPPS step sizes on this repository's scale (`search=repo`, "
-                                   "conf/grid/sgld_paper_*_repo.yaml; NOT the paper's grid)", s2r, ["sgld_paper-pnbm", "sgld_paper-mf"]),
-                                  ("fig3", "Fig. 3 (DPSGD-PNBM vs DPPS-PNBM)", s3, ["dpsgd_paper-pnbm", "sgld_paper-pnbm"])):
-        lines += [f"**{name}**, ML-100K, mean ± std test RMSE over u1–u5 "
-                  "(chosen configuration and its validation RMSE next to it):", ""]
-        lines += table(s, methods, fixed_rmse(ROOT / FIXED[key])) if s else ["not run"]
-        lines.append("")
-    lines += ["Claim by claim (generated from the reports above):", ""] + claims(s1, s2, s3, s2r)
+    lines += study_tables("ml-100k", {"fig1": s1, "fig2": s2, "fig2repo": s2r, "fig3": s3})
+    for d, found in other.items():
+        if any(found.values()):
+            lines += study_tables(d, found)
+    by_dataset = {"ml-100k": claims(s1, s2, s3, s2r)}
+    by_dataset.update({d: claims(f["fig1"], f["fig2"], f["fig3"], f["fig2repo"]) for d, f in other.items() if any(f.values())})
+    lines += ["Claim by claim (generated from the reports above):", ""]
+    if len(by_dataset) > 1:
+        lines += verdict_table(by_dataset) + [""]
+    for d, bullets in by_dataset.items():
+        lines += ([f"{DATASETS[d]}:", ""] if len(by_dataset) > 1 else []) + bullets + [""]
+    lines.pop()
     times = ROOT / "results" / "paper_study_times.json"
     if times.exists():
         t = json.loads(times.read_text())
         lines += ["", f"End to end (`python studies/paper_study.py --run`, {t['hardware']}): "
                   + ", ".join(f"`{c}` {m:.1f} min" for c, m in t["minutes"].items())
                   + f"; total {sum(t['minutes'].values()):.0f} min."]
+        for d in other:
+            if d in t:
+                lines += ["", f"{DATASETS[d]} (`python studies/paper_study.py --run --dataset {d}`): "
+                          + ", ".join(f"`{c}` {m:.1f} min ({t[d]['hardware'][c]})" for c, m in t[d]["minutes"].items())
+                          + f"; total {sum(t[d]['minutes'].values()):.0f} min."]
     block = "\n".join(lines)
     splice(Path(args.page), "paper-study", block)
     print(block)

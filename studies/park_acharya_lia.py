@@ -37,7 +37,7 @@ import torch  # noqa: E402
 from dprec_torch.attacks.lia import epsilon_utility, lia_estimate, lia_hit_probability, topn_difference  # noqa: E402
 from dprec_torch.data.ratings import Fold, Ratings  # noqa: E402
 from dprec_torch.errors import DprecError  # noqa: E402
-from dprec_torch.evaluation.markers import splice  # noqa: E402
+from dprec_torch.study.markers import splice  # noqa: E402
 from dprec_torch.mechanisms.output_perturbation import LaplaceOutputPredictor  # noqa: E402
 from dprec_torch.predictors.slope_one import SlopeOne, top_n_unrated  # noqa: E402
 

@@ -46,7 +46,7 @@ import torch  # noqa: E402
 
 from dprec_torch.data.ratings import Fold  # noqa: E402
 from dprec_torch.errors import DprecError  # noqa: E402
-from dprec_torch.evaluation.markers import splice  # noqa: E402
+from dprec_torch.study.markers import splice  # noqa: E402
 from dprec_torch.mechanisms.exponential_topk import (  # noqa: E402
     mask_to_ids,
     sample_topk_exact,

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from dprec_torch.study.runs import run_configs
-from dprec_torch.evaluation.markers import splice
+from dprec_torch.study.markers import splice
 
 ROOT = Path(__file__).resolve().parents[1]
 # dpsgd_paper / sgld_paper: Wang & Tang's Alg. 1 / 2 as printed (what this table has always shown); dpsgd / sgld: the

@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dprec_torch.evaluation.markers import splice  # noqa: E402
+from dprec_torch.study.markers import splice  # noqa: E402
 from dprec_torch.io import atomic_write_json  # noqa: E402
 
 OUT = ROOT / "results" / "privacy"

@@ -46,7 +46,7 @@ from dprec_torch.data.movielens import load_movielens  # noqa: E402
 from dprec_torch.data.ratings import Fold  # noqa: E402
 from dprec_torch.data.validation import validation_fold  # noqa: E402
 from dprec_torch.evaluation.cross_validate import score_predictor  # noqa: E402
-from dprec_torch.evaluation.markers import splice  # noqa: E402
+from dprec_torch.study.markers import splice  # noqa: E402
 from dprec_torch.io import atomic_write_json  # noqa: E402
 from dprec_torch.predictors.dpals import DPALS  # noqa: E402
 from dprec_torch.predictors.noisy_gram import NoisyGram  # noqa: E402

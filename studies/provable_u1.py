@@ -15,7 +15,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from dprec_torch.evaluation.markers import splice
+from dprec_torch.study.markers import splice
 from dprec_torch.study.runs import run_configs
 
 ROOT = Path(__file__).resolve().parents[1]

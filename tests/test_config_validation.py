@@ -209,6 +209,7 @@ def test_command_line_errors_are_one_line() -> None:
     (["epsilon=abc"], "epsilon=abc"),
     (["mechanism.lerning_rate=0.1"], "mechanism.lerning_rate"),
     (["mechanism=foo"], "mechanism=foo"),
+    (["matmul_precision=tf32"], "matmul_precision"),  # reduced precision only by its documented name
 ])
 def test_train_py_exits_2_with_one_line(args: list[str], key: str, tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "train.py", *args, f"output_dir={tmp_path}"], cwd=ROOT,

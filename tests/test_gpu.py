@@ -30,3 +30,22 @@ def test_knn_same_on_cuda():
     fold = tiny_fold()
     out = [ItemKNN("pearson", k=50, device=d).fit(fold.train).predict(fold.test.users, fold.test.items).cpu() for d in ("cpu", "cuda")]
     assert torch.allclose(out[0], out[1], atol=1e-4)
+
+
+#: |RMSE_cuda - RMSE_cpu| for the same noise-free run: float32 sums in another order (GEMM vs CSR/pairs)
+RMSE_TOL = 1e-4
+
+
+# sgld is not here: its Langevin noise is drawn at every epsilon, from a per-device generator stream
+@pytest.mark.parametrize("mechanism", ["none", "dpsgd", "dpsgd_paper", "gaussian_pnbm"])
+def test_every_pnbm_mechanism_same_rmse_on_cuda(mechanism, tmp_path):
+    """Each PNBM mechanism's whole run (clipping, DP means, projection, evaluation) at epsilon = inf, so no
+    noise draw differs between the devices: the test RMSE on CUDA is the CPU's within ``RMSE_TOL``."""
+    import dprec_torch
+
+    rmse = []
+    for dev in ("cpu", "cuda"):
+        run = dprec_torch.train(["data=synthetic", "model=pnbm", f"mechanism={mechanism}", "epsilon=inf", "mechanism.epochs=2",
+                                 f"device={dev}", "compare_baselines=false", "tensorboard=false", f"output_dir={tmp_path / dev}"])
+        rmse.append(run.metrics["test_rmse"])
+    assert abs(rmse[0] - rmse[1]) <= RMSE_TOL, rmse

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dprec_torch.errors import ConfigError
-from dprec_torch.evaluation.markers import splice
+from dprec_torch.study.markers import splice
 
 
 def test_splice_replaces_only_its_block(tmp_path) -> None:

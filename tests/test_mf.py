@@ -156,10 +156,10 @@ class TestMFContract(PredictorContract):
 
 # ------------------------------------------------------------ DPSGD-MF (Berlioz et al. 2015)
 def _dpsgd_mf(model: MF, steps: int, **kw):
-    from dprec_torch.mechanisms.dpsgd import DPSGDLaplace
+    from dprec_torch.mechanisms.dpsgd_mf import DPSGDMF
 
     ctx = TrainingContext(steps, steps, len(TOY), TOY.n_users, TOY.scale, entry_bound=model.gradient_entry_bound, model=model)
-    return DPSGDLaplace(model.parameters(), ctx, beta=1.0, **kw)
+    return DPSGDMF(model.parameters(), ctx, beta=1.0, **kw)
 
 
 def test_dpsgd_mf_is_selected_by_the_model_and_scales_noise_k_delta_r_over_eps():
@@ -207,10 +207,20 @@ def test_dpsgd_mf_epsilon_spent_grows_to_epsilon():
 
 
 def test_dpsgd_residual_variant_must_match_the_model():
+    """DPSGD-MF (mechanism=dpsgd_mf) and Alg. 1 (mechanism=dpsgd_paper) are two classes; each refuses the other's model."""
+    from dprec_torch.mechanisms.dpsgd import DPSGDLaplace
+    from dprec_torch.models.pnbm import PNBM
+
     m = MF(3, 3).attach(TOY)
-    opt = _dpsgd_mf(m, 4, epsilon=2.0, perturb_residuals=False)
+    ctx = TrainingContext(4, 4, len(TOY), TOY.n_users, TOY.scale, entry_bound=m.gradient_entry_bound, model=m)
+    with pytest.raises(ConfigError, match="perturb_residuals.*dpsgd_mf"):
+        DPSGDLaplace(m.parameters(), ctx, epsilon=2.0)
+    pnbm = PNBM(3, floor_c=1.0).attach(TOY)
+    opt = _dpsgd_mf(m, 4, epsilon=2.0)
     with pytest.raises(ConfigError, match="perturb_residuals"):
-        opt.clip_residuals(torch.zeros(3), None, m)
+        opt.clip_residuals(torch.zeros(3), None, pnbm)
+    with pytest.raises(ConfigError, match="dpsgd_paper"):
+        _dpsgd_mf(pnbm, 4, epsilon=2.0)
 
 
 # ------------------------------------------------ restore what was released (issue 15 #4, issue 16)

@@ -10,7 +10,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from dprec_torch.errors import ConfigError
-from dprec_torch.evaluation.report import build_report
+from dprec_torch.study.report import build_report
 from dprec_torch.training.run import train
 from tests.helpers import CONF_DIR
 

@@ -13,7 +13,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from dprec_torch.errors import ConfigError
-from dprec_torch.evaluation.cli import evaluate_run
+from dprec_torch.training.evaluate import evaluate_run
 from dprec_torch.training import trainer as trainer_mod
 from dprec_torch.training.checkpoint import config_differences
 from dprec_torch.training.run import train
@@ -144,8 +144,8 @@ def test_evaluate_run_restores_a_topk_support_without_refitting(tmp_path, monkey
         raise AssertionError("the support is released state: restore must not recompute it")
 
     monkeypatch.setattr(topk, "pcc_support", no_support)
-    monkeypatch.setattr("dprec_torch.training.baselines.baseline_metrics", lambda *a, **k: None)
-    monkeypatch.setattr("dprec_torch.evaluation.cli.baseline_metrics",
+    monkeypatch.setattr("dprec_torch.evaluation.baselines.baseline_metrics", lambda *a, **k: None)
+    monkeypatch.setattr("dprec_torch.training.evaluate.baseline_metrics",
                         lambda fold, k: {n: {"rmse": 1.0, "mae": 1.0} for n in ("PCC", "COS")})
     ev, _ = evaluate_run(tmp_path, torch.device("cpu"))
     assert ev["test_rmse"] == m["test_rmse"]

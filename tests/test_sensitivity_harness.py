@@ -1,6 +1,6 @@
 """Sensitivity harness (issue 15): every registered mechanism's stated sensitivity survives adversarial neighbours.
 
-For every case of :mod:`dprec_torch.privacy.registry` (built-ins: :mod:`dprec_torch.privacy.sensitivity_cases`),
+For every case of :mod:`dprec_torch.privacy_harness.registry` (built-ins: :mod:`dprec_torch.privacy_harness.sensitivity_cases`),
 hypothesis draws tiny datasets built to sit on the edges -- users whose D is exactly the floor C (4 ratings
 at S = 1, 7 at S = 0.5), users at exactly tau and tau + 1, a single user, empty users, ties, only extreme
 ratings -- and checks on what the mechanism's own code releases that
@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 import dprec_torch
 from dprec_torch.data.ratings import Ratings, RatingScale
 from dprec_torch.mechanisms.base import MechanismOptimizer
-from dprec_torch.privacy import registry
-from dprec_torch.privacy.registry import SensitivityCase
+from dprec_torch.privacy_harness import registry
+from dprec_torch.privacy_harness.registry import SensitivityCase
 
 SCALE = RatingScale(1, 5)
 VALUES = (1.0, 5.0, 3.0, 1.0, 5.0, 2.0, 4.5)  # extremes twice as likely; ties are frequent
@@ -149,7 +149,7 @@ def pnbm_user_cases():
 
 @pytest.mark.parametrize("case", pnbm_user_cases(), ids=lambda c: c.name)
 def test_every_user_at_the_floor_is_clipped_to_c(case):
-    from dprec_torch.privacy import sensitivity_cases as sc
+    from dprec_torch.privacy_harness import sensitivity_cases as sc
 
     data = floor_dataset()
     assert float(sc.public_S(6, 0).sum(1)[0]) == 5.0  # seed 0: constant S = 1, so D = 3 = C for 4-rating users
@@ -218,7 +218,7 @@ def test_every_mechanism_and_predictor_is_harnessed_declared_or_pending():
             classes[sub.__name__] = sub
     missing = sorted(n for n, c in classes.items()
                      if c not in reg and c not in nonpriv and registry.qualified_name(c) not in PENDING)
-    assert not missing, f"classes that report privacy with no sensitivity harness: {missing} (see privacy/registry.py)"
+    assert not missing, f"classes that report privacy with no sensitivity harness: {missing} (see privacy_harness/registry.py)"
     assert not {registry.qualified_name(c) for c in reg} & set(PENDING), \
         "a registered class is still listed in registry.PENDING: remove it"
     assert set(PENDING) <= {registry.qualified_name(c) for c in classes.values()}, "a PENDING entry names no class"

@@ -36,7 +36,8 @@ from dprec_torch.seeding import make_generator
 
 
 class MechanismOptimizer(Optimizer):
-    """Base class. ``relation`` is the neighbouring relation the mechanism protects."""
+    """Base class. ``relation`` is the neighbouring relation the mechanism protects (never the sampling unit:
+    that is ``mechanism.unit``; see :class:`~dprec_torch.interfaces.TrainingMechanism`)."""
 
     name = "none"
     relation: str | None = None

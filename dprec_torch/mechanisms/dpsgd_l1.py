@@ -50,7 +50,7 @@ from dprec_torch.privacy.accountants import PureDPAccountant
 from dprec_torch.privacy.analysis import analyse_dpsgd_l1, composed_epsilon, dpsgd_l1_group_factor, laplace_step_epsilon
 from dprec_torch.privacy.budget import check_epsilon
 from dprec_torch.privacy.item_means import dp_item_means, install_item_means
-from dprec_torch.privacy.pnbm_clipping import DEFAULT_CHUNK_PAIRS, per_user_grad_norms, zero_diagonal_
+from dprec_torch.privacy.pnbm_clipping import per_user_grad_norms, zero_diagonal_
 
 UNITS = ("user", "rating")
 INITS = ("constant", "random")
@@ -88,8 +88,9 @@ def is_pnbm(model: Any) -> bool:
 class ClippedLaplaceDPSGD(MapSGD):
     """Whole-update clipped-Laplace DP-SGD (see the module docstring).
 
-    ``relation`` (class attribute) is the SAMPLING unit the runner reads: users. The defended
-    neighbouring relation is the instance's ``defended_relation``.
+    ``relation`` is the neighbouring relation: the class attribute is the default (``user``: the runner
+    caps users at tau), the instance's ``relation`` (= ``defended_relation``) the configured one. The
+    sampling and clipping unit is ``unit``.
     """
 
     name = "dpsgd_l1"
@@ -112,7 +113,7 @@ class ClippedLaplaceDPSGD(MapSGD):
         mean_shrinkage: float = 8.0,
         init: str = "constant",
         init_value: float = 1.0,
-        chunk_pairs: int = DEFAULT_CHUNK_PAIRS,
+        chunk_pairs: int | None = None,
         seed: int = 0,
         model: Any = None,
     ) -> None:
@@ -139,7 +140,9 @@ class ClippedLaplaceDPSGD(MapSGD):
         if unit == "rating" and relation == "user":
             raise ConfigError("mechanism=dpsgd_l1 unit=rating clips per rating, which cannot defend relation=user")
         self.epsilon, self.clip_norm, self.sampling_ratio = epsilon, clip_norm, q
-        self.unit, self.defended_relation, self.chunk_pairs = unit, relation, int(chunk_pairs)
+        self.unit, self.defended_relation = unit, relation
+        self.relation = relation  # the configured neighbouring relation (the class value is the default)
+        self.chunk_pairs = None if chunk_pairs is None else int(chunk_pairs)
         self.group = dpsgd_l1_group_factor(relation, unit)  # 2 for relation=rating: a changed rating moves 2c
         steps = int(context.total_steps)
         self.mean_release = None
@@ -186,7 +189,7 @@ class ClippedLaplaceDPSGD(MapSGD):
             raise ConfigError("mechanism=dpsgd_l1 needs the batch and the model to clip per unit")
         if self.unit == "user" and batch.n_targets != batch.ind.values().numel():
             raise ConfigError("mechanism=dpsgd_l1 unit=user needs user-level batches (every rating of each sampled user); "
-                              "the runner must sample users (ClippedLaplaceDPSGD.relation = 'user')")
+                              "the runner must sample users (mechanism.unit=user)")
         if self.pnbm and recentre_batch_(batch, model):  # a batch cached before the DP means were installed
             residuals = (model.batch_predict(batch) - batch.values).detach()
         norms = self.unit_norms(residuals, batch, model)

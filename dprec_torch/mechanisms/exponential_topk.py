@@ -42,7 +42,7 @@ One entry, clipped to the score range ``[lo, hi]``, moves f(S) of any set by at 
 ``sensitivity`` below that width is refused (``ConfigError``). The exact sampler is eps-DP for each
 released set; different users use disjoint rows of C (parallel composition); repeated draws for the
 same user add up, and the report's ``epsilon`` composes them (``epsilon_per_set`` beside it). The
-sensitivity harness case ``exponential_topk`` (:mod:`dprec_torch.privacy.sensitivity_cases`) checks the
+sensitivity harness case ``exponential_topk`` (:mod:`dprec_torch.privacy_harness.sensitivity_cases`) checks the
 bound on the sampler's own exponent. It says nothing about the
 *training* ratings: one rating can move many entries of C, so training-data privacy needs a
 private scorer underneath. The MCMC sampler has no finite epsilon: its candidate sets

@@ -46,7 +46,8 @@ UNITS = ("rating", "user")
 
 
 class GaussianDPSGD(MechanismOptimizer):
-    """Gaussian DP-SGD; ``relation`` is per instance (the configured ``unit``).
+    """Gaussian DP-SGD; the neighbouring relation is add/remove one ``unit``, so ``relation`` is per
+    instance (= the configured ``unit``).
 
     The class attribute is ``None`` because the unit is only known from the config: the
     runner must read ``cfg.mechanism.unit`` (not the class) to pick the batch sampler.

@@ -1,4 +1,4 @@
-"""``mechanism=gaussian`` with ``model=pnbm`` (selected by ``conf/tuned/gaussian_pnbm.yaml``): user-level DP-SGD.
+"""``mechanism=gaussian_pnbm`` (``conf/mechanism/gaussian_pnbm.yaml``; ``mechanism=gaussian model=pnbm`` points there): user-level DP-SGD.
 
 Builds on :class:`dprec_torch.mechanisms.gaussian.GaussianDPSGD` (steps 1-4 there) and adds what PNBM
 needs for the guarantee to cover the released model:

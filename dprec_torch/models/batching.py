@@ -20,8 +20,8 @@ class UserBatch:
     """History blocks ``x`` (centred ratings) and ``ind`` (indicator), |B| x M CSR, plus targets."""
 
     users: torch.Tensor  # global ids of the batch rows
-    x: torch.Tensor  # CSR |B| x M, (r_uj - r_bar_j) I_uj
-    ind: torch.Tensor  # CSR |B| x M, I_uj
+    x: torch.Tensor | None  # CSR |B| x M, (r_uj - r_bar_j) I_uj (None: not built, see make_batch's ``history``)
+    ind: torch.Tensor | None  # CSR |B| x M, I_uj
     rows: torch.Tensor  # batch row of each target
     items: torch.Tensor  # item of each target
     values: torch.Tensor  # rating of each target
@@ -32,18 +32,61 @@ class UserBatch:
         return int(self.values.numel())
 
 
-def make_batch(train: Ratings, item_means: torch.Tensor, rating_mask: torch.Tensor, user_mask: torch.Tensor) -> UserBatch:
+#: densify a |B| x M history block on an accelerator up to this many bytes (per block, per dtype)
+DENSE_ROWS_MAX_BYTES = 1 << 30
+
+
+def dense_gemm_wins(n_rows: int, n_cols: int, device: torch.device) -> bool:
+    """Whether a |B| x M history block times a dense M x K matrix runs as a dense GEMM on ``device``.
+
+    Chosen by measured cost, not by sparsity: on an H200, R(ML-1M, 4 % dense) x S took 13.8 ms
+    a call as cuSPARSE ``csrmm`` and under 2 ms as a dense float32 GEMM (issue 18's profile;
+    ``benchmarks/gpu_bench.py`` re-measures both per device, the ``gemm`` row). On the CPU the
+    CSR product is the faster one and the CPU numbers stay bit for bit what they were. The dense
+    block must fit in :data:`DENSE_ROWS_MAX_BYTES`; past that the CSR product bounds the memory.
+    """
+    return device.type != "cpu" and n_rows * n_cols * 8 <= DENSE_ROWS_MAX_BYTES
+
+
+def dense_rows(batch: "UserBatch", name: str) -> torch.Tensor:
+    """``batch.x`` or ``batch.ind`` as a dense |B| x M tensor, built once and cached on the batch."""
+    src = getattr(batch, name)
+    hit = batch.__dict__.get("_dense_" + name)
+    if hit is not None and hit[0] is src:
+        return hit[1]
+    dense = src.to_dense()
+    batch.__dict__["_dense_" + name] = (src, dense)
+    return dense
+
+
+def rows_times(batch: "UserBatch", name: str, mat: torch.Tensor) -> torch.Tensor:
+    """``batch.<name> @ mat`` (|B| x M history block times a dense M x K), in ``mat``'s dtype, differentiable in ``mat``.
+
+    A dense GEMM where :func:`dense_gemm_wins`, else the CSR x dense product; the same sums either way
+    (float rounding aside: summation order differs).
+    """
+    src = getattr(batch, name)
+    if dense_gemm_wins(src.shape[0], src.shape[1], src.device):
+        return dense_rows(batch, name).to(mat.dtype) @ mat
+    return torch.sparse.mm(src if src.dtype == mat.dtype else src.to(mat.dtype), mat)
+
+
+def make_batch(train: Ratings, item_means: torch.Tensor, rating_mask: torch.Tensor, user_mask: torch.Tensor,
+               history: bool = True) -> UserBatch:
     """Build a batch: history of users in ``user_mask``, targets = ratings in ``rating_mask``.
 
-    ``rating_mask`` must only select ratings of users in ``user_mask``.
+    ``rating_mask`` must only select ratings of users in ``user_mask``. ``history=False`` leaves ``x``/``ind``
+    unbuilt (None) for a model that reads the targets only (:class:`~dprec_torch.interfaces.ReadsTargetsOnly`).
     """
     users = torch.nonzero(user_mask).flatten()
     row_of = torch.full((train.n_users,), -1, dtype=torch.long, device=train.device)
     row_of[users] = torch.arange(users.numel(), device=train.device)
-    hist = user_mask[train.users]
-    h_rows, h_items, h_vals = row_of[train.users[hist]], train.items[hist], train.values[hist]
-    x = _to_csr(h_rows, h_items, h_vals - item_means[h_items], users.numel(), train.n_items)
-    ind = _to_csr(h_rows, h_items, torch.ones_like(h_vals), users.numel(), train.n_items)
+    x = ind = None
+    if history:
+        hist = user_mask[train.users]
+        h_rows, h_items, h_vals = row_of[train.users[hist]], train.items[hist], train.values[hist]
+        x = _to_csr(h_rows, h_items, h_vals - item_means[h_items], users.numel(), train.n_items)
+        ind = _to_csr(h_rows, h_items, torch.ones_like(h_vals), users.numel(), train.n_items)
     tgt = torch.nonzero(rating_mask).flatten()
     return UserBatch(users, x, ind, row_of[train.users[tgt]], train.items[tgt], train.values[tgt], tgt)
 
@@ -61,12 +104,16 @@ class PoissonBatchSampler:
     sampling scheme the subsampling-amplification bounds assume.
     """
 
-    def __init__(self, train: Ratings, item_means: torch.Tensor, ratio: float, unit: str, generator: torch.Generator) -> None:
+    def __init__(self, train: Ratings, item_means: torch.Tensor, ratio: float, unit: str, generator: torch.Generator,
+                 history: bool = True) -> None:
         if not 0 < ratio <= 1:
             raise ValueError(f"sampling ratio must be in (0, 1], got {ratio}")
         if unit not in ("rating", "user"):
             raise ValueError(f"sampling unit must be 'rating' or 'user', got {unit}")
         self.train, self.item_means, self.ratio, self.unit, self.generator = train, item_means, float(ratio), unit, generator
+        # rating-level batches of a targets-only model (MF) skip the history; user-level ones keep it (targets = history,
+        # which the mechanisms' unit=user checks read)
+        self.history = bool(history) or unit == "user"
         self._full = full_batch(train, item_means) if ratio >= 1 else None
 
     def steps_per_epoch(self) -> int:
@@ -83,4 +130,4 @@ class PoissonBatchSampler:
         else:
             user_mask = torch.rand(t.n_users, generator=self.generator, device=self.generator.device).to(t.device) < self.ratio
             pick = user_mask[t.users]
-        return make_batch(t, self.item_means, pick, user_mask)
+        return make_batch(t, self.item_means, pick, user_mask, self.history)

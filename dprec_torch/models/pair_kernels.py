@@ -42,6 +42,14 @@ from dprec_torch.models import pair_numba
 
 LENGTH_RATIO = 1.25
 DEFAULT_BUDGET = 1 << 19  # pairs per chunk (2 MiB per float32 chunk tensor)
+ACCELERATOR_MIN_BUDGET = 1 << 25  # on a GPU: 128 MiB chunk tensors, so an ML-20M-size epoch is ~10^2 chunks, not ~10^4
+
+
+def device_budget(budget: int, device: torch.device) -> int:
+    """Pairs per chunk on ``device``: ``budget`` on the CPU (cache-sized chunks are what is fast there);
+    at least :data:`ACCELERATOR_MIN_BUDGET` on an accelerator, where each chunk's Python-side launches,
+    not the memory, were the cost (issue 18: ~20,000 chunks an ML-20M-size epoch at 2^19)."""
+    return int(budget) if device.type == "cpu" else max(int(budget), ACCELERATOR_MIN_BUDGET)
 
 
 @dataclass

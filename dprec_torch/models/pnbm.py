@@ -11,8 +11,10 @@ count. Ratings stay sparse. Two formulations compute the same numbers
 * ``sparse_pair`` -- the sums of Eq. (2) only over the (target (u, i), history j) pairs,
   sum_u |T_u| |R_u| of them, and the gradient as a scatter onto the co-rated (i, j)
   (:mod:`dprec_torch.models.pair_kernels`);
-* ``dense`` -- CSR (users x items) times dense S^T, a |B| x M block of which the targets
-  are read (nnz_B M multiply-adds and |B| M memory; good on a GPU for small M);
+* ``dense`` -- the history block (users x items) times dense S^T, a |B| x M block of which the
+  targets are read: a CSR x dense product on the CPU (nnz_B M multiply-adds), a dense GEMM on an
+  accelerator where it fits (:func:`~dprec_torch.models.batching.dense_gemm_wins`, chosen by the
+  measured cost of the two: cuSPARSE ``csrmm`` is ~10x slower than the GEMM at ML-1M's 4 % density);
 * ``auto`` -- ``sparse_pair`` on the CPU; on an accelerator ``dense`` up to
   ``dense_max_items`` items, else ``sparse_pair``.
 
@@ -38,8 +40,9 @@ from torch import nn
 
 from dprec_torch.data.ratings import Ratings, RatingScale, _to_csr
 from dprec_torch.errors import ConfigError
-from dprec_torch.models.batching import UserBatch
-from dprec_torch.models.pair_kernels import DEFAULT_BUDGET, PairPlan, build_history, build_plan, centred_history, pair_sums
+from dprec_torch.models.batching import UserBatch, dense_gemm_wins, rows_times
+from dprec_torch.models.pair_kernels import (DEFAULT_BUDGET, PairPlan, build_history, build_plan, centred_history,
+                                             device_budget, pair_sums)
 from dprec_torch.models import pair_numba
 from dprec_torch.models.pair_numba import BACKENDS
 from dprec_torch.models.release import fallback_from_state, fallback_state
@@ -131,11 +134,14 @@ class PNBM(nn.Module):
             or ``paper_eq5`` (the paper's simplified Eq. (5), which drops sign(s_ij)).
         seed: seeds the initialisation.
         formulation: ``auto`` | ``dense`` | ``sparse_pair`` (module docstring); same numbers either way.
-        pair_budget: padded pairs per chunk of the sparse-pair kernels (bounds their memory).
+        pair_budget: padded pairs per chunk of the sparse-pair kernels on the CPU (bounds their memory);
+            on an accelerator at least ``pair_kernels.ACCELERATOR_MIN_BUDGET`` (:func:`~.pair_kernels.device_budget`).
         dense_max_items: ``auto`` picks ``dense`` on an accelerator up to this M (a heuristic, untimed).
         pair_backend: sparse-pair kernels on the CPU: ``numba`` (fused compiled loops,
             :mod:`dprec_torch.models.pair_numba`), ``torch`` (chunked tensor ops, any device) or
             ``auto`` (numba on the CPU when it imports); same numbers either way.
+        device: where S is initialised (the runner passes its device; a GPU run then never symmetrises
+            an M x M matrix on the CPU).
     """
 
     task = "rating"
@@ -154,6 +160,7 @@ class PNBM(nn.Module):
         pair_budget: int = DEFAULT_BUDGET,
         dense_max_items: int = 4096,
         pair_backend: str = "auto",
+        device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
         if gradient not in GRADIENTS:
@@ -174,9 +181,10 @@ class PNBM(nn.Module):
         self.pair_backend = pair_backend
         self._predict_cache: dict = {}
         gen = torch.Generator().manual_seed(int(seed))
-        init = (torch.rand(n_items, n_items, generator=gen) * 2 - 1) * init_scale
+        # drawn on the CPU (the same S^(1) on every device), symmetrised where it will live
+        init = ((torch.rand(n_items, n_items, generator=gen) * 2 - 1) * init_scale).to(device or "cpu")
         self.S = nn.Parameter(init)
-        self.register_buffer("item_means", torch.zeros(n_items))
+        self.register_buffer("item_means", torch.zeros(n_items, device=init.device))
         self.project_(compiled=False)
         self.history: Ratings | None = None
         self.fallback_: MeanFallback | None = None
@@ -258,7 +266,8 @@ class PNBM(nn.Module):
             n_rows = crow.numel() - 1
             rows = torch.repeat_interleave(torch.arange(n_rows, device=crow.device), crow[1:] - crow[:-1])
             hist = build_history(rows, ind.col_indices(), x.values(), ind.values(), n_rows, self.n_items)
-            plan = build_plan(hist, batch.rows, batch.items, self.pair_budget, backend=self.pair_backend)
+            plan = build_plan(hist, batch.rows, batch.items, device_budget(self.pair_budget, crow.device),
+                              backend=self.pair_backend)
         batch.__dict__["_pair_plan"] = (key, plan)
         return plan
 
@@ -281,8 +290,8 @@ class PNBM(nn.Module):
         if plan is not None:
             num, raw, _ = pair_sums(S, plan, self.gradient == "paper_eq5")
         else:
-            num = torch.sparse.mm(batch.x, S.T)[batch.rows, batch.items]
-            raw = torch.sparse.mm(batch.ind, SignedAbs.apply(S).T)[batch.rows, batch.items]
+            num = rows_times(batch, "x", S.T)[batch.rows, batch.items]
+            raw = rows_times(batch, "ind", SignedAbs.apply(S).T)[batch.rows, batch.items]
         return num, raw, denominator_mask(batch, S, raw, self.floor_c)
 
     def floor_mask(self, batch: UserBatch) -> torch.Tensor:
@@ -294,9 +303,22 @@ class PNBM(nn.Module):
         return mask
 
     def batch_predict(self, batch: UserBatch) -> torch.Tensor:
-        """r_hat at the batch targets (Eq. (2), all neighbours, differentiable in S)."""
+        """r_hat at the batch targets (Eq. (2), all neighbours, differentiable in S).
+
+        With autograd on, the terms are kept on the batch for the step's ``surrogate_loss`` (used once,
+        only while S is unchanged), so a training step runs the Eq. (2) products once, not twice.
+        """
         num, den = self.batch_terms(batch)
+        if torch.is_grad_enabled() and num.requires_grad:
+            batch.__dict__["_forward_terms"] = (weakref.ref(self.S), self.S._version, num, den)
         return self.item_means[batch.items] + num / den
+
+    def _step_terms(self, batch: UserBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """This step's (num, den): ``batch_predict``'s own tensors if S has not changed since, else recomputed."""
+        hit = batch.__dict__.pop("_forward_terms", None)
+        if hit is not None and hit[0]() is self.S and hit[1] == self.S._version:
+            return hit[2], hit[3]
+        return self.batch_terms(batch)
 
     def surrogate_loss(self, batch: UserBatch, residuals: torch.Tensor) -> torch.Tensor:
         """A scalar whose gradient in S is G = sum_(u,i) e_ui d r_hat_ui / dS (Eq. (4)/(5)).
@@ -307,7 +329,7 @@ class PNBM(nn.Module):
         """
         e = residuals.detach()
         if self.gradient == "exact":
-            num, den = self.batch_terms(batch)
+            num, den = self._step_terms(batch)
             return (e * (num / den)).sum()
         plan = self._sparse_plan(batch, self.S)
         if plan is not None:
@@ -315,8 +337,8 @@ class PNBM(nn.Module):
             den = floored(ab.detach(), denominator_mask(batch, self.S, ab, self.floor_c), self.floor_c)
             centred = num.detach() / den
             return (e * (num - centred * lin) / den).sum()
-        num = torch.sparse.mm(batch.x, self.S.T)[batch.rows, batch.items]
-        lin = torch.sparse.mm(batch.ind, self.S.T)[batch.rows, batch.items]
+        num = rows_times(batch, "x", self.S.T)[batch.rows, batch.items]
+        lin = rows_times(batch, "ind", self.S.T)[batch.rows, batch.items]
         with torch.no_grad():
             n0, den = self.batch_terms(batch)
             centred = n0 / den
@@ -382,7 +404,8 @@ class PNBM(nn.Module):
         user_c = users.clamp(0, hist.n_users - 1)
         item_c = items.clamp(0, self.n_items - 1)
         if self.resolved_formulation(dev) == "sparse_pair":
-            plan = build_plan(self._history_tables(), user_c, item_c, self.pair_budget, backend=self.pair_backend)
+            plan = build_plan(self._history_tables(), user_c, item_c, device_budget(self.pair_budget, dev),
+                              backend=self.pair_backend)
             num, ab, _ = plan.sums(Sk)
             out = self.item_means[item_c] + num / ab.clamp_min(self.floor_c)
             return self.fallback_.finish(users, items, out)
@@ -394,15 +417,25 @@ class PNBM(nn.Module):
             row_of[block] = torch.arange(block.numel(), device=dev)
             sel = row_of[hist.users] >= 0
             rows, its, vals = row_of[hist.users[sel]], hist.items[sel], hist.values[sel]
-            x = _to_csr(rows, its, vals - self.item_means[its], block.numel(), self.n_items)
-            ind = _to_csr(rows, its, torch.ones_like(vals), block.numel(), self.n_items)
-            num_full = torch.sparse.mm(x, Sk.T)
-            den_full = torch.sparse.mm(ind, Sk.abs().T).clamp_min(self.floor_c)
+            num_full, den_full = self._block_products(rows, its, vals - self.item_means[its], block.numel(), Sk)
             q = (inv >= s) & (inv < s + block.numel())
             r, c = inv[q] - s, item_c[q]
             out[q] = self.item_means[c] + num_full[r, c] / den_full[r, c]
             row_of[block] = -1
         return self.fallback_.finish(users, items, out)
+
+    def _block_products(self, rows: torch.Tensor, items: torch.Tensor, centred: torch.Tensor, n_rows: int,
+                        Sk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """X Sk^T and max(C, I |Sk|^T) for a block of users (Eq. (2) over all items): dense GEMMs where they win."""
+        if dense_gemm_wins(n_rows, self.n_items, Sk.device):
+            x = torch.zeros((n_rows, self.n_items), device=Sk.device, dtype=Sk.dtype)
+            x[rows, items] = centred.to(Sk.dtype)
+            ind = torch.zeros_like(x)
+            ind[rows, items] = 1.0
+            return x @ Sk.T, (ind @ Sk.abs().T).clamp_min(self.floor_c)
+        x = _to_csr(rows, items, centred, n_rows, self.n_items)
+        ind = _to_csr(rows, items, torch.ones_like(centred), n_rows, self.n_items)
+        return torch.sparse.mm(x, Sk.T), torch.sparse.mm(ind, Sk.abs().T).clamp_min(self.floor_c)
 
     @property
     def scale(self) -> RatingScale:

@@ -200,6 +200,7 @@ class D2P(BasePredictor):
         self.p, self.p_star, self.lam, self.mode = float(p), None if p_star is None else float(p_star), float(lam), mode
         self.k, self.neighbor_groups = int(k), None if neighbor_groups is None else int(neighbor_groups)
         self.like_fraction, self.seed = float(like_fraction), int(seed)
+        self.p_star_used_: float | None = None  # learned in fit: the Profiler's p* actually used
 
     # ---------------------------------------------------------------- fit
     def _resolve(self, n: int, g_min: int) -> tuple[float, float]:
@@ -289,7 +290,7 @@ class D2P(BasePredictor):
 
     # ------------------------------------------------------------- privacy
     def privacy_report(self) -> dict[str, Any]:
-        if not hasattr(self, "p_star_used_"):
+        if self.p_star_used_ is None:
             return {"mechanism": "D2P (not fitted)", "relation": "event", "sensitivity": None, "noise": None,
                     "epsilon": float("inf"), "delta": 0.0, "analysis": "not fitted"}
         if self.p_star_used_ >= 1.0:

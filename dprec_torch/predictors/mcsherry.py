@@ -36,7 +36,7 @@ paper). How the slides were read, step by step (slide titles in quotes):
 Privacy: relation = one rating added or removed. The four Laplace releases are pure eps_t each and the
 covariance is (eps_cov, delta); basic sequential composition gives (sum eps_t, delta) = (eps, delta)
 for the published (G, MAvg, Cov). :meth:`McSherryMironov.release_sensitivities` is the one source of every
-noise scale; the sensitivity harness (case ``mcsherry`` in :mod:`dprec_torch.privacy.sensitivity_cases`)
+noise scale; the sensitivity harness (case ``mcsherry`` in :mod:`dprec_torch.privacy_harness.sensitivity_cases`)
 checks each figure on adversarial neighbours, and a private fit refuses ratings outside the scale (every
 bound assumes ``lo <= r <= hi``). Predictions for user u also read u's own ratings, which is not a
 release about anybody else. ``epsilon=inf`` runs the same pipeline without noise.
@@ -196,6 +196,10 @@ class McSherryMironov(BasePredictor):
             raise ConfigError(f"mcsherry: variance_floor={variance_floor} and knn_shrinkage={knn_shrinkage} must be >= 0")
         self.budget, self.calibration, self.seed = budget, calibration, int(seed)
         self.variance_floor, self.knn_shrinkage = float(variance_floor), float(knn_shrinkage)
+        # learned in fit: each release's sensitivity, the covariance's L2 sensitivity and its Gaussian sigma
+        self.sensitivities_: dict[str, float] | None = None
+        self.sensitivity_: float | None = None
+        self.sigma_: float | None = None
 
     @property
     def private(self) -> bool:
@@ -368,20 +372,20 @@ class McSherryMironov(BasePredictor):
     # ------------------------------------------------------------- privacy
     def privacy_report(self) -> dict[str, Any]:
         """Relation, per-release sensitivity (with its norm), noise and accountant; the harness case
-        ``mcsherry`` in :mod:`dprec_torch.privacy.sensitivity_cases` checks every sensitivity stated here."""
+        ``mcsherry`` in :mod:`dprec_torch.privacy_harness.sensitivity_cases` checks every sensitivity stated here."""
         if not self.private:
             return {"mechanism": "none (McSherry-Mironov pipeline at epsilon=inf)", "relation": None, "sensitivity": None,
                     "noise": "none", "accountant": "none", "epsilon": float("inf"), "delta": 0.0, "analysis": "non-private"}
-        sens = getattr(self, "sensitivities_", None) or {}
+        sens = self.sensitivities_ or {}
         eps = {key: self.epsilon * frac for key, frac in self.budget.items()}
-        sigma = getattr(self, "sigma_", float("nan"))
+        sigma = float("nan") if self.sigma_ is None else self.sigma_
         return {
             "mechanism": "McSherry-Mironov: Laplace global/item effects + Gaussian item-item covariance",
             "relation": "rating",
             "neighbouring": "one rating added or removed (a changed value is two such steps); scale and n_items public",
             "sensitivity": {
                 "gsum": sens.get("gsum"), "gcnt": sens.get("gcnt"), "msum_l1": sens.get("msum"), "mcnt_l1": sens.get("mcnt"),
-                "cov_l2": getattr(self, "sensitivity_", None), "cov_l2_paper": paper_covariance_bound(self.clamp_b),
+                "cov_l2": self.sensitivity_, "cov_l2_paper": paper_covariance_bound(self.clamp_b),
                 "norms": "gsum, gcnt: |.|; msum, mcnt: L1 over items (one rating touches one item); cov: L2 (Frobenius)",
             },
             "noise": (

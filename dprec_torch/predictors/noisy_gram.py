@@ -33,6 +33,14 @@ with ``estimator``:
   spectral edge of the symmetric Gaussian noise, s = its entry std), at most ``rank``; each user fits
   p_u = argmin ||y_u - V_Ru p||^2 + lambda sum_k (L'_1 / L'_k)^prior_power p_k^2 (L' = L - edge, a
   per-direction prior from the denoised spectrum), f_i = v_i . p_u.
+* ``pnbm`` (c): PNBM's Eq. (2), r^_ui = r~_i + b_u + sum_{j in R_u} s_ij y_uj / (lambda + sum_{j in R_u} |s_ij|),
+  with S fitted to the noisy statistics by the quadratic surrogate of Eq. (2)'s squared error with the
+  denominator frozen at a per-item constant D_i: then s_i / D_i = w_i solves the ridge regression of item i's
+  clipped residual on those of its k neighbours N_i (the k largest noisy-PCC s_ij, as ``knn``),
+      w_i = argmin_w sum_u (x_ui - sum_{j in N_i} w_j x_uj)^2 + rho ||w||^2 = (G~_{N_i N_i} + rho I)^-1 G~_{N_i i},
+  rho = ``reg`` + 2 s sqrt(k) (the k x k noise block's spectral edge, so the system stays positive definite),
+  batched over items in closed form. Eq. (2) is invariant to the row scale D_i except through lambda, so the
+  prediction uses s = w (``knn_shrinkage`` = lambda in w units). Pure post-processing of G~: no extra privacy cost.
 * ``none``: f = 0 (DP item means + the user's own offset; the reference every learned S must beat).
 
 ``epsilon=inf`` runs the same pipeline with sigma = 0 (the estimator's bias without noise).
@@ -52,12 +60,12 @@ from dprec_torch.errors import ConfigError, DataError
 from dprec_torch.predictors.base import BasePredictor, query_pairs
 from dprec_torch.privacy.budget import check_epsilon_delta
 from dprec_torch.privacy.gaussian_release import (
-    ITEM_STATS_SENSITIVITY,
     NOISES,
     RELATION_TEXT,
     RELATIONS,
     gdp_epsilon,
     install_private_fallback,
+    item_stats_sensitivity,
     rdp_epsilon,
     release_item_means,
     split_mu,
@@ -67,7 +75,8 @@ from dprec_torch.seeding import make_generator
 
 log = logging.getLogger(__name__)
 
-ESTIMATORS = ("knn", "ease", "lowrank", "none")
+ESTIMATORS = ("knn", "ease", "lowrank", "pnbm", "none")
+PNBM_CHUNK = 256  # items per batched k x k solve (memory: chunk x k x k doubles)
 WEIGHTINGS = ("clip", "normalize")
 
 
@@ -159,6 +168,8 @@ class NoisyGram(BasePredictor):
         clamp_b: B, clamp of each centred entry. clip_norm: c, user-level L2 clip of x_u.
         weighting: ``clip`` | ``normalize`` (user level).
         mean_fraction: share of mu^2 spent on the item statistics. mean_prior_std: prior std of item deviations (posterior-mean shrinkage).
+        count_weight: gamma, weight of the counts beside the sums in the item statistics (null: the default;
+            :mod:`dprec_torch.privacy.gaussian_release`).
         beta_p: damping of the user's own offset b_u.
         k, variance_floor, knn_shrinkage: kNN neighbours per item, tau / s, lambda (knn).
         reg: ridge lambda (ease, lowrank). rank, eig_threshold, prior_power: low-rank options.
@@ -182,6 +193,7 @@ class NoisyGram(BasePredictor):
         mean_fraction: float = 0.2,
         mean_noise: str = "gaussian",
         mean_prior_std: float = 0.5,
+        count_weight: float | None = None,
         beta_p: float = 5.0,
         k: int = 100,
         variance_floor: float = 3.0,
@@ -209,6 +221,8 @@ class NoisyGram(BasePredictor):
             raise ConfigError("noisy_gram: need clamp_b > 0, clip_norm > 0, 0 < mean_fraction < 1, beta_p >= 0, reg >= 0")
         if relation == "rating" and math.isinf(clamp_b):
             raise ConfigError("noisy_gram: relation=rating needs a finite clamp_b (Delta_G = 2 B^2)")
+        if estimator == "pnbm" and not reg > 0:
+            raise ConfigError(f"noisy_gram: estimator=pnbm needs reg > 0 (the surrogate's ridge), got reg={reg}")
         if int(k) < 1 or int(rank) < 1 or int(block) < 1:
             raise ConfigError(f"noisy_gram: k={k}, rank={rank}, block={block} must be positive integers")
         self.relation, self.estimator, self.weighting, self.mean_noise = relation, estimator, weighting, mean_noise
@@ -219,6 +233,8 @@ class NoisyGram(BasePredictor):
         if support is not None and int(support) < 2:
             raise ConfigError(f"noisy_gram: support={support} must be >= 2 items or null (all items)")
         self.support = None if support is None else int(support)
+        self.count_weight = None if count_weight is None else float(count_weight)
+        item_stats_sensitivity(relation, mean_noise, self.count_weight)  # validates gamma (ConfigError)
         self.block, self.seed = int(block), int(seed)
 
     @property
@@ -227,7 +243,7 @@ class NoisyGram(BasePredictor):
 
     def release_sensitivities(self) -> dict[str, float]:
         """What ``fit`` calibrates its noise to: item statistics (L2, or L1 for Laplace) and the Gram triangle (L2)."""
-        return {"item_stats": ITEM_STATS_SENSITIVITY[(self.relation, self.mean_noise)],
+        return {"item_stats": item_stats_sensitivity(self.relation, self.mean_noise, self.count_weight),
                 "gram": gram_sensitivity(self.relation, self.clamp_b, self.clip_norm)}
 
     # ----------------------------------------------------------------- fit
@@ -241,16 +257,17 @@ class NoisyGram(BasePredictor):
         if not self.private:
             self.mean_epsilon_ = None
             self.mu_ = {"item_stats": math.inf, "gram": math.inf}
-            rel = release_item_means(train, self.relation, math.inf, self.mean_prior_std, gen, self.mean_noise)
+            rel = release_item_means(train, self.relation, math.inf, self.mean_prior_std, gen, self.mean_noise, self.count_weight)
         elif self.mean_noise == "laplace":  # pure eps_m + (eps - eps_m, delta) Gaussian, basic composition
             self.mean_epsilon_ = self.mean_fraction * self.epsilon
             self.mu_ = {"gram": total_mu(self.epsilon - self.mean_epsilon_, self.delta)}
-            rel = release_item_means(train, self.relation, self.mean_epsilon_, self.mean_prior_std, gen, "laplace")
+            rel = release_item_means(train, self.relation, self.mean_epsilon_, self.mean_prior_std, gen, "laplace", self.count_weight)
         else:  # one GDP budget split between the two Gaussian releases
             self.mean_epsilon_ = None
             self.mu_ = split_mu(total_mu(self.epsilon, self.delta),
                                 {"item_stats": (self.mean_fraction, 1), "gram": (1.0 - self.mean_fraction, 1)})
-            rel = release_item_means(train, self.relation, self.mu_["item_stats"], self.mean_prior_std, gen)
+            rel = release_item_means(train, self.relation, self.mu_["item_stats"], self.mean_prior_std, gen, "gaussian",
+                                     self.count_weight)
         self.means_release_ = rel
         self.item_avg_, self.global_avg_ = rel.means.to(dev), rel.global_mean
         install_private_fallback(self, self.item_avg_, self.global_avg_)
@@ -277,13 +294,17 @@ class NoisyGram(BasePredictor):
         self.noise_edge_ = edge
         if self.estimator == "none":
             return
-        if self.estimator == "knn":
+        if self.estimator in ("knn", "pnbm"):
             d = g.diagonal().clamp_min(0.0) + max(self.variance_floor * self.noise_std_, 1e-9)
             s = (g / torch.sqrt(d[:, None] * d[None, :])).clamp_min(0.0)
             s.fill_diagonal_(0.0)
             kk = min(self.k, m - 1) if m > 1 else 1
             top = torch.topk(s, kk, dim=1)
-            keep = torch.zeros_like(s).scatter_(1, top.indices, top.values)
+            if self.estimator == "pnbm":
+                keep = self._pnbm_surrogate(g, top.indices)
+                self.item_abs_ = keep.abs().t().float().contiguous()
+            else:
+                keep = torch.zeros_like(s).scatter_(1, top.indices, top.values)
             self.item_matrix_ = keep.t().float().contiguous()  # f = y_u @ S^T
             return
         if self.estimator == "ease":
@@ -311,6 +332,23 @@ class NoisyGram(BasePredictor):
         self.components_ = (evecs[:, :keep] * math.sqrt(m)).float().contiguous()
         self.component_reg_ = (self.reg * (lam[0] / lam) ** self.prior_power).float()
         self.n_components_ = keep
+
+    def _pnbm_surrogate(self, g: torch.Tensor, nb: torch.Tensor) -> torch.Tensor:
+        """Eq. (2) with the denominator frozen (module docstring, ``pnbm``): row i of S holds
+        w_i = (G~_{N_i N_i} + rho I)^-1 G~_{N_i i} on the neighbours N_i = ``nb[i]``; batched solves over items."""
+        m, kk = nb.shape
+        rho = self.reg + 2.0 * self.noise_std_ * math.sqrt(kk)
+        eye = torch.eye(kk, dtype=g.dtype, device=g.device)
+        rows = torch.arange(m, device=g.device)
+        out = torch.zeros_like(g)
+        for start in range(0, m, PNBM_CHUNK):  # chunks of items bound the [chunk, k, k] systems' memory
+            n = nb[start:start + PNBM_CHUNK]
+            a = g[n[:, :, None], n[:, None, :]] + rho * eye
+            b = g[n, rows[start:start + PNBM_CHUNK, None]]
+            w = torch.linalg.solve(a, b.unsqueeze(-1)).squeeze(-1)
+            out[start:start + n.shape[0]].scatter_(1, n, w)
+        self.pnbm_ridge_ = rho
+        return out
 
     def _expand(self, idx: torch.Tensor, m: int) -> None:
         """Embed low-rank components into the M-item space (zero rows outside the support); kNN/EASE matrices stay
@@ -359,7 +397,8 @@ class NoisyGram(BasePredictor):
         if self.estimator == "ease":
             out[:, idx] = num
             return out
-        den = dense_rows(self.mask_csr_, users)[:, idx] @ self.item_matrix_ + self.knn_shrinkage
+        absolute = self.item_abs_ if self.estimator == "pnbm" else self.item_matrix_  # knn's S is >= 0
+        den = dense_rows(self.mask_csr_, users)[:, idx] @ absolute + self.knn_shrinkage
         out[:, idx] = num / den
         return out
 
@@ -406,6 +445,8 @@ class NoisyGram(BasePredictor):
                            + (f"; Laplace item means at pure eps = {mean_eps:.4g} by basic composition" if self.mean_epsilon_ else "")
                            + "; Opacus RDP figure given as a looser cross-check"),
             "released": released,
+            "learned_from_release": (f"estimator={self.estimator}: S is learned from (r~, g, G~) only (post-processing, "
+                                     "zero extra privacy cost; no further access to the data)"),
             "joint_dp": joint,
             "analysis": (f"(eps, delta) = ({self.epsilon:g}, {self.delta:g}) under '{RELATION_TEXT[self.relation]}'. "
                          "Everything after the two releases is post-processing. " + joint),

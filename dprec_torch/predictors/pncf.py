@@ -256,6 +256,7 @@ class PNCF(BasePredictor):
         self.w = None if w is None else float(w)
         self.shrinkage = float(shrinkage)
         self.seed = int(seed)
+        self.rs_: torch.Tensor | None = None  # learned in fit: RS_i per entity
 
     @property
     def private(self) -> bool:
@@ -382,7 +383,7 @@ class PNCF(BasePredictor):
         if not self.private:
             return {"mechanism": "none (PNCF at epsilon=inf: non-private top-k neighbour CF)", "relation": None, "sensitivity": None,
                     "noise": "none", "epsilon": float("inf"), "delta": 0.0, "analysis": "non-private"}
-        rs = getattr(self, "rs_", None)
+        rs = self.rs_
         rs_txt = "RS_i = max_j max_x |s(i,j) - s_-x(i,j)| (local, data-dependent)"
         if rs is not None:
             rs_txt += f"; observed range [{float(rs.min()):.3g}, {float(rs.max()):.3g}]"

@@ -24,9 +24,16 @@ scale's midpoint and half-span):
   add/remove moves one (S_i, C_i) by sqrt(z^2 + 3) <= 2, a change of value moves S_i by |z - z'| <= 2 -> Delta = 2.
   The sqrt(3) weight on counts costs nothing extra (both cases reach 2) and makes counts less noisy.
 
+``count_weight`` gamma (optional, :func:`item_stats_sensitivity`): the released pair is (S_i, gamma C_i) and
+C~ = released / gamma. User level: w_u = 1 / sqrt(sum_{i in R_u} (z_ui^2 + gamma^2)), so the user's contribution
+still has L2 norm exactly 1 (Delta = 1) while a gamma < 1 moves weight from the counts to the sums (each S_i
+carries more signal; each C_i more noise in count units). Rating level: add/remove moves (S_i, gamma C_i) by
+sqrt(z^2 + gamma^2) <= sqrt(1 + gamma^2), a change of value by |z - z'| <= 2 -> Delta = max(2, sqrt(1 + gamma^2)).
+
 ``noise=laplace`` (pure eps_m, composed with the Gaussian releases by basic composition): L1 versions,
 user level w_u = 1 / sum_{i in R_u} (1 + |z_ui|) (L1 norm exactly 1 -> Delta_1 = 1, as in
 :mod:`dprec_torch.privacy.item_means`); rating level (z, 1): add/remove |z| + 1 <= 2, change |z - z'| <= 2 -> Delta_1 = 2.
+With gamma: user w_u = 1 / sum (gamma + |z_ui|) (Delta_1 = 1); rating (z, gamma): Delta_1 = max(2, 1 + gamma).
 
 Post-processing (no privacy cost): g = mid + half sum S~ / max(sum C~, 1), and with C+ = max(C~, 0),
 S'_i = S~_i - C+_i (g - mid) / half (the item's deviation from g, times its count, in z units) and a
@@ -64,6 +71,26 @@ COUNT_WEIGHT = {("user", "gaussian"): 1.0, ("rating", "gaussian"): math.sqrt(3.0
 ITEM_STATS_SENSITIVITY = {("user", "gaussian"): 1.0, ("rating", "gaussian"): 2.0,
                           ("user", "laplace"): 1.0, ("rating", "laplace"): 2.0}
 NOISES = ("gaussian", "laplace")
+
+
+def resolve_count_weight(relation: str, noise: str, count_weight: float | None) -> float:
+    """gamma: the given count weight, or the default :data:`COUNT_WEIGHT` of (relation, noise) when None."""
+    if count_weight is None:
+        return COUNT_WEIGHT[(relation, noise)]
+    gamma = float(count_weight)
+    if not (gamma > 0 and math.isfinite(gamma)):
+        raise ConfigError(f"count_weight must be a finite number > 0 (or null for the default), got {count_weight}")
+    return gamma
+
+
+def item_stats_sensitivity(relation: str, noise: str, count_weight: float | None = None) -> float:
+    """L2 (gaussian) or L1 (laplace) sensitivity of (S, gamma C) under ``relation`` (module docstring)."""
+    if count_weight is None:
+        return ITEM_STATS_SENSITIVITY[(relation, noise)]
+    gamma = resolve_count_weight(relation, noise, count_weight)
+    if relation == "user":
+        return 1.0
+    return max(2.0, math.sqrt(1.0 + gamma * gamma)) if noise == "gaussian" else max(2.0, 1.0 + gamma)
 
 
 # ------------------------------------------------------------------ GDP calibration
@@ -135,26 +162,28 @@ def _per_item(train: Any, v: torch.Tensor) -> torch.Tensor:
     return torch.zeros(train.n_items, dtype=torch.float64, device=v.device).index_add_(0, train.items, v)
 
 
-def item_stat_terms(train: Any, relation: str, noise: str = "gaussian") -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-rating terms (a_ui, b_ui) with S_i = sum a_ui and C_i = sum b_ui (module docstring)."""
+def item_stat_terms(train: Any, relation: str, noise: str = "gaussian", count_weight: float | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-rating terms (a_ui, b_ui) with S_i = sum a_ui and gamma C_i = sum b_ui (module docstring)."""
     if relation not in RELATIONS:
         raise ConfigError(f"relation must be one of {RELATIONS}, got '{relation}'")
     if noise not in NOISES:
         raise ConfigError(f"item-statistics noise must be one of {NOISES}, got '{noise}'")
+    gamma = resolve_count_weight(relation, noise, count_weight)
     lo, hi = train.scale.lo, train.scale.hi
     z = ((train.values.double() - (lo + hi) / 2) / ((hi - lo) / 2)).clamp(-1.0, 1.0)
     if relation == "user":
         if noise == "laplace":
-            w = 1.0 / _per_user(train, z.abs() + 1.0).clamp_min(1e-12)[train.users]
+            w = 1.0 / _per_user(train, z.abs() + gamma).clamp_min(1e-12)[train.users]
         else:
-            w = _per_user(train, z * z + 1.0).clamp_min(1e-12).rsqrt()[train.users]
-        return w * z, w
-    return z, torch.full_like(z, COUNT_WEIGHT[(relation, noise)])
+            w = _per_user(train, z * z + gamma * gamma).clamp_min(1e-12).rsqrt()[train.users]
+        return w * z, w * gamma
+    return z, torch.full_like(z, gamma)
 
 
-def item_stats(train: Any, relation: str, noise: str = "gaussian") -> torch.Tensor:
-    """The pre-noise released vector (S_1..S_M, C_1..C_M), float64."""
-    a, b = item_stat_terms(train, relation, noise)
+def item_stats(train: Any, relation: str, noise: str = "gaussian", count_weight: float | None = None) -> torch.Tensor:
+    """The pre-noise released vector (S_1..S_M, gamma C_1..gamma C_M), float64."""
+    a, b = item_stat_terms(train, relation, noise, count_weight)
     return torch.cat([_per_item(train, a), _per_item(train, b)])
 
 
@@ -171,18 +200,19 @@ class ItemMeansRelease:
 
 
 def release_item_means(train: Any, relation: str, budget: float, prior_std: float, gen: torch.Generator,
-                       noise: str = "gaussian") -> ItemMeansRelease:
-    """Step 1: (S, C) + noise on all 2M entries, then the shrunk means (module docstring).
+                       noise: str = "gaussian", count_weight: float | None = None) -> ItemMeansRelease:
+    """Step 1: (S, gamma C) + noise on all 2M entries, then the shrunk means (module docstring).
 
     ``budget`` is mu (GDP) for ``noise=gaussian`` and the pure epsilon for ``noise=laplace``; inf = no noise.
+    ``count_weight``: gamma (None: the default of (relation, noise)).
     """
     if not prior_std > 0:
         raise ConfigError(f"mean_prior_std must be > 0, got {prior_std}")
     m = train.n_items
     lo, hi = train.scale.lo, train.scale.hi
     mid, half = (lo + hi) / 2, (hi - lo) / 2
-    delta = ITEM_STATS_SENSITIVITY[(relation, noise)]
-    stats = item_stats(train, relation, noise)
+    delta = item_stats_sensitivity(relation, noise, count_weight)
+    stats = item_stats(train, relation, noise, count_weight)
     if math.isinf(budget):
         std = 0.0
     elif noise == "laplace":
@@ -193,7 +223,7 @@ def release_item_means(train: Any, relation: str, budget: float, prior_std: floa
     else:
         std = delta / budget
         stats = stats + torch.randn(2 * m, generator=gen, device=gen.device, dtype=torch.float64).to(stats.device) * std
-    gamma = COUNT_WEIGHT[(relation, noise)]
+    gamma = resolve_count_weight(relation, noise, count_weight)
     s, c = stats[:m], stats[m:] / gamma
     count_std = std / gamma
     g = min(max(mid + half * float(s.sum()) / max(float(c.sum()), 1.0), lo), hi)
@@ -202,7 +232,8 @@ def release_item_means(train: Any, relation: str, budget: float, prior_std: floa
     tau2 = (prior_std / half) ** 2
     den = cp * cp * tau2 + std * std
     means = torch.where(den > 0, g + half * cp * tau2 * dev / den.clamp_min(1e-300), torch.full_like(s, g)).clamp(lo, hi)
-    return ItemMeansRelease(means.float(), float(g), delta, std, {"count_noise_std": count_std, "prior_std": prior_std},
+    return ItemMeansRelease(means.float(), float(g), delta, std, {"count_noise_std": count_std, "prior_std": prior_std,
+                                                                  "count_weight": gamma},
                             counts=c.float())
 
 

@@ -47,8 +47,17 @@ import torch
 
 from dprec_torch.errors import ConfigError
 from dprec_torch.interfaces import ItemSimilarityModel
+from dprec_torch.models.batching import rows_times
 
-DEFAULT_CHUNK_PAIRS = 1 << 22
+DEFAULT_CHUNK_PAIRS = 1 << 22  # (target, history) pairs per chunk on the CPU: ~0.5 GB of temporaries
+ACCELERATOR_CHUNK_PAIRS = 1 << 26  # on a GPU: ~8 GB, so ML-1M's 0.3 G pairs take 5 chunks, not 77
+
+
+def chunk_size(chunk_pairs: int | None, device: torch.device) -> int:
+    """``chunk_pairs``, or (None) :data:`DEFAULT_CHUNK_PAIRS` on the CPU, :data:`ACCELERATOR_CHUNK_PAIRS` elsewhere."""
+    if chunk_pairs is not None:
+        return int(chunk_pairs)
+    return DEFAULT_CHUNK_PAIRS if device.type == "cpu" else ACCELERATOR_CHUNK_PAIRS
 
 
 def _check_pnbm(model: Any) -> None:
@@ -68,9 +77,8 @@ def target_terms(model: Any, batch: Any) -> tuple[torch.Tensor, torch.Tensor, to
     """
     active = model.floor_mask(batch)
     S = model.S.detach().double()
-    x, ind = batch.x.to(torch.float64), batch.ind.to(torch.float64)
-    num = torch.sparse.mm(x, S.T)[batch.rows, batch.items]
-    raw = torch.sparse.mm(ind, S.abs().T)[batch.rows, batch.items]
+    num = rows_times(batch, "x", S.T)[batch.rows, batch.items]
+    raw = rows_times(batch, "ind", S.abs().T)[batch.rows, batch.items]
     den = torch.where(active, raw, torch.full_like(raw, model.floor_c))
     a = torch.where(active, num / (den * den), torch.zeros_like(num))
     return num, den, a
@@ -82,13 +90,24 @@ def _history(batch: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 def iter_pairs(model: Any, batch: Any, residuals: torch.Tensor, include_diagonal: bool = False,
-               chunk_pairs: int = DEFAULT_CHUNK_PAIRS):
+               chunk_pairs: int | None = None):
     """Yield chunks ``(row, i, j, value)`` of the nonzero-support entries of every G_u.
 
     ``value = e_ui (x_uj/d_ui - a_ui sign(s_ij))`` for target (u, i) and history item j of u;
-    ``row`` is the batch row of u. Chunks hold at most ``max(chunk_pairs, largest profile)`` pairs.
+    ``row`` is the batch row of u. Chunks hold at most ``max(chunk_pairs, largest profile)`` pairs
+    (None: :func:`chunk_size` for the batch's device).
     """
+    for t, i, j, val in _pair_chunks(model, batch, residuals, chunk_pairs):
+        if not include_diagonal:
+            keep = i != j
+            t, i, j, val = t[keep], i[keep], j[keep], val[keep]
+        yield batch.rows[t], i, j, val
+
+
+def _pair_chunks(model: Any, batch: Any, residuals: torch.Tensor, chunk_pairs: int | None):
+    """``(t, i, j, value)`` of every (target t, history item j) pair, the diagonal j = i included, chunk by chunk."""
     _check_pnbm(model)
+    chunk_pairs = chunk_size(chunk_pairs, residuals.device)
     _, den, a = target_terms(model, batch)
     e = residuals.detach().to(torch.float64)
     crow, cols, xv = _history(batch)
@@ -106,17 +125,13 @@ def iter_pairs(model: Any, batch: Any, residuals: torch.Tensor, include_diagonal
         offset = torch.arange(t.numel(), device=h.device) - first
         pos = crow[batch.rows[t]] + offset
         i, j = batch.items[t], cols[pos]
-        val = e[t] * (xv[pos] / den[t] - a[t] * torch.sign(S[i, j]).to(torch.float64))
-        if not include_diagonal:
-            keep = i != j
-            t, i, j, val = t[keep], i[keep], j[keep], val[keep]
-        yield batch.rows[t], i, j, val
+        yield t, i, j, e[t] * (xv[pos] / den[t] - a[t] * torch.sign(S[i, j]).to(torch.float64))
         start = stop
 
 
 @torch.no_grad()
 def per_user_grad_norms(model: Any, batch: Any, residuals: torch.Tensor, p: float = 2, include_diagonal: bool = False,
-                        chunk_pairs: int = DEFAULT_CHUNK_PAIRS, method: str = "auto") -> torch.Tensor:
+                        chunk_pairs: int | None = None, method: str = "auto") -> torch.Tensor:
     """||G_u||_p for every batch row (user), shape ``[len(batch.users)]``, float64.
 
     ``method``: ``pairs`` (enumeration, any p), ``closed`` (p = 2 closed form), ``auto`` (closed for p = 2).
@@ -131,8 +146,10 @@ def per_user_grad_norms(model: Any, batch: Any, residuals: torch.Tensor, p: floa
             raise ConfigError("the closed form exists for the L2 norm only")
         return _closed_form_l2(model, batch, residuals, include_diagonal).sqrt()
     acc = torch.zeros(n_rows, dtype=torch.float64, device=residuals.device)
-    for rows, _, _, val in iter_pairs(model, batch, residuals, include_diagonal, chunk_pairs):
-        acc.index_add_(0, rows, val.abs() if p == 1 else val * val)
+    for t, i, j, val in _pair_chunks(model, batch, residuals, chunk_pairs):
+        if not include_diagonal:  # zeroed, not compacted: the same sums, one pass and no host sync fewer
+            val = torch.where(i != j, val, torch.zeros_like(val))
+        acc.index_add_(0, batch.rows[t], val.abs() if p == 1 else val * val)
     return acc if p == 1 else acc.sqrt()
 
 
@@ -143,12 +160,11 @@ def _closed_form_l2(model: Any, batch: Any, residuals: torch.Tensor, include_dia
     e = residuals.detach().to(torch.float64)
     S = model.S.detach().double()
     sgn = torch.sign(S)
-    x, ind = batch.x.to(torch.float64), batch.ind.to(torch.float64)
     crow, _, xv = _history(batch)
     rows_of_entry = torch.repeat_interleave(torch.arange(crow.numel() - 1, device=crow.device), crow[1:] - crow[:-1])
     xsq = torch.zeros(crow.numel() - 1, dtype=torch.float64, device=xv.device).index_add_(0, rows_of_entry, xv * xv)
-    xs = torch.sparse.mm(x, sgn.T)[batch.rows, batch.items]
-    cnt = torch.sparse.mm(ind, sgn.abs().T)[batch.rows, batch.items]
+    xs = rows_times(batch, "x", sgn.T)[batch.rows, batch.items]
+    cnt = rows_times(batch, "ind", sgn.abs().T)[batch.rows, batch.items]
     x_self = _self_value(batch)
     sq = xsq[batch.rows]
     if not include_diagonal:
@@ -191,7 +207,7 @@ def clip_factors(norms: torch.Tensor, bound: float) -> torch.Tensor:
 
 
 def clip_user_residuals(model: Any, batch: Any, residuals: torch.Tensor, bound: float, p: float,
-                        chunk_pairs: int = DEFAULT_CHUNK_PAIRS) -> tuple[torch.Tensor, torch.Tensor]:
+                        chunk_pairs: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Residuals scaled so that every ||G_u||_p <= bound; returns (clipped residuals, per-user norms before)."""
     norms = per_user_grad_norms(model, batch, residuals, p=p, chunk_pairs=chunk_pairs)
     factor = clip_factors(norms, bound)

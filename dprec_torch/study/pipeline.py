@@ -3,7 +3,7 @@
 Stage 1 and stage 2 are plain Hydra multiruns of ``train.py`` (``-m``), launched with the configured
 launcher (basic or joblib) and sweeper (basic grid or optuna); this module only builds their
 command lines, selects the best stage-1 configuration per (method, epsilon)
-(:mod:`dprec_torch.study.selection`) and writes the report (:mod:`dprec_torch.evaluation.report`).
+(:mod:`dprec_torch.study.selection`) and writes the report (:mod:`dprec_torch.study.report`).
 
 A method is ``<mechanism>-<model>`` with the mechanism's config name; Wang & Tang's figures
 (conf/study/fig*.yaml) use the paper-faithful forms ``dpsgd_paper`` and ``sgld_paper``, and their
@@ -30,6 +30,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from dprec_torch.errors import ConfigError
+from dprec_torch.study.report import build_report
 from dprec_torch.study.selection import Choice, grid_spec, read_trials, select_best, write_selected, write_stage2_configs
 
 log = logging.getLogger(__name__)
@@ -43,16 +44,19 @@ def method_name(m: DictConfig | dict) -> str:
 
 
 def grid_file(cfg: DictConfig, m: DictConfig | dict) -> tuple[str, Path]:
-    """(``+grid=`` option, its file): ``<grid_root or conf>/grid/<mechanism>_<model>[_<search>].yaml``.
+    """(``+grid=`` option, its file): ``<grid_root or conf>/grid/<mechanism>_<model>[_<search>][_<dataset>].yaml``.
 
-    ``search=paper`` is the full Sec. 5.1 grid (no suffix), ``search=cpu`` the documented thinner one.
+    ``search=paper`` is the full Sec. 5.1 grid (no suffix), ``search=cpu`` the documented thinner one. A file
+    with the ``_<dataset>`` suffix (e.g. ``dpsgd_paper_mf_cpu_ml-1m.yaml``) wins where it exists: MF's step sizes
+    are written per training rating, so the paper's per-rating eta needs the dataset's rating count.
     """
     suffix = "" if cfg.search == "paper" else f"_{cfg.search}"
-    name = f"{m['mechanism']}_{m['model']}{suffix}"
-    path = Path(cfg.grid_root or CONF) / "grid" / f"{name}.yaml"
-    if not path.exists():
-        raise ConfigError(f"no search space {path} for {method_name(m)}")
-    return name, path
+    root = Path(cfg.grid_root or CONF) / "grid"
+    for name in (f"{m['mechanism']}_{m['model']}{suffix}_{cfg.dataset}", f"{m['mechanism']}_{m['model']}{suffix}"):
+        path = root / f"{name}.yaml"
+        if path.exists():
+            return name, path
+    raise ConfigError(f"no search space {path} for {method_name(m)}")
 
 
 def launcher_overrides(cfg: DictConfig) -> list[str]:
@@ -135,8 +139,6 @@ def run_stage2(cfg: DictConfig, out: Path, choices: dict[str, dict[float, Choice
 
 def run_study(cfg: DictConfig) -> Path:
     """Stage 1, selection, stage 2, report; returns the report's ``report.md``."""
-    from dprec_torch.evaluation.report import build_report
-
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()

@@ -20,20 +20,20 @@ from omegaconf import DictConfig, OmegaConf
 
 from dprec_torch.data.custom import check_scale_declared
 from dprec_torch.data.ratings import Fold, RatingDataset
-from dprec_torch.device import claimed_device
+from dprec_torch.device import claimed_device, set_matmul_precision
 from dprec_torch.config import RUNNER_KEYS, accepted, check_config, declared_parameters, fill_dataset_defaults, instantiate_node  # noqa: F401 (re-exported)
 from dprec_torch.errors import ConfigError
 from dprec_torch.evaluation.cross_validate import score_predictor
-from dprec_torch.interfaces import HasItemMeans, OutputMechanism, ReportsPrivacy, TrainableModel
+from dprec_torch.interfaces import HasItemMeans, OutputMechanism, ReadsTargetsOnly, ReportsPrivacy, TrainableModel
 from dprec_torch.io import atomic_write_json
 from dprec_torch.mechanisms.base import MechanismOptimizer
 from dprec_torch.mechanisms.context import TrainingContext, gradient_reduction_of, prior_precision_for
 from dprec_torch.models.batching import PoissonBatchSampler
-from dprec_torch.privacy.registry import check_claim
+from dprec_torch.privacy_harness.registry import check_claim
 from dprec_torch.privacy.scope import diagnostics_enabled, privacy_scope
 from dprec_torch.seeding import make_generator, seed_everything
 from dprec_torch.sweep_cache import shared
-from dprec_torch.training.baselines import baseline_metrics
+from dprec_torch.evaluation.baselines import baseline_metrics
 from dprec_torch.training.checkpoint import prepare_run_dir
 from dprec_torch.training.trainer import Trainer
 
@@ -65,9 +65,10 @@ def is_trainable(model_cfg: DictConfig) -> bool:
         raise ConfigError(f"cannot import model target '{model_cfg.get('_target_')}': {err}") from err
 
 
-def build_model(cfg: DictConfig, fold: Fold) -> TrainableModel:
+def build_model(cfg: DictConfig, fold: Fold, device: torch.device | None = None) -> TrainableModel:
+    """The model of ``cfg.model`` for ``fold``; a model that takes ``device`` initialises its parameters there."""
     cls = get_class(cfg.model._target_)
-    model = instantiate_node(cfg.model, **accepted(cls, n_items=fold.train.n_items, n_users=fold.train.n_users))
+    model = instantiate_node(cfg.model, **accepted(cls, n_items=fold.train.n_items, n_users=fold.train.n_users, device=device))
     if not isinstance(model, TrainableModel):
         raise ConfigError(f"model={cfg.model.get('name', cls.__name__)} is an nn.Module but not a TrainableModel "
                           f"(dprec_torch/interfaces.py: attach, restore, batch_predict, surrogate_loss, ...)")
@@ -116,12 +117,13 @@ def setup_training(cfg: DictConfig, fold: Fold, device: torch.device) -> Trainin
     fold = mechanism_fold(cfg, fold)
     mech_cls = training_mechanism(cfg)
     train = fold.train
-    model = build_model(cfg, fold).to(device)
+    model = build_model(cfg, fold, device).to(device)
     model.attach(train)
     ratio = float(cfg.mechanism.get("sampling_ratio", 1.0))
     unit = cfg.mechanism.get("unit") or ("user" if mech_cls.relation == "user" else "rating")
     sampler = PoissonBatchSampler(train, model.item_means if isinstance(model, HasItemMeans) else train.item_means(),
-                                  ratio, unit, make_generator(int(cfg.seed) + 1, device))
+                                  ratio, unit, make_generator(int(cfg.seed) + 1, device),
+                                  history=not (isinstance(model, ReadsTargetsOnly) and not model.reads_history))
     epochs = int(cfg.mechanism.epochs)
     prior = prior_precision_for(mech_cls, model, train, ratio * len(train))
     context = TrainingContext(
@@ -144,7 +146,7 @@ def train_fold(cfg: DictConfig, fold: Fold, out: Path, device: torch.device) -> 
     train = fold.train
     report = optimizer.privacy_report()
     check_scale_declared(train, report)  # a finite epsilon needs data.rating_scale on custom data (issue 15, 7)
-    check_claim(optimizer, report)  # no finite epsilon without a sensitivity harness (privacy/registry.py)
+    check_claim(optimizer, report)  # no finite epsilon without a sensitivity harness (privacy_harness/registry.py)
     log.info("mechanism %s | relation %s | %s", report["mechanism"], report.get("relation"), report["analysis"])
     writer = None
     if cfg.get("tensorboard", True):
@@ -208,6 +210,7 @@ def summarise(cfg: DictConfig, dataset: RatingDataset, folds: list[dict[str, Any
         "dataset": dataset.record(),
         "epsilon": float(cfg.epsilon),
         "seed": int(cfg.seed),
+        "matmul_precision": torch.get_float32_matmul_precision(),
     }
     for k in keys:
         vals = [f[k] for f in folds]
@@ -243,6 +246,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     validate(cfg)
     diagnostics_enabled(cfg.get("log_private_diagnostics"), {})  # a bad value fails before any data is read
     seed_everything(int(cfg.seed))
+    set_matmul_precision(cfg.get("matmul_precision", "highest"))
     with claimed_device(cfg.device, sweep_lock_dir()) as device:
         return run_experiment(cfg, device)
 

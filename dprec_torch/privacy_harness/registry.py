@@ -11,7 +11,7 @@ MATERIALISING what the mechanism's own code releases:
 
 Registering a mechanism (a class: a ``MechanismOptimizer`` subclass or a predictor) -- two forms::
 
-    from dprec_torch.privacy.registry import SensitivityCase, harnessed, register_sensitivity
+    from dprec_torch.privacy_harness.registry import SensitivityCase, harnessed, register_sensitivity
 
     def my_cases() -> list[SensitivityCase]:
         return [SensitivityCase(name="noisy_gram user", relation="user", norm=2, sensitivity=1.0,
@@ -45,7 +45,7 @@ declared predictor and checks its report says epsilon = inf), nor listed in :dat
 mechanism file fails the fast suite until it registers. :func:`check_claim` is the runtime form (a
 finite epsilon from an unregistered class raises a ``ConfigError``): the runner calls it in ``train_fold``
 (mechanisms) and ``fit_fold`` (fitted predictors and output mechanisms) before anything is scored.
-Built-in registrations live in :mod:`dprec_torch.privacy.sensitivity_cases` (imported on first lookup).
+Built-in registrations live in :mod:`dprec_torch.privacy_harness.sensitivity_cases` (imported on first lookup).
 """
 
 from __future__ import annotations
@@ -132,8 +132,8 @@ def _load_builtin() -> None:
     global _LOADED
     if not _LOADED:
         _LOADED = True
-        import dprec_torch.privacy.sensitivity_cases  # noqa: F401  (registers the built-in mechanisms)
-        import dprec_torch.privacy.learned_similarity_cases  # noqa: F401  (noisy_gram, dpals: issue 17)
+        import dprec_torch.privacy_harness.sensitivity_cases  # noqa: F401  (registers the built-in mechanisms)
+        import dprec_torch.privacy_harness.learned_similarity_cases  # noqa: F401  (noisy_gram, dpals: issue 17)
 
 
 def builder_for(cls: type) -> Builder | None:
@@ -181,4 +181,4 @@ def check_claim(obj: Any, report: dict[str, Any]) -> None:
                     float(eps), PENDING[qualified_name(type(obj))])
         return
     raise ConfigError(f"{type(obj).__name__} reports a finite epsilon but has no sensitivity harness: register it "
-                      "with dprec_torch.privacy.registry.register_sensitivity (see that module)")
+                      "with dprec_torch.privacy_harness.registry.register_sensitivity (see that module)")

@@ -1,4 +1,4 @@
-"""Sensitivity-harness cases for the issue-17 mechanisms (:mod:`dprec_torch.privacy.registry`).
+"""Sensitivity-harness cases for the issue-17 mechanisms (:mod:`dprec_torch.privacy_harness.registry`).
 
 Each release runs the predictor module's own pre-noise functions on the harness's dataset; public inputs
 (the item means released earlier, the item factors / subspace of the previous round) depend on the seed only.
@@ -10,6 +10,9 @@ Each release runs the predictor module's own pre-noise functions on the harness'
 * :class:`~dprec_torch.predictors.dpals.DPALS`: one ALS round's (tri(A_j), b_j) over all items, and one
   power-iteration round's W = sum_u x_u x_u^T Q; per-user rows at user level; rating level is the
   replace-one-user bound (2x), checked for removed and changed ratings.
+* :class:`~dprec_torch.predictors.lowrank_dpsgd.LowRankDPSGD`: the Gaussian item statistics with its count weight, and
+  one DP-SGD step's sum of per-user clipped gradients of S = U U^T (per-user rows, bound C, user level).
+* ``count_weight``: the item statistics with a non-default gamma (user and rating level, both noises).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import math
 import torch
 
 from dprec_torch.data.ratings import Ratings
-from dprec_torch.privacy.registry import Release, SensitivityCase, register_sensitivity
+from dprec_torch.privacy_harness.registry import Release, SensitivityCase, register_sensitivity
 
 
 def _public_means(data: Ratings, seed: int) -> torch.Tensor:
@@ -45,16 +48,17 @@ def _rows(data: Ratings, per_unit: str, fn) -> torch.Tensor:
     return torch.stack([fn(_subset(data, idx == k)) for k in range(len(data))])
 
 
-def _item_stats_case(cls_name: str, relation: str, noise: str, make) -> SensitivityCase:
-    from dprec_torch.privacy.gaussian_release import ITEM_STATS_SENSITIVITY, item_stats
+def _item_stats_case(cls_name: str, relation: str, noise: str, make, count_weight: float | None = None) -> SensitivityCase:
+    from dprec_torch.privacy.gaussian_release import item_stats, item_stats_sensitivity
 
     def release(data: Ratings, seed: int, units: bool) -> Release:
-        total = item_stats(data, relation, noise)
-        rows = _rows(data, relation, lambda d: item_stats(d, relation, noise)) if units and len(data) else None
+        total = item_stats(data, relation, noise, count_weight)
+        rows = _rows(data, relation, lambda d: item_stats(d, relation, noise, count_weight)) if units and len(data) else None
         return Release(total, rows, make().release_sensitivities()["item_stats"])
 
-    bound = ITEM_STATS_SENSITIVITY[(relation, noise)]
-    return SensitivityCase(name=f"{cls_name} item stats {relation} {noise}", relation=relation,
+    bound = item_stats_sensitivity(relation, noise, count_weight)
+    gamma = "" if count_weight is None else f" gamma={count_weight:g}"
+    return SensitivityCase(name=f"{cls_name} item stats {relation} {noise}{gamma}", relation=relation,
                            norm=2 if noise == "gaussian" else 1, sensitivity=bound, clip_bound=bound,
                            also_change=relation == "rating", release=release, max_items=8)
 
@@ -64,6 +68,9 @@ def noisy_gram_cases() -> list[SensitivityCase]:
 
     cases = [_item_stats_case("noisy_gram", rel, noise, lambda rel=rel, noise=noise: NoisyGram(relation=rel, mean_noise=noise))
              for rel in ("user", "rating") for noise in ("gaussian", "laplace")]
+    cases += [_item_stats_case("noisy_gram", rel, noise, lambda rel=rel, noise=noise, g=g: NoisyGram(relation=rel, mean_noise=noise,
+                                                                                                      count_weight=g), g)
+              for rel in ("user", "rating") for noise in ("gaussian", "laplace") for g in (0.5, 2.5)]
 
     def gram_case(relation: str, clamp_b: float, clip_norm: float, weighting: str, beta_p: float) -> SensitivityCase:
         mech = NoisyGram(relation=relation, clamp_b=clamp_b, clip_norm=clip_norm, weighting=weighting, beta_p=beta_p)
@@ -124,12 +131,39 @@ def dpals_cases() -> list[SensitivityCase]:
     return cases
 
 
+def lowrank_dpsgd_cases() -> list[SensitivityCase]:
+    from dprec_torch.predictors.dpals import user_residuals
+    from dprec_torch.predictors.lowrank_dpsgd import LowRankDPSGD, clipped_sum, per_user_gradients
+
+    cases = [_item_stats_case("lowrank_dpsgd", "user", "gaussian", lambda g=g: LowRankDPSGD(count_weight=g), g) for g in (None, 0.5)]
+
+    def step_case(clip: float, clamp_r: float, d: int, scale: float) -> SensitivityCase:
+        mech = LowRankDPSGD(clip=clip, clamp_r=clamp_r, dim=d, beta_p=2.0)
+
+        def step(data: Ratings, seed: int) -> torch.Tensor:
+            _, y = user_residuals(data, _public_means(data, seed), mech.beta_p, clamp_r)
+            u = _public_factors(data.n_items, d, seed, orthonormal=False) * scale
+            rows, norms = per_user_gradients(data.users, data.items, y, u, data.n_users)
+            return clipped_sum(data.users, data.items, rows, norms, clip, data.n_items).reshape(-1)
+
+        def release(data: Ratings, seed: int, units: bool) -> Release:
+            rows = _rows(data, "user", lambda sub: step(sub, seed)) if units and len(data) else None
+            return Release(step(data, seed), rows, mech.release_sensitivities()["sgd_step"])
+
+        return SensitivityCase(name=f"lowrank_dpsgd step C={clip:g} Gr={clamp_r:g} d={d} scale={scale:g}", relation="user",
+                               norm=2, sensitivity=clip, clip_bound=clip, release=release, max_items=8)
+
+    return cases + [step_case(1.0, 1.0, 2, 1.0), step_case(0.05, 2.0, 3, 3.0), step_case(10.0, 1.0, 1, 0.01)]
+
+
 def register() -> None:
     from dprec_torch.predictors.dpals import DPALS
+    from dprec_torch.predictors.lowrank_dpsgd import LowRankDPSGD
     from dprec_torch.predictors.noisy_gram import NoisyGram
 
     register_sensitivity(NoisyGram, noisy_gram_cases)
     register_sensitivity(DPALS, dpals_cases)
+    register_sensitivity(LowRankDPSGD, lowrank_dpsgd_cases)
 
 
 register()

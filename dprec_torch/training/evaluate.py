@@ -27,7 +27,7 @@ from dprec_torch.interfaces import TrainableModel
 from dprec_torch.io import atomic_write_json
 from dprec_torch.seeding import seed_everything
 from dprec_torch.privacy.scope import diagnostics_enabled
-from dprec_torch.training.baselines import baseline_metrics
+from dprec_torch.evaluation.baselines import baseline_metrics
 from dprec_torch.training.checkpoint import read_checkpoint
 from dprec_torch.training.run import build_model, instantiate_node, is_trainable, mechanism_fold, output_dir, validate
 
@@ -92,7 +92,7 @@ def restore_fold(cfg: DictConfig, fold: Fold, run_dir: Path,
     if int(ckpt["epoch"]) != int(cfg.mechanism.epochs):
         log.warning("%s holds epoch %d of %d: the run did not finish", ckpt_path, ckpt["epoch"], cfg.mechanism.epochs)
     fold = mechanism_fold(cfg, fold.to(device))
-    model = build_model(cfg, fold).to(device)
+    model = build_model(cfg, fold, device).to(device)
     try:
         model.restore(fold.train, ckpt["model"])
     except RuntimeError as err:

@@ -28,7 +28,10 @@ from pathlib import Path
 
 import numpy as np
 
+from dprec_torch.errors import ConfigError
 from dprec_torch.io import atomic_write_json
+from dprec_torch.privacy.ledger import format_ledger, ledger_report, merge_legacy
+from dprec_torch.study.selection import load_selected
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +81,6 @@ def collect(sweep_dir: Path) -> tuple[dict, dict]:
     baselines: dict[tuple[str, str], list[float]] = defaultdict(list)
     files = sorted(Path(sweep_dir).rglob("metrics.json"))
     if not files:
-        from dprec_torch.errors import ConfigError
-
         raise ConfigError(f"no metrics.json under {sweep_dir}; pass the sweep's multirun dir")
     for path in files:
         m = json.loads(path.read_text())
@@ -99,8 +100,6 @@ def collect(sweep_dir: Path) -> tuple[dict, dict]:
 
 def selection_table(selected_path: Path, ledger: dict) -> list[str]:
     """Markdown rows: per (method, epsilon) the chosen overrides, validation RMSE and tuning epsilon."""
-    from dprec_torch.study.selection import load_selected
-
     doc = load_selected(selected_path)
     meta = doc.get("study", {})
     tuning = {(t["method"], float(t["epsilon_nominal"])): t for e in ledger["entries"] for t in e.get("tuning", [])}
@@ -153,8 +152,6 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None, ledge
         lines.append(f"| {data} | {name} (non-private) | – | {np.mean(vals):.4f} ± {np.std(vals):.4f} | | {len(vals)} | ∞ |")
     if any(r["method"].split("-", 1)[0] in PAPER_FORMS.values() for r in rows):
         lines += ["", FORMS_NOTE]
-    from dprec_torch.privacy.ledger import format_ledger, ledger_report
-
     ledger = ledger_report(ledger_dir or sweep_dir)
     if selected is not None and Path(selected).exists():
         lines += selection_table(Path(selected), ledger)
@@ -216,8 +213,6 @@ def relabel(folder: str | Path) -> list[str]:
                 path.write_text(new)
                 done.append(str(path))
     if (folder / "ledger.json").exists():  # regroup by dataset (issue 15, #5) and reprint the ledger section
-        from dprec_torch.privacy.ledger import format_ledger, merge_legacy
-
         ledger = merge_legacy(json.loads((folder / "ledger.json").read_text()))
         atomic_write_json(folder / "ledger.json", ledger)
         md = folder / "report.md"

@@ -1,0 +1,191 @@
+"""The package-level import graph of ``dprec_torch`` has no cycle and runs downward (issue 16, "Layers").
+
+A *unit* is a first-level subpackage or module of ``dprec_torch`` (``privacy/``, ``config.py``, ...). Every
+``import``/``from ... import`` in ``dprec_torch/`` -- at module level or inside a function, absolute or relative --
+gives an edge from the importing unit to the imported one. Imports under ``if TYPE_CHECKING:`` are left out: they
+never run (annotations only). Hydra ``_target_`` strings are not imports either.
+
+:data:`LAYERS` lists the units bottom to top; a unit may import only units on lower layers. Each layer, low to high:
+
+0. ``errors``: the two exception types every layer raises;
+1. plumbing with no domain knowledge: ``io`` (atomic writes), ``seeding``, ``device``, ``config`` (Hydra glue,
+   schema check), ``sweep_cache``, ``startup``;
+2. ``data``: ratings, folds, readers;
+3. ``interfaces``: the Protocols (what a model, predictor, mechanism IS), so models and mechanisms look them up
+   from below;
+4. ``models``: the trainable ``nn.Module``s (PNBM, MF) and their batching/pair kernels;
+5. ``privacy``: privacy math only -- accountants, budgets, sensitivity formulas, scope, ledger (``pnbm_clipping``
+   reads ``models.batching``);
+6. ``predictors``: fitted predictors (kNN, Slope One, PNCF, ...);
+7. ``mechanisms``: training optimizers and output mechanisms (they privatise models and predictors);
+8. ``privacy_harness``: the sensitivity harness, whose cases build real mechanisms, models and predictors;
+9. ``evaluation``: metrics, cross-validation, the non-private baselines;
+10. ``training``: the runners behind ``train.py`` and ``evaluate.py`` (checkpoints, trainer);
+11. ``study``, ``audit``, ``attacks``: what is built on finished runs (two-stage study and its report, empirical
+    privacy audits, the LIA attack);
+12. ``api``: the notebook surface (``dprec_torch.train``/``load_run``).
+
+Target (issue 16): no cycle, at most :data:`MAX_UPWARD` import running back up (a same-layer import counts).
+A new unit must be added to :data:`LAYERS`, or this test fails.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = "dprec_torch"
+
+LAYERS: list[set[str]] = [
+    {"errors"},
+    {"io", "seeding", "device", "config", "sweep_cache", "startup"},
+    {"data"},
+    {"interfaces"},
+    {"models"},
+    {"privacy"},
+    {"predictors"},
+    {"mechanisms"},
+    {"privacy_harness"},
+    {"evaluation"},
+    {"training"},
+    {"study", "audit", "attacks"},
+    {"api"},
+]
+RANK = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
+MAX_UPWARD = 1
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(tree: ast.AST):
+    """Every Import/ImportFrom node, at any depth, except those under ``if TYPE_CHECKING:``."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            stack.extend(node.orelse)
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def _unit(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == PACKAGE and len(parts) > 1 else None
+
+
+def import_edges(src_root: Path) -> dict[tuple[str, str], list[str]]:
+    """``{(importer unit, imported unit): ["path:line", ...]}`` for the package under ``src_root``."""
+    pkg_dir = src_root / PACKAGE
+    edges: dict[tuple[str, str], list[str]] = {}
+    for path in sorted(pkg_dir.rglob("*.py")):
+        rel = path.relative_to(src_root).with_suffix("")
+        parts = list(rel.parts)
+        package_parts = parts[:-1]  # the package a relative import starts from (the folder, also for __init__)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        src = _unit(".".join(parts))
+        if src is None:  # dprec_torch/__init__.py: the package root re-exports the api, above every layer
+            continue
+        for node in _imports(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                base = package_parts[:len(package_parts) - node.level + 1] if node.level else []
+                module = ".".join(base + ([node.module] if node.module else []))
+                # `from dprec_torch import privacy` names the unit in the alias, not the module
+                targets = [f"{module}.{a.name}" for a in node.names] if module == PACKAGE else [module]
+            for target in targets:
+                dst = _unit(target)
+                if dst is not None and dst != src:
+                    edges.setdefault((src, dst), []).append(f"{path.relative_to(src_root)}:{node.lineno}")
+    return edges
+
+
+def cycles(edges) -> list[list[str]]:
+    """The strongly connected components with more than one unit (Tarjan)."""
+    graph: dict[str, set[str]] = {}
+    for a, b in edges:
+        graph.setdefault(a, set()).add(b)
+        graph.setdefault(b, set())
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def upward(edges) -> dict[tuple[str, str], list[str]]:
+    """Edges whose target is not on a strictly lower layer than their source."""
+    return {e: where for e, where in edges.items() if RANK[e[1]] >= RANK[e[0]]}
+
+
+def test_every_unit_has_a_layer():
+    units = {p.stem if p.is_file() else p.name for p in (ROOT / PACKAGE).iterdir()
+             if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").exists()}
+    missing = sorted(units - set(RANK))
+    assert not missing, f"declare {missing} in LAYERS of tests/test_import_graph.py (one layer each)"
+    assert sum(len(layer) for layer in LAYERS) == len(RANK), "a unit is listed on two layers"
+
+
+def test_no_import_cycle_between_units():
+    found = cycles(import_edges(ROOT))
+    assert not found, f"import cycles between dprec_torch units: {found}"
+
+
+def test_at_most_one_import_runs_back_up_the_layers():
+    up = upward(import_edges(ROOT))
+    assert len(up) <= MAX_UPWARD, "imports running back up LAYERS: " + "; ".join(
+        f"{a} -> {b} ({', '.join(w)})" for (a, b), w in sorted(up.items()))
+
+
+def test_the_checks_catch_a_cycle_and_a_function_level_import(tmp_path):
+    """The detector itself: a function-level import back up is an edge, a cycle and an upward import;
+    the same import under ``if TYPE_CHECKING:`` is not."""
+    pkg = tmp_path / PACKAGE
+    (pkg / "privacy").mkdir(parents=True)
+    (pkg / "mechanisms").mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "privacy" / "__init__.py").write_text("")
+    (pkg / "mechanisms" / "__init__.py").write_text("")
+    (pkg / "mechanisms" / "dpsgd.py").write_text("from ..privacy import budget\n")
+    (pkg / "privacy" / "budget.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                               "    from dprec_torch.mechanisms import dpsgd\n")
+    edges = import_edges(tmp_path)
+    assert set(edges) == {("mechanisms", "privacy")} and not cycles(edges) and not upward(edges)
+    (pkg / "privacy" / "cases.py").write_text("def build():\n    from dprec_torch.mechanisms.dpsgd import X\n")
+    edges = import_edges(tmp_path)
+    assert edges[("privacy", "mechanisms")] == [f"{PACKAGE}/privacy/cases.py:2"]
+    assert cycles(edges) == [["mechanisms", "privacy"]]
+    assert list(upward(edges)) == [("privacy", "mechanisms")]
