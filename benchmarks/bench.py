@@ -154,10 +154,11 @@ def mechanism_kwargs(mech: str, model: str) -> tuple[type, dict]:
 
     # the published case names predate the rename (issue 15, #9): their 'dpsgd'/'sgld' are the paper-faithful forms
     mech = {"dpsgd": "dpsgd_paper", "sgld": "sgld_paper"}.get(mech, mech)
-    node = OmegaConf.load(ROOT / "conf" / "mechanism" / f"{mech}.yaml")
-    tuned = ROOT / "conf" / "tuned" / f"{mech}_{model}.yaml"
-    if tuned.exists():
-        node = OmegaConf.merge(node, OmegaConf.load(tuned))
+    from hydra import compose, initialize_config_dir
+
+    # composed as train.py composes it: conf/tuned/<mech>_<model>.yaml may point at another conf/mechanism file
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        node = compose(config_name="config", overrides=[f"mechanism={mech}", f"model={model}"]).mechanism
     data = {k: v for k, v in OmegaConf.to_container(node, resolve=False).items() if not k.startswith("_")}
     cls = get_class(node["_target_"])
     for key in ("name", "epochs"):

@@ -1,4 +1,4 @@
-"""Issue 17: RMSE vs epsilon of the provable learned-similarity mechanisms (noisy_gram, dpals) at both relations.
+"""Issue 17: RMSE vs epsilon of the provable learned-similarity mechanisms (noisy_gram, dpals, lowrank_dpsgd).
 
 Protocol (everything below is run by this script; nothing is hand-edited):
 
@@ -6,6 +6,8 @@ Protocol (everything below is run by this script; nothing is hand-edited):
    epsilon in ``TUNE_EPS`` (1 and 10), over the small grid ``GRID`` per (mechanism, relation). The configuration
    with the lowest validation RMSE at eps = 1 is used for eps <= 2, the one at eps = 10 for eps >= 5. One fold
    only (CPU budget), stated in the outputs. The epsilon spent on tuning is charged in ``tuning.json``.
+   The report stage writes conf/experiment/private_{rating,user}.yaml: per relation, the mechanism and
+   configuration with the lowest validation RMSE at eps = 1 (and names the eps = 10 choice in a comment).
 2. *Test* the chosen configurations on ML-1M (5 seeded 90/10 hold-outs) and ML-100K (u1-u5; the ML-1M
    choices, not re-tuned) at every eps in ``EPS``; mean +- std over folds.
 3. *Noise vs bias*: the same configurations at eps = inf (sigma = 0, clipping/sampling kept) on ML-1M.
@@ -49,7 +51,9 @@ from dprec_torch.evaluation.cross_validate import score_predictor  # noqa: E402
 from dprec_torch.study.markers import splice  # noqa: E402
 from dprec_torch.io import atomic_write_json  # noqa: E402
 from dprec_torch.predictors.dpals import DPALS  # noqa: E402
+from dprec_torch.predictors.lowrank_dpsgd import LowRankDPSGD  # noqa: E402
 from dprec_torch.predictors.noisy_gram import NoisyGram  # noqa: E402
+from dprec_torch.privacy.gaussian_release import RELATION_TEXT  # noqa: E402
 
 log = logging.getLogger("private_frontier")
 OUT = ROOT / "results" / "private_frontier"
@@ -57,7 +61,8 @@ DOC = ROOT / "docs" / "private_frontier.md"
 EPS = [0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0]
 TUNE_EPS = [1.0, 10.0]
 DELTA = 1e-6
-CLASSES = {"noisy_gram": NoisyGram, "dpals": DPALS}
+CLASSES = {"noisy_gram": NoisyGram, "dpals": DPALS, "lowrank_dpsgd": LowRankDPSGD}
+EXPERIMENTS = ROOT / "conf" / "experiment"
 RELATIONS = ("rating", "user")
 
 #: fixed settings per (mechanism, relation); GRID entries override them
@@ -73,13 +78,31 @@ BASE: dict[tuple[str, str], dict[str, Any]] = {
     ("dpals", "user"): dict(relation="user", mean_noise="gaussian", mean_fraction=0.4, mean_prior_std=0.5, dim=5,
                             iterations=2, power_iters=1, init_fraction=0.1, reg=1.0, item_reg=5.0, noise_reg=1.0,
                             clip_factor=1.0, clamp_r=1.0),
+    ("lowrank_dpsgd", "user"): dict(dim=8, steps=200, sample_rate=0.1, clip=1.0, lr=5.0, weight_decay=0.0, clamp_r=1.0,
+                                    beta_p=5.0, init_scale=0.1, mean_fraction=0.5, mean_prior_std=0.5, count_weight=0.5),
 }
-GRID: dict[str, list[dict[str, Any]]] = {
-    "noisy_gram": [dict(estimator="none"), dict(estimator="knn"), dict(estimator="knn", support=300, variance_floor=10.0, knn_shrinkage=3.0, k=50),
-                   dict(estimator="knn", variance_floor=3.0, knn_shrinkage=1.0),
-                   dict(estimator="knn", support=1000, variance_floor=3.0, knn_shrinkage=1.0, k=100),
-                   dict(estimator="lowrank", support=1000), dict(estimator="ease", support=1000, reg=1000.0)],
-    "dpals": [dict(max_ratings_per_user=30), dict(max_ratings_per_user=100), dict(max_ratings_per_user=30, dim=3, iterations=1)],
+_KNN300 = dict(estimator="knn", support=300, variance_floor=10.0, knn_shrinkage=3.0, k=50)
+_PNBM300 = dict(estimator="pnbm", support=300, k=50, reg=5.0, knn_shrinkage=3.0)
+_PNBM1000 = dict(estimator="pnbm", support=1000, k=50, reg=5.0, knn_shrinkage=1.0)
+#: configurations tried per (mechanism, relation); the first ``estimator=none`` entry is the means-only reference.
+#: count_weight / mean_fraction at user level: the DP item means limit that relation (issue 17 item 1 follow-up).
+GRID: dict[tuple[str, str], list[dict[str, Any]]] = {
+    ("noisy_gram", "rating"): [dict(estimator="none"), dict(estimator="knn"), _KNN300,
+                               dict(estimator="knn", variance_floor=3.0, knn_shrinkage=1.0),
+                               dict(estimator="knn", support=1000, variance_floor=3.0, knn_shrinkage=1.0, k=100),
+                               dict(estimator="lowrank", support=1000), dict(estimator="ease", support=1000, reg=1000.0),
+                               _PNBM300, _PNBM1000],
+    ("noisy_gram", "user"): [dict(estimator="none"), dict(estimator="none", count_weight=0.5, mean_fraction=0.9),
+                             _KNN300, {**_KNN300, "count_weight": 0.5, "mean_fraction": 0.8},
+                             {**_KNN300, "count_weight": 0.5, "mean_fraction": 0.6},
+                             dict(estimator="knn", support=1000, variance_floor=3.0, knn_shrinkage=1.0, k=100, count_weight=0.5),
+                             dict(estimator="lowrank", support=1000, count_weight=0.5),
+                             dict(estimator="ease", support=1000, reg=1000.0, count_weight=0.5),
+                             {**_PNBM300, "count_weight": 0.5, "mean_fraction": 0.8}, {**_PNBM1000, "count_weight": 0.5}],
+    ("dpals", "rating"): [dict(max_ratings_per_user=30), dict(max_ratings_per_user=100), dict(max_ratings_per_user=30, dim=3, iterations=1)],
+    ("dpals", "user"): [dict(max_ratings_per_user=30), dict(max_ratings_per_user=100), dict(max_ratings_per_user=30, dim=3, iterations=1)],
+    ("lowrank_dpsgd", "user"): [dict(), dict(mean_fraction=0.8), dict(steps=100, lr=10.0), dict(dim=16, mean_fraction=0.8),
+                                dict(clip=3.0)],
 }
 
 
@@ -109,14 +132,14 @@ def tune() -> dict[str, Any]:
     for (mech, rel), base in BASE.items():
         for eps in TUNE_EPS:
             rows = []
-            for over in GRID[mech]:
+            for over in GRID[(mech, rel)]:
                 cfg = {**base, **over}
                 if cfg.get("estimator") != "knn":  # keys the estimator does not read are left out of the table
                     cfg = {k: v for k, v in cfg.items() if k not in ("k", "variance_floor", "knn_shrinkage")}
                 r = run_one(mech, cfg, eps, fold, seed=0)
                 rows.append({"config": cfg, **r})
                 log.info("tune %s/%s eps=%g %s -> val RMSE %.4f (%.1fs)", mech, rel, eps, over, r["rmse"], r["fit_seconds"])
-            best = min(rows, key=lambda x: x["rmse"])
+            best = min(rows, key=lambda x: x["rmse"])  # ties: the earlier (simpler) entry
             out["cells"][f"{mech}/{rel}/{eps:g}"] = {
                 "mechanism": mech, "relation": rel, "epsilon": eps, "tried": rows, "chosen": best["config"],
                 "tuning_epsilon_spent": len(rows) * eps,
@@ -146,15 +169,19 @@ def test(tuning: dict[str, Any], data: str, n_folds: int) -> dict[str, Any]:
                 label = "inf(eps<=2 cfg)" if math.isinf(eps) else f"{eps:g}"
                 key = f"{mech}/{rel}/{label}"
                 row = out["rows"].setdefault(key, {"mechanism": mech, "relation": rel, "epsilon": label, "folds": {}})
+                cfg = chosen(tuning, mech, rel, cfg_eps)
+                if row.get("config") != cfg:  # a re-tuned configuration invalidates the saved folds
+                    row["folds"] = {}
                 if str(k) in row["folds"]:
                     continue
-                cfg = chosen(tuning, mech, rel, cfg_eps)
                 row["config"] = cfg
                 row["folds"][str(k)] = run_one(mech, cfg, eps, fold, seed=k)
                 log.info("%s fold %d %s -> %.4f (%.1fs)", data, k, key, row["folds"][str(k)]["rmse"], row["folds"][str(k)]["fit_seconds"])
             if data == "ml-1m":  # sigma = 0 with the eps >= 5 configuration too
                 key = f"{mech}/{rel}/inf(eps>=5 cfg)"
                 row = out["rows"].setdefault(key, {"mechanism": mech, "relation": rel, "epsilon": "inf(eps>=5 cfg)", "folds": {}})
+                if row.get("config") != chosen(tuning, mech, rel, 10.0):
+                    row["folds"] = {}
                 if str(k) not in row["folds"]:
                     row["config"] = chosen(tuning, mech, rel, 10.0)
                     row["folds"][str(k)] = run_one(mech, row["config"], math.inf, fold, seed=k)
@@ -233,10 +260,11 @@ def report() -> str:
     refs = json.loads((OUT / "references.json").read_text()) if (OUT / "references.json").exists() else {}
     lines = ["# Private learned similarity: RMSE vs epsilon (issue 17)", "",
              "Generated by `nice -n 10 python studies/private_frontier.py` (do not edit by hand). "
-             "Mechanisms: `model=noisy_gram` (one-shot noisy item Gram + learned kNN/EASE/low-rank, "
-             "`dprec_torch/predictors/noisy_gram.py`) and `model=dpals` (private ALS, Chien et al. ICML 2021, "
-             "`dprec_torch/predictors/dpals.py`). delta = 1e-6. Joint DP: only item-side statistics are released; "
-             "a prediction for u reads u's own ratings.", "",
+             "Mechanisms: `model=noisy_gram` (one-shot noisy item Gram + learned kNN/EASE/low-rank/PNBM Eq. (2) "
+             "surrogate, `dprec_torch/predictors/noisy_gram.py`), `model=dpals` (private ALS, Chien et al. ICML 2021, "
+             "`dprec_torch/predictors/dpals.py`) and `model=lowrank_dpsgd` (DP-SGD with per-user clipping on S = U U^T, "
+             "Opacus RDP accounting, user level only, `dprec_torch/predictors/lowrank_dpsgd.py`). delta = 1e-6. "
+             "Joint DP: only item-side statistics/models are released; a prediction for u reads u's own ratings.", "",
              "Protocol: hyperparameters chosen on the validation split of ML-1M fold 1's training side (one fold, "
              f"CPU budget) at eps in {TUNE_EPS}; the eps = 1 choice is used for eps <= 2, the eps = 10 choice for eps >= 5; "
              "ML-100K reuses the ML-1M choices (not re-tuned). Test: ML-1M 5 seeded 90/10 hold-outs, ML-100K u1-u5, mean ± std.", ""]
@@ -284,6 +312,7 @@ def report() -> str:
     DOC.write_text(text + "\n![frontier](../results/private_frontier/frontier.png)\n")
     plot(means, refs)
     splice(ROOT / "README.md", "headline", headline(means, refs))
+    write_experiments(tuning)
     return text
 
 
@@ -306,9 +335,12 @@ def headline(means: dict[str, Any], refs: dict[str, Any]) -> str:
     # fixed rows, each with its validated configuration (no choice made on the test split)
     for mech, rel, label in (("noisy_gram", "rating", "noisy Gram (`model=noisy_gram`)"),
                              ("noisy_gram", "user", "noisy Gram (`model=noisy_gram`)"),
-                             ("dpals", "user", "DP-ALS (`model=dpals`)")):
+                             ("dpals", "user", "DP-ALS (`model=dpals`)"),
+                             ("lowrank_dpsgd", "user", "low-rank DP-SGD (`model=lowrank_dpsgd`)")):
         for eps in (1.0, 10.0):
             cells = [_fmt(means[d].get(f"{mech}/{rel}/{eps:g}")) for d in datasets]
+            if all(c == "–" for c in cells):
+                continue
             lines.append(f"| {label} | {rel} | {eps:g} | " + " | ".join(cells) + " |")
     lines += ["", "![RMSE vs epsilon](results/private_frontier/frontier.png)"]
     return "\n".join(lines)
@@ -318,18 +350,50 @@ NOTES = [
     "## Notes", "",
     "- Item means dominate at low ε: compare the chosen configuration with `estimator=none` in the tuning table "
     "(the same release, DP item means + the user's own offset only) and the σ = 0 columns.",
-    "- ML-100K reuses the ML-1M choices: the ε ≥ 5 rating-level choice (low-rank on the 1000 items with the largest "
-    "DP counts, of 1682) transfers badly there (RMSE rises from ε = 2 to ε = 20); ML-100K was not re-tuned.",
+    "- ML-100K reuses the ML-1M choices (not re-tuned), so a choice tied to ML-1M's size (e.g. a support of 1000 "
+    "items, of 1682 on ML-100K) can transfer badly there: read its ε columns with that in mind.",
     "- DP-ALS: its validated configuration (m = 30 sampled ratings, d = 3, one round, clip 1) is chosen for the noise "
     "and is biased even at σ = 0; non-private ALS in the table is plain ALS (d = 10, 5 rounds, no sampling or clipping).",
-    "- Not implemented: PNBM's Eq. (2) fitted to the noisy statistics (issue item 1c/d) and DP-SGD on a low-rank "
-    "S = U U^T (item 3).",
+    "- `estimator=pnbm` is PNBM's Eq. (2) fitted to the released Gram by the frozen-denominator quadratic surrogate "
+    "(post-processing, zero extra ε); it competes in the noisy_gram tuning grid above.",
+    "- `count_weight` (γ) re-weights counts against sums in the DP item statistics at the same sensitivity "
+    "(user level: still 1); `mean_fraction` moves budget between the item means and the Gram. Both are tuned above.",
+    "- `lowrank_dpsgd` is user level only: a changed rating replaces one user's clipped gradient, and the Poisson-"
+    "subsampled replace-one analysis is not implemented, so no rating-level ε is claimed for it.",
     "",
 ]
 
 
+def best_choice(tuning: dict[str, Any], rel: str, eps: float) -> tuple[str, dict[str, Any], float]:
+    """The (mechanism, configuration, validation RMSE) with the lowest validation RMSE at ``eps`` for ``rel``."""
+    cands = [(c["mechanism"], c["chosen"], min(t["rmse"] for t in c["tried"])) for c in tuning["cells"].values()
+             if c["relation"] == rel and c["epsilon"] == eps]
+    return min(cands, key=lambda x: x[2])
+
+
+def write_experiments(tuning: dict[str, Any]) -> None:
+    """conf/experiment/private_{rating,user}.yaml from the tuning (no hand-picked numbers)."""
+    for rel in RELATIONS:
+        mech, cfg, val = best_choice(tuning, rel, TUNE_EPS[0])
+        mech10, cfg10, val10 = best_choice(tuning, rel, TUNE_EPS[1])
+        diff = {k: v for k, v in cfg10.items() if cfg.get(k) != v}
+        hi = (f"model={mech10} " if mech10 != mech else "") + " ".join(f"model.{k}={'null' if v is None else v}" for k, v in diff.items())
+        lines = ["# @package _global_",
+                 f"# Best validated PROVABLE model at {rel} level ({RELATION_TEXT[rel]}), issue 17:",
+                 f"#   python train.py +experiment=private_{rel} epsilon=1 data=ml-1m",
+                 f"# Written by studies/private_frontier.py (report stage) from results/private_frontier/tuning.json: the lowest",
+                 f"# validation RMSE at eps = {TUNE_EPS[0]:g} on ML-1M fold 1's validation split ({val:.4f}, {mech}).",
+                 f"# At eps >= 5 the validated choice ({mech10}, validation RMSE {val10:.4f} at eps = {TUNE_EPS[1]:g}) is:",
+                 f"#   python train.py +experiment=private_{rel} epsilon=10 data=ml-1m {hi}".rstrip(),
+                 "defaults:", f"  - override /model: {mech}", "", "model:"]
+        lines += [f"  {k}: {'null' if v is None else v}" for k, v in cfg.items()]
+        (EXPERIMENTS / f"private_{rel}.yaml").write_text("\n".join(lines) + "\n")
+
+
 def _short(cfg: dict[str, Any], mech: str) -> str:
-    keys = ("estimator", "support", "k", "variance_floor", "knn_shrinkage", "reg") if mech == "noisy_gram" else ("max_ratings_per_user", "dim", "iterations")
+    keys = {"noisy_gram": ("estimator", "support", "k", "variance_floor", "knn_shrinkage", "reg", "count_weight", "mean_fraction"),
+            "dpals": ("max_ratings_per_user", "dim", "iterations"),
+            "lowrank_dpsgd": ("dim", "steps", "sample_rate", "clip", "lr", "mean_fraction")}[mech]
     return ",".join(f"{k}={cfg[k]}" for k in keys if k in cfg)
 
 
@@ -367,7 +431,7 @@ def targets(res: dict[str, Any], refs: dict[str, Any]) -> list[str]:
             cell = tuning["cells"].get(f"{mech}/{rel}/{eps:g}", {})
             none = [t["rmse"] for t in cell.get("tried", []) if t["config"].get("estimator") == "none"]
             best_val = min((t["rmse"] for t in cell.get("tried", [])), default=math.nan)
-            vs = f"{best_val:.4f} vs {none[0]:.4f}" if none else "–"
+            vs = f"{best_val:.4f} vs {min(none):.4f}" if none else "–"
             out.append(f"| {mech} | {rel} | {eps:g} | {row['mean']:.4f} | {zero['mean']:.4f} | {row['mean'] - zero['mean']:+.4f} | "
                        f"{zero['mean'] - pnbm:+.4f} | {vs} |")
     out.append("")
@@ -382,7 +446,7 @@ def plot(means: dict[str, Any], refs: dict[str, Any]) -> None:
 
     fig, axes = plt.subplots(1, len(means), figsize=(6.5 * len(means), 4.5), squeeze=False)
     for ax, (data, res) in zip(axes[0], means.items()):
-        for (mech, rel), style in zip(BASE, ("o-", "s-", "o--", "s--")):
+        for (mech, rel), style in zip(BASE, ("o-", "s-", "o--", "s--", "^-.")):
             xs = [e for e in EPS if f"{mech}/{rel}/{e:g}" in res]
             ys = [res[f"{mech}/{rel}/{e:g}"]["mean"] for e in xs]
             es = [res[f"{mech}/{rel}/{e:g}"]["std"] for e in xs]

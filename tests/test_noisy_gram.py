@@ -20,6 +20,7 @@ from dprec_torch.privacy.gaussian_release import (
     gdp_delta,
     gdp_epsilon,
     item_stats,
+    item_stats_sensitivity,
     rdp_epsilon,
     release_item_means,
     split_mu,
@@ -163,6 +164,45 @@ def test_item_stats_move_within_sensitivity(data, noise):
         assert moved <= ITEM_STATS_SENSITIVITY[("rating", noise)] + 1e-9
 
 
+@settings(max_examples=80, deadline=None)
+@given(data=st.data(), noise=st.sampled_from(["gaussian", "laplace"]), gamma=st.floats(0.05, 4.0))
+def test_item_stats_with_a_count_weight_move_within_its_sensitivity(data, noise, gamma):
+    r = data.draw(datasets())
+    norm = 2 if noise == "gaussian" else 1
+    s0 = item_stats(r, "user", noise, gamma)
+    user = data.draw(st.integers(0, r.n_users - 1))
+    moved = float(torch.linalg.vector_norm(s0 - item_stats(without_user(r, user), "user", noise, gamma), ord=norm))
+    assert moved <= item_stats_sensitivity("user", noise, gamma) + 1e-9
+    pos = data.draw(st.integers(0, len(r) - 1))
+    s0 = item_stats(r, "rating", noise, gamma)
+    for nb in rating_neighbours(r, pos, float(data.draw(st.sampled_from([1.0, 5.0])))):
+        moved = float(torch.linalg.vector_norm(s0 - item_stats(nb, "rating", noise, gamma), ord=norm))
+        assert moved <= item_stats_sensitivity("rating", noise, gamma) + 1e-9
+
+
+def test_count_weight_bound_is_tight_and_the_default_is_unchanged():
+    # a user's (w z, w gamma) has norm exactly 1 at user level whatever gamma is
+    r = Ratings(torch.tensor([0, 0, 1]), torch.tensor([0, 1, 1]), torch.tensor([5.0, 2.0, 4.0]), 2, 2, SCALE)
+    for gamma in (0.3, 1.0, 3.0):
+        moved = float((item_stats(r, "user", "gaussian", gamma) - item_stats(without_user(r, 0), "user", "gaussian", gamma)).norm())
+        assert moved == pytest.approx(1.0, abs=1e-12)
+    assert item_stats_sensitivity("rating", "gaussian", 3.0) == pytest.approx(math.sqrt(10.0))
+    assert torch.equal(item_stats(r, "rating", "gaussian"), item_stats(r, "rating", "gaussian", math.sqrt(3.0)))
+    assert torch.equal(item_stats(r, "user", "laplace"), item_stats(r, "user", "laplace", 1.0))
+    with pytest.raises(ConfigError):
+        item_stats_sensitivity("user", "gaussian", 0.0)
+
+
+def test_count_weight_reaches_the_release_and_the_report():
+    fold = tiny_fold()
+    m = NoisyGram(epsilon=1.0, relation="rating", mean_noise="gaussian", count_weight=3.0).fit(fold.train)
+    assert m.means_release_.sensitivity == pytest.approx(math.sqrt(10.0))
+    assert m.means_release_.details["count_weight"] == 3.0
+    assert m.privacy_report()["sensitivity"]["item_stats_l2"] == pytest.approx(math.sqrt(10.0))
+    exact = NoisyGram(epsilon=math.inf, relation="user", count_weight=0.5).fit(fold.train)
+    assert torch.isfinite(exact.item_avg_).all()
+
+
 def test_support_restriction_keeps_only_support_items():
     r = Ratings(torch.tensor([0, 0, 1, 1]), torch.tensor([0, 2, 1, 2]), torch.tensor([5.0, 1.0, 3.0, 4.0]), 2, 3, SCALE)
     sub, idx = restrict_to_support(r, torch.tensor([1.0, 0.5, 9.0]), 2)
@@ -212,7 +252,7 @@ class TestNoisyGramContract(PredictorContract):
         return NoisyGram(epsilon=math.inf, relation="rating", estimator="knn", k=20)
 
 
-@pytest.mark.parametrize("estimator", ["knn", "ease", "lowrank", "none"])
+@pytest.mark.parametrize("estimator", ["knn", "ease", "lowrank", "pnbm", "none"])
 @pytest.mark.parametrize("relation", ["rating", "user"])
 def test_private_fit_is_deterministic_and_finite(estimator, relation):
     fold = tiny_fold()
@@ -229,6 +269,37 @@ def test_learned_similarity_beats_means_without_noise():
         m = NoisyGram(epsilon=math.inf, relation="rating", estimator=est, k=50, rank=5, reg=1.0).fit(fold.train)
         rmse[est] = float(((m.predict(fold.test.users, fold.test.items) - fold.test.values) ** 2).mean().sqrt())
     assert rmse["knn"] < rmse["none"] and rmse["lowrank"] < rmse["none"]
+
+
+def test_pnbm_surrogate_rows_are_the_ridge_solutions_on_the_neighbours():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 7, generator=gen, dtype=torch.float64)
+    g = x.t() @ x
+    m = NoisyGram(epsilon=math.inf, estimator="pnbm", k=3, reg=2.0)
+    m.noise_std_ = 0.0
+    nb = torch.topk(g - torch.diag(torch.diagonal(g)) * 10, 3, dim=1).indices
+    s = m._pnbm_surrogate(g, nb)
+    for i in range(7):
+        n = nb[i]
+        w = torch.linalg.solve(g[n][:, n] + 2.0 * torch.eye(3, dtype=torch.float64), g[n, i])
+        assert torch.allclose(s[i, n], w) and int((s[i] != 0).sum()) <= 3
+    noisy = NoisyGram(epsilon=1.0, estimator="pnbm", k=4, reg=2.0)
+    noisy.noise_std_ = 0.5
+    noisy._pnbm_surrogate(g, nb)
+    assert noisy.pnbm_ridge_ == pytest.approx(2.0 + 2 * 0.5 * math.sqrt(3))  # reg + the k x k block's noise edge
+
+
+def test_pnbm_estimator_beats_means_without_noise_and_costs_no_budget():
+    fold = tiny_fold()
+    rmse = {}
+    for est in ("none", "pnbm"):
+        m = NoisyGram(epsilon=math.inf, relation="rating", estimator=est, k=30, reg=5.0).fit(fold.train)
+        rmse[est] = float(((m.predict(fold.test.users, fold.test.items) - fold.test.values) ** 2).mean().sqrt())
+    assert rmse["pnbm"] < rmse["none"]
+    a = NoisyGram(epsilon=1.0, relation="user", estimator="pnbm", seed=2).fit(fold.train)
+    b = NoisyGram(epsilon=1.0, relation="user", estimator="knn", seed=2).fit(fold.train)
+    assert a.noise_std_ == b.noise_std_ and torch.equal(a.item_avg_, b.item_avg_)  # the same release, learned differently
+    assert "zero extra privacy cost" in a.privacy_report()["learned_from_release"]
 
 
 def test_noise_std_follows_the_calibration():
@@ -249,7 +320,8 @@ def test_laplace_means_compose_basically():
 
 
 @pytest.mark.parametrize("bad", [dict(relation="item"), dict(estimator="svd"), dict(epsilon=0), dict(clamp_b=-1),
-                                 dict(weighting="sqrt"), dict(support=1), dict(mean_noise="cauchy")])
+                                 dict(weighting="sqrt"), dict(support=1), dict(mean_noise="cauchy"), dict(count_weight=0.0),
+                                 dict(estimator="pnbm", reg=0.0)])
 def test_bad_config_is_one_line(bad):
     with pytest.raises(ConfigError):
         NoisyGram(**bad)
