@@ -24,6 +24,7 @@ case; peak RSS is the high-water mark from after the data is loaded to the end o
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
 import os
@@ -171,7 +172,9 @@ def mechanism_kwargs(mech: str, model: str) -> tuple[type, dict]:
     if model == "mf" and mech == "none":  # tuned for mini-batches of 2% of the ratings: same per-rating step, full batch
         data["lr"] = float(data["lr"]) * float(data.get("sampling_ratio", 1.0))
     data["sampling_ratio"] = 1.0
-    return cls, data
+    # as the runner instantiates (config.accepted): a key the class does not take (MapSGD has no sampling_ratio) stays out
+    params = inspect.signature(cls.__init__).parameters
+    return cls, {k: v for k, v in data.items() if k in params}
 
 
 def parse(name: str) -> tuple[str, str | None, str, str]:

@@ -30,6 +30,11 @@ from datetime import datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def python_path(root: Path) -> str:
+    """``root`` first, then the caller's PYTHONPATH (the GPU check's carried Hydra/Opacus copies live there)."""
+    return os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
 STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]\[([^\]]+)\]\[\w+\] - (.*)$")
 
 
@@ -54,7 +59,7 @@ def run_once(root: Path, overrides: list[str], importtime: bool) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, *(["-X", "importtime"] if importtime else []), "train.py", *overrides, f"hydra.run.dir={tmp}/run"]
         t0, ru0 = time.time(), resource.getrusage(resource.RUSAGE_CHILDREN)
-        proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)})
+        proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": python_path(root)})
         t_end, ru1 = time.time(), resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")

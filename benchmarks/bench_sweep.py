@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_startup import python_path  # benchmarks/ is on sys.path: run as a script or from gpu_bench
+
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("separate", "basic", "batched")
 
@@ -43,7 +45,7 @@ def job_numbers(run_dir: Path) -> dict:
 
 
 def run_mode(mode: str, sweep: list[str], fixed: list[str], work: Path) -> dict:
-    env = {**os.environ, "DPREC_CACHE": str(work / f"cache-{mode}"), "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "DPREC_CACHE": str(work / f"cache-{mode}"), "PYTHONPATH": python_path(ROOT)}
     jobs = expand(sweep)
     t0 = time.perf_counter()
     if mode == "separate":

@@ -125,6 +125,12 @@ def _gib(row: dict) -> str:
     return f"{row['gpu_peak_gib']:.2f} GiB" if row.get("gpu_peak_gib") is not None else "–"
 
 
+def steady_epoch(row: dict) -> float:
+    """s/epoch after the first epoch where the run had more than one, else the mean."""
+    later = row.get("seconds_per_epoch_after_first")
+    return float(later) if later is not None else float(row["seconds_per_epoch"])
+
+
 def _label(row: dict) -> str:
     extra = " (`model.formulation=sparse_pair`)" if "model.formulation=sparse_pair" in row.get("overrides", []) else ""
     mech = row.get("mechanism") or next((o.split("=", 1)[1] for o in row.get("overrides", []) if o.startswith("mechanism=")), "?")
@@ -152,16 +158,20 @@ def gpu_tables(data: dict | None) -> str:
         head += f" Stages {', '.join(data['rerun']['stages'])} rerun on the same GPU model, {data['rerun']['date']}."
     if data.get("dry_run"):
         head = "**DRY RUN (CPU, tiny synthetic data): a check of the plumbing, not a measurement.** " + head
-    lines = [head, "", "| run | s/epoch | test RMSE | GPU peak | process wall |", "|---|---|---|---|---|"]
+    lines = [head, "", "Every ML-1M row runs 3 epochs (its RMSE is that run's, not the mechanism's default-epochs figure); "
+             "s/epoch is the mean of epochs 2-3, the first epoch of a process (kernel loading, caches) beside it.", "",
+             "| run | s/epoch | first epoch | test RMSE | GPU peak | process wall |", "|---|---|---|---|---|---|"]
     rows = list(data.get("mechanisms", []))
     if data.get("ml20m"):
         rows.append({**data["ml20m"], "label": "ML-20M-size synthetic, " + _label(data["ml20m"])})
     for r in rows:
         label = r.get("label") or "ML-1M " + _label(r)
         if "error" in r:
-            lines.append(f"| {label} | failed: {r['error'][:160].replace('|', '/')} | | | |")
+            lines.append(f"| {label} | failed: {r['error'][:160].replace('|', '/')} | | | | |")
             continue
-        lines.append(f"| {label} | {r['seconds_per_epoch']:.3f} | {r['test_rmse']:.4f} | {_gib(r)} | "
+        n = int(r.get("epochs") or 1)
+        first = r["seconds_per_epoch"] * n - steady_epoch(r) * (n - 1)
+        lines.append(f"| {label} | {steady_epoch(r):.3f} | {first:.3f} | {r['test_rmse']:.4f} | {_gib(r)} | "
                      f"{r.get('process_wall', float('nan')):.1f} s |")
     gm = data.get("gemm") or {}
     if "gemm_ms_float32" in gm:
@@ -174,10 +184,10 @@ def gpu_tables(data: dict | None) -> str:
     judged = [r for r in data.get("mechanisms", []) if "model.formulation=sparse_pair" not in r.get("overrides", [])]
     ok = [r for r in judged if "error" not in r]
     if ok:
-        worst = max(ok, key=lambda r: r["seconds_per_epoch"])
-        met = len(ok) == len(judged) and worst["seconds_per_epoch"] <= GPU_TARGETS["ml1m_epoch"]
-        lines.append(f"| ML-1M: every PNBM mechanism ≤ {GPU_TARGETS['ml1m_epoch']} s/epoch | slowest {_label(worst)} "
-                     f"{worst['seconds_per_epoch']:.3f} s ({len(ok)}/{len(judged)} ran) | {yes(met)} |")
+        worst = max(ok, key=steady_epoch)
+        met = len(ok) == len(judged) and steady_epoch(worst) <= GPU_TARGETS["ml1m_epoch"]
+        lines.append(f"| ML-1M: every PNBM mechanism ≤ {GPU_TARGETS['ml1m_epoch']} s/epoch (epochs 2-3) | slowest {_label(worst)} "
+                     f"{steady_epoch(worst):.3f} s ({len(ok)}/{len(judged)} ran) | {yes(met)} |")
     par = data.get("parity", {})
     if "abs_diff" in par:
         tol = data.get("parity_tolerance", 1e-4)
@@ -191,8 +201,8 @@ def gpu_tables(data: dict | None) -> str:
                      f"{yes(st['end_to_end'] <= GPU_TARGETS['startup_end_to_end'])} |")
     big = data.get("ml20m") or {}
     if "seconds_per_epoch" in big:
-        lines.append(f"| ML-20M-size ≤ {GPU_TARGETS['ml20m_epoch']:g} s/epoch | {big['seconds_per_epoch']:.2f} s, {_gib(big)} | "
-                     f"{yes(big['seconds_per_epoch'] <= GPU_TARGETS['ml20m_epoch'])} |")
+        lines.append(f"| ML-20M-size ≤ {GPU_TARGETS['ml20m_epoch']:g} s/epoch | {steady_epoch(big):.2f} s, {_gib(big)} | "
+                     f"{yes(steady_epoch(big) <= GPU_TARGETS['ml20m_epoch'])} |")
     sw = data.get("sweep") or {}
     if "modes" in sw:
         m = sw["modes"]

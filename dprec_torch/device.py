@@ -44,7 +44,7 @@ def set_matmul_precision(name: str = "highest") -> str:
 
 
 def warm_up(device: torch.device) -> threading.Thread | None:
-    """Create ``device``'s CUDA context on a background thread; None for a CPU device.
+    """Create ``device``'s CUDA context (and cuBLAS handle) on a background thread; None for a CPU device.
 
     The first CUDA call of a process creates the context and loads kernels (0.5-1.2 s on an
     H100/H200; issue 18 saw it land in the first ``Ratings.to``). Started as soon as the device
@@ -56,7 +56,8 @@ def warm_up(device: torch.device) -> threading.Thread | None:
 
     def init() -> None:
         try:
-            torch.empty(1, device=device)
+            a = torch.ones(64, 64, device=device)
+            (a @ a).sum().item()  # context, cuBLAS handle and the first kernels: not in the first epoch's time
         except Exception as err:  # noqa: BLE001 - the main thread's own first CUDA call reports it
             log.debug("CUDA warm-up on %s failed: %s", device, err)
 

@@ -27,6 +27,7 @@ This module sits below ``models/``, ``predictors/`` and ``mechanisms/`` (it impo
 
 from __future__ import annotations
 
+import typing
 from typing import TYPE_CHECKING, Any, Iterator, Protocol, runtime_checkable
 
 import torch
@@ -45,9 +46,31 @@ __all__ = [
 ]
 
 
+class _AttributeProtocolMeta(type(Protocol)):  # type: ignore[misc]
+    """``isinstance(obj, P)`` for a runtime protocol P by ``hasattr`` on each member, on every Python.
+
+    Since Python 3.12 the stock check reads data members with ``inspect.getattr_static``, which does not
+    see an ``nn.Module``'s parameters, buffers and submodules (they live in ``_parameters``/``_buffers``/
+    ``_modules`` and are served by ``__getattr__``): PNBM's ``S`` and ``item_means`` and MF's embeddings
+    would make every model fail ``isinstance(model, ItemSimilarityModel)`` there (seen on the GPU image's
+    Python). ``hasattr`` is what Python 3.11 did.
+    """
+
+    def __instancecheck__(cls, obj: object) -> bool:
+        if not (cls.__dict__.get("_is_protocol") and getattr(cls, "_is_runtime_protocol", False)):
+            return super().__instancecheck__(obj)
+        return all(hasattr(obj, name) for name in protocol_members(cls))
+
+
+def protocol_members(cls: type) -> frozenset[str]:
+    """The attribute and method names a protocol class declares (with those of its protocol bases)."""
+    members = getattr(cls, "__protocol_attrs__", None)  # Python >= 3.12
+    return frozenset(members if members is not None else typing._get_protocol_attrs(cls))  # type: ignore[attr-defined]
+
+
 # ============================================================================ privacy reports
 @runtime_checkable
-class ReportsPrivacy(Protocol):
+class ReportsPrivacy(Protocol, metaclass=_AttributeProtocolMeta):
     """Anything that states what it defends: ``privacy_report()`` returns a dict with at least
     ``mechanism``, ``relation`` (the neighbouring relation, None when non-private), ``epsilon`` (the
     defended figure; None/inf when nothing is defended) and ``analysis`` (one readable paragraph)."""
@@ -57,7 +80,7 @@ class ReportsPrivacy(Protocol):
 
 # ============================================================================ trainable models
 @runtime_checkable
-class TrainableModel(Protocol):
+class TrainableModel(Protocol, metaclass=_AttributeProtocolMeta):
     """A model learned under a :class:`TrainingMechanism` (an ``nn.Module``: PNBM, PNBM-topk, MF).
 
     ``attach(train)`` builds from data (once, before training); ``restore(train, state)`` restores a
@@ -89,7 +112,7 @@ class TrainableModel(Protocol):
 
 
 @runtime_checkable
-class SupportsProjection(Protocol):
+class SupportsProjection(Protocol, metaclass=_AttributeProtocolMeta):
     """A model with a constraint set re-imposed after every step (PNBM: S symmetric, zero diagonal);
     post-processing of the released parameters, so privacy is unaffected."""
 
@@ -97,7 +120,7 @@ class SupportsProjection(Protocol):
 
 
 @runtime_checkable
-class HasItemMeans(Protocol):
+class HasItemMeans(Protocol, metaclass=_AttributeProtocolMeta):
     """A model that centres on, and releases, item means r_bar (PNBM's Eq. (2) baseline): a buffer a
     mechanism may replace by a DP release (:func:`dprec_torch.privacy.item_means.install_item_means`)."""
 
@@ -105,7 +128,7 @@ class HasItemMeans(Protocol):
 
 
 @runtime_checkable
-class ItemSimilarityModel(Protocol):
+class ItemSimilarityModel(Protocol, metaclass=_AttributeProtocolMeta):
     """Dense item-item PNBM: the M x M similarity ``S``, the denominator floor ``floor_c`` (C), the bound
     training histories, the item means and the gradient form (``exact`` | ``paper_eq5``); what the
     per-user clipping norms of :mod:`dprec_torch.privacy.pnbm_clipping` read."""
@@ -118,7 +141,7 @@ class ItemSimilarityModel(Protocol):
 
 
 @runtime_checkable
-class FactorModel(Protocol):
+class FactorModel(Protocol, metaclass=_AttributeProtocolMeta):
     """Biased matrix factorisation: the tables whose per-example gradient norms are closed-form
     (:mod:`dprec_torch.privacy.mf_clipping`)."""
 
@@ -129,7 +152,7 @@ class FactorModel(Protocol):
 
 
 @runtime_checkable
-class SupportsPerExampleNorms(Protocol):
+class SupportsPerExampleNorms(Protocol, metaclass=_AttributeProtocolMeta):
     """A model that computes per-example (``unit`` = rating | user) L2 gradient norms without
     materialising the gradients (Gaussian DP-SGD clips with them)."""
 
@@ -137,49 +160,49 @@ class SupportsPerExampleNorms(Protocol):
 
 
 @runtime_checkable
-class ClipsTrainingPredictions(Protocol):
+class ClipsTrainingPredictions(Protocol, metaclass=_AttributeProtocolMeta):
     """A model whose training predictions may be clipped to the rating scale (then |e_ui| <= phi)."""
 
     clip_training_predictions: bool
 
 
 @runtime_checkable
-class SupportsPriorPrecision(Protocol):
+class SupportsPriorPrecision(Protocol, metaclass=_AttributeProtocolMeta):
     """A model that computes SGLD's prior correction H (Wang & Tang Eq. (11))."""
 
     def sgld_prior_precision(self, train: Ratings, batch_ratings: float) -> list[torch.Tensor | None]: ...
 
 
 @runtime_checkable
-class ReadsUserHistory(Protocol):
+class ReadsUserHistory(Protocol, metaclass=_AttributeProtocolMeta):
     """A model whose prediction for u reads u's own training ratings (PNBM's Eq. (2)): joint DP only."""
 
     history: Ratings | None
 
 
 @runtime_checkable
-class HasMeanFallback(Protocol):
+class HasMeanFallback(Protocol, metaclass=_AttributeProtocolMeta):
     """A model whose unknown users/items get a :class:`MeanFallback` built from its item means."""
 
     fallback_: "MeanFallback | None"
 
 
 @runtime_checkable
-class DeclaresFallback(Protocol):
+class DeclaresFallback(Protocol, metaclass=_AttributeProtocolMeta):
     """A model whose fallback for ids without training ratings is chosen by config (MF: ``mean`` | ``model``)."""
 
     fallback: str
 
 
 @runtime_checkable
-class DeclaresPrivacyCaveat(Protocol):
+class DeclaresPrivacyCaveat(Protocol, metaclass=_AttributeProtocolMeta):
     """A model with a released part that no mechanism covers (top-k PNBM: its data-chosen support)."""
 
     privacy_caveat: str | None
 
 
 @runtime_checkable
-class DeclaresGradientReduction(Protocol):
+class DeclaresGradientReduction(Protocol, metaclass=_AttributeProtocolMeta):
     """A model that declares what ``lr`` is a step on: ``sum`` (PNBM, the paper's summed G) or ``mean`` (MF:
     the mechanisms divide the clipped, noised sum by the expected batch size; mechanisms/base.py)."""
 
@@ -187,7 +210,7 @@ class DeclaresGradientReduction(Protocol):
 
 
 @runtime_checkable
-class ReadsTargetsOnly(Protocol):
+class ReadsTargetsOnly(Protocol, metaclass=_AttributeProtocolMeta):
     """A model whose training step reads a batch's targets (users, items, values) and never the history
     blocks ``x``/``ind`` (MF): with ``reads_history = False`` the rating-level sampler skips building them,
     an O(#ratings of the batch's users) CSR build per step (models/batching.py)."""
@@ -196,7 +219,7 @@ class ReadsTargetsOnly(Protocol):
 
 
 @runtime_checkable
-class PerturbsResiduals(Protocol):
+class PerturbsResiduals(Protocol, metaclass=_AttributeProtocolMeta):
     """A model that ``mechanism=dpsgd_paper`` trains by perturbing each rating's error (Berlioz et al. 2015:
     DPSGD-MF) rather than the gradient; read ``dpsgd_perturb_residuals``."""
 
@@ -205,7 +228,7 @@ class PerturbsResiduals(Protocol):
 
 # ============================================================================ fitted predictors
 @runtime_checkable
-class FittedPredictor(Protocol):
+class FittedPredictor(Protocol, metaclass=_AttributeProtocolMeta):
     """A predictor that learns in ``fit(train) -> self`` (no mechanism steps): kNN, Slope One, PNCF, ...
 
     ``task`` is ``rating`` (it predicts: :class:`Predictor`), ``topn`` (it recommends:
@@ -219,7 +242,7 @@ class FittedPredictor(Protocol):
 
 
 @runtime_checkable
-class Predictor(Protocol):
+class Predictor(Protocol, metaclass=_AttributeProtocolMeta):
     """Anything the evaluator can score on ratings: ``predict`` returns a float tensor clipped to the scale."""
 
     def fit(self, train: Ratings) -> Any: ...
@@ -228,42 +251,42 @@ class Predictor(Protocol):
 
 
 @runtime_checkable
-class Recommender(Protocol):
+class Recommender(Protocol, metaclass=_AttributeProtocolMeta):
     """Anything that returns ``[len(users), n]`` item indices (``-1`` padded), unrated items only."""
 
     def recommend(self, users: torch.Tensor, n: int) -> torch.Tensor: ...
 
 
 @runtime_checkable
-class Scorer(Protocol):
+class Scorer(Protocol, metaclass=_AttributeProtocolMeta):
     """A predictor with a score for every item: ``score(users) -> [len(users), M]`` (unclipped)."""
 
     def score(self, users: torch.Tensor) -> torch.Tensor: ...
 
 
 @runtime_checkable
-class HasRatingScale(Protocol):
+class HasRatingScale(Protocol, metaclass=_AttributeProtocolMeta):
     """A fitted predictor whose outputs are ratings on ``scale`` (clipped to it after any noise)."""
 
     scale: RatingScale
 
 
 @runtime_checkable
-class HasScoreRange(Protocol):
+class HasScoreRange(Protocol, metaclass=_AttributeProtocolMeta):
     """A scorer whose scores lie in a declared range (not the rating scale), e.g. cosine in [0, 1]."""
 
     def score_range(self) -> tuple[float, float]: ...
 
 
 @runtime_checkable
-class SupportsRawPredict(Protocol):
+class SupportsRawPredict(Protocol, metaclass=_AttributeProtocolMeta):
     """A predictor whose unclipped output (the function a sensitivity theorem bounds) is available."""
 
     def raw_predict(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor: ...
 
 
 @runtime_checkable
-class HasOutputSensitivity(Protocol):
+class HasOutputSensitivity(Protocol, metaclass=_AttributeProtocolMeta):
     """A predictor that declares Delta f, the sensitivity of one released output (Park & Acharya
     Theorems 3.1/3.2), which ``mechanism=laplace_output`` calibrates its noise to."""
 
@@ -271,14 +294,14 @@ class HasOutputSensitivity(Protocol):
 
 
 @runtime_checkable
-class ReportsSensitivity(Protocol):
+class ReportsSensitivity(Protocol, metaclass=_AttributeProtocolMeta):
     """A predictor that documents its sensitivity: relation, unit, theorem, guaranteed vs paper figure."""
 
     def sensitivity_report(self) -> dict[str, Any]: ...
 
 
 @runtime_checkable
-class ReportsFallback(Protocol):
+class ReportsFallback(Protocol, metaclass=_AttributeProtocolMeta):
     """A predictor that counts how many pairs of its last ``predict`` call got the fallback
     (unknown ids, or no usable neighbour) instead of its own prediction; the evaluator records it
     as ``fallback_rate`` in ``metrics.json``."""
@@ -329,7 +352,7 @@ class MeanFallback:
 
 # ============================================================================ mechanisms
 @runtime_checkable
-class TrainingMechanism(ReportsPrivacy, Protocol):
+class TrainingMechanism(ReportsPrivacy, Protocol, metaclass=_AttributeProtocolMeta):
     """An optimizer whose ``step`` is the private update (Opacus's DPOptimizer shape).
 
     Class attributes (defaults in :class:`~dprec_torch.mechanisms.base.MechanismOptimizer`): ``name``;
@@ -358,7 +381,7 @@ class TrainingMechanism(ReportsPrivacy, Protocol):
 
 
 @runtime_checkable
-class OutputMechanism(Protocol):
+class OutputMechanism(Protocol, metaclass=_AttributeProtocolMeta):
     """A mechanism that privatises a fitted predictor's outputs: ``wrap(predictor)`` returns a
     :class:`FittedPredictor` that also :class:`ReportsPrivacy` (``laplace_output``, ``exponential_topk``)."""
 

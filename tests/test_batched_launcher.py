@@ -20,7 +20,7 @@ TINY = ["data=synthetic", "device=cpu", "mechanism.epochs=1", "mechanism.samplin
         "log_private_diagnostics=true"]  # baselines for the private jobs too (off by default for a finite epsilon)
 # 8 jobs, 2 groups (the data config holds seed: ${seed}); a private and a non-private mechanism in each group
 SWEEP = ["mechanism=none,gaussian", "epsilon=1,5", "seed=0,1"]
-TIMING = ("fit_seconds", "seconds_per_epoch", "train_seconds")
+TIMING = ("fit_seconds", "seconds_per_epoch", "train_seconds", "epoch_seconds", "seconds_per_epoch_after_first")
 
 
 def compose_cfg(*overrides: str, hydra: bool = False):

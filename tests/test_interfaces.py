@@ -85,3 +85,24 @@ def test_no_hasattr_probes_at_the_converted_sites(path):
     text = (ROOT / "dprec_torch" / path).read_text()
     probes = re.findall(r"\b(?:hasattr|getattr)\(.*", text)
     assert not probes, f"{path} probes with {probes}: ask a Protocol of dprec_torch/interfaces.py"
+
+
+def test_protocols_see_module_parameters_on_every_python():
+    """Python >= 3.12 checks runtime protocols with ``inspect.getattr_static``, blind to an nn.Module's parameters
+    and buffers (GPU image: every PNBM failed ``isinstance(model, ItemSimilarityModel)``). Each protocol uses the
+    hasattr metaclass, and a PNBM/MF passes the checks the mechanisms make."""
+    import inspect as _inspect
+    import typing as _typing
+
+    from dprec_torch import interfaces
+    from dprec_torch.models.mf import MF
+    from dprec_torch.models.pnbm import PNBM
+
+    protocols = [c for _, c in _inspect.getmembers(interfaces, _inspect.isclass)
+                 if c.__module__ == interfaces.__name__ and getattr(c, "_is_protocol", False) and c is not _typing.Protocol]
+    assert protocols and all(isinstance(c, interfaces._AttributeProtocolMeta) for c in protocols)
+    pnbm = PNBM(4)
+    assert isinstance(pnbm, interfaces.ItemSimilarityModel) and isinstance(pnbm, interfaces.HasItemMeans)
+    assert not isinstance(pnbm, interfaces.FactorModel)
+    mf = MF(3, 4)
+    assert isinstance(mf, interfaces.FactorModel) and not isinstance(mf, interfaces.ItemSimilarityModel)

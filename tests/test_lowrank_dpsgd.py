@@ -90,7 +90,7 @@ def test_means_alone_over_budget_is_one_line():
 
 def test_report_states_relation_release_and_accountant():
     fold = tiny_fold()
-    m = LowRankDPSGD(epsilon=1.0, steps=20, sample_rate=0.2, dim=3, seed=1).fit(fold.train)
+    m = LowRankDPSGD(epsilon=1.0, steps=20, sampling_ratio=0.2, dim=3, seed=1).fit(fold.train)
     rep = m.privacy_report()
     assert rep["epsilon"] == 1.0 and rep["epsilon_accountant"] <= 1.0 + 1e-9
     assert rep["relation"] == "user" and "item side" in rep["released"] and "own ratings" in rep["joint_dp"]
@@ -99,7 +99,7 @@ def test_report_states_relation_release_and_accountant():
 
 def test_private_fit_is_deterministic_and_finite():
     fold = tiny_fold()
-    kw = dict(epsilon=2.0, steps=15, sample_rate=0.3, dim=2, seed=4)
+    kw = dict(epsilon=2.0, steps=15, sampling_ratio=0.3, dim=2, seed=4)
     pa = LowRankDPSGD(**kw).fit(fold.train).predict(fold.test.users, fold.test.items)
     pb = LowRankDPSGD(**kw).fit(fold.train).predict(fold.test.users, fold.test.items)
     assert torch.isfinite(pa).all() and torch.equal(pa, pb)
@@ -107,7 +107,7 @@ def test_private_fit_is_deterministic_and_finite():
 
 def test_training_without_noise_beats_means_only():
     fold = tiny_fold()
-    m = LowRankDPSGD(epsilon=math.inf, steps=150, sample_rate=0.5, dim=4, lr=5.0, clip=10.0, seed=0).fit(fold.train)
+    m = LowRankDPSGD(epsilon=math.inf, steps=150, sampling_ratio=0.5, dim=4, lr=5.0, clip=10.0, seed=0).fit(fold.train)
     rmse = float(((m.predict(fold.test.users, fold.test.items) - fold.test.values) ** 2).mean().sqrt())
     m.item_factors_ = torch.zeros_like(m.item_factors_)
     m._index_users(m.train_)
@@ -124,7 +124,7 @@ class TestLowRankDPSGDContract(PredictorContract):
         return LowRankDPSGD(epsilon=math.inf, steps=5, dim=2)
 
 
-@pytest.mark.parametrize("bad", [dict(dim=0), dict(sample_rate=0.0), dict(clip=math.inf), dict(mean_fraction=1.0),
+@pytest.mark.parametrize("bad", [dict(dim=0), dict(sampling_ratio=0.0), dict(clip=math.inf), dict(mean_fraction=1.0),
                                  dict(count_weight=-1.0), dict(accountant="prv"), dict(epsilon=0)])
 def test_bad_config_is_one_line(bad):
     with pytest.raises(ConfigError):
@@ -147,7 +147,7 @@ def test_canary_audit_stays_below_the_claim_and_has_power():
     from dprec_torch.audit.fitted import audit_fitted
 
     base = tiny_fold().train
-    kw = dict(steps=30, sample_rate=0.5, dim=4, lr=5.0, clip=10.0)
+    kw = dict(steps=30, sampling_ratio=0.5, dim=4, lr=5.0, clip=10.0)
     private = audit_fitted(lambda s: LowRankDPSGD(epsilon=1.0, seed=s, **kw), base, "user", trials=20, canaries=20)
     assert private.epsilon_lower_bound <= private.epsilon_claimed == 1.0
     leaky = audit_fitted(lambda s: LowRankDPSGD(epsilon=math.inf, seed=s, **kw), base, "user", trials=20, canaries=20)

@@ -83,4 +83,4 @@ def test_lr_decay_is_checked_where_every_number_is(tmp_path):
     from dprec_torch.errors import ConfigError
 
     with pytest.raises(ConfigError, match="lr_decay"):
-        check_config(_cfg(tmp_path, "model=mf", "mechanism=none", "+mechanism.lr_decay=1.5"))
+        check_config(_cfg(tmp_path, "model=mf", "mechanism=none", "mechanism.lr_decay=1.5"))

@@ -47,12 +47,12 @@ from dprec_torch.errors import ConfigError, DataError
 from dprec_torch.predictors.base import BasePredictor, query_pairs
 from dprec_torch.privacy.budget import check_epsilon_delta
 from dprec_torch.privacy.gaussian_release import (
-    ITEM_STATS_SENSITIVITY,
     NOISES,
     RELATION_TEXT,
     RELATIONS,
     gdp_epsilon,
     install_private_fallback,
+    item_stats_sensitivity,
     per_user_sample,
     rdp_epsilon,
     release_item_means,
@@ -147,6 +147,7 @@ class DPALS(BasePredictor):
         max_ratings_per_user: m (null: no sampling; only with epsilon=inf).
         clip_factor: Gamma_u. clamp_r: Gamma_r. reg: lambda (user solve). item_reg: lambda_v (item solve).
         mean_fraction, mean_noise, mean_prior_std: the item-mean release (share of mu^2, or of epsilon for laplace).
+        count_weight: gamma of the item statistics (null: the default; :mod:`dprec_torch.privacy.gaussian_release`).
         init_fraction: share of the Gaussian budget (mu^2) spent on the power iteration. beta_p: user-offset damping.
         init_scale: RMS entry of the initial item factors. seed: noise and sampling seed.
     """
@@ -171,6 +172,7 @@ class DPALS(BasePredictor):
         mean_fraction: float = 0.3,
         mean_noise: str = "laplace",
         mean_prior_std: float = 0.5,
+        count_weight: float | None = None,
         init_fraction: float = 0.2,
         beta_p: float = 5.0,
         init_scale: float = 0.3,
@@ -199,6 +201,8 @@ class DPALS(BasePredictor):
         self.noise_reg = float(noise_reg)
         self.mean_fraction, self.mean_noise, self.mean_prior_std = float(mean_fraction), mean_noise, float(mean_prior_std)
         self.init_fraction, self.beta_p, self.init_scale, self.seed = float(init_fraction), float(beta_p), float(init_scale), int(seed)
+        self.count_weight = None if count_weight is None else float(count_weight)
+        item_stats_sensitivity(relation, mean_noise, self.count_weight)  # validates gamma (ConfigError)
 
     @property
     def private(self) -> bool:
@@ -207,7 +211,7 @@ class DPALS(BasePredictor):
     def release_sensitivities(self) -> dict[str, float]:
         """What ``fit`` calibrates its noise to: item statistics, one power-iteration round, one ALS round."""
         m = self.max_ratings_per_user
-        return {"item_stats": ITEM_STATS_SENSITIVITY[(self.relation, self.mean_noise)],
+        return {"item_stats": item_stats_sensitivity(self.relation, self.mean_noise, self.count_weight),
                 "power": power_sensitivity(m, self.clamp_r, self.relation) if m is not None else math.inf,
                 "als": als_sensitivity(m, self.clip_factor, self.clamp_r, self.relation) if m is not None else math.inf}
 
@@ -240,7 +244,8 @@ class DPALS(BasePredictor):
         self._plan()
         # step 0: item means, offsets, residuals, per-user sample
         budget = self.mean_epsilon_ if self.mean_noise == "laplace" else self.mu_["item_stats"]
-        rel = release_item_means(train, self.relation, budget if self.private else math.inf, self.mean_prior_std, gen, self.mean_noise)
+        rel = release_item_means(train, self.relation, budget if self.private else math.inf, self.mean_prior_std, gen, self.mean_noise,
+                                 self.count_weight)
         self.means_release_ = rel
         self.item_avg_, self.global_avg_ = rel.means.to(dev), rel.global_mean
         install_private_fallback(self, self.item_avg_, self.global_avg_)

@@ -19,9 +19,9 @@ So user u's whole gradient is the rows {g_uj : j in R_u}; its Frobenius norm is 
 
 DP-SGD (Abadi et al. 2016; Opacus's ``DPOptimizer`` order clip -> sum -> noise -> scale): each step samples
 users by Poisson sampling with rate q, clips each sampled user's gradient to Frobenius norm <= C, sums,
-adds N(0, (sigma C)^2) to each of the M*d entries, divides by the expected batch size q N and takes
-U <- U - lr (g~ + weight_decay U). Relation: add/remove one user's whole profile (each user's contribution
-to one step is its clipped gradient: sensitivity C).
+adds N(0, (sigma C)^2) to each of the M*d entries, divides by the expected batch size q N and takes the heavy-ball
+step v <- momentum v + g~ + weight_decay U, U <- U - lr v (post-processing of the noisy sums). Relation: add/remove
+one user's whole profile (each user's contribution to one step is its clipped gradient: sensitivity C).
 
 Budget: the DP item means (Gaussian, L2 sensitivity 1, :func:`release_item_means` with ``count_weight``) get
 mu_m = sqrt(mean_fraction) x mu(eps, delta), i.e. noise multiplier 1 / mu_m at q = 1; sigma of the T DP-SGD
@@ -87,14 +87,14 @@ def clipped_sum(users: torch.Tensor, items: torch.Tensor, rows: torch.Tensor, no
 
 
 @lru_cache(maxsize=256)  # a pure function of its numbers; the audit refits the same plan many times
-def sgd_noise_multiplier(epsilon: float, delta: float, mean_multiplier: float, sample_rate: float, steps: int,
+def sgd_noise_multiplier(epsilon: float, delta: float, mean_multiplier: float, sampling_ratio: float, steps: int,
                          accountant: str = "rdp") -> float:
     """The smallest sigma (bisection, relative tolerance 1e-3, rounded up) with the accountant's epsilon of
     [(mean_multiplier, q = 1, 1 step), (sigma, q, steps)] <= ``epsilon``."""
     def eps_of(sigma: float) -> float:
         acc = OpacusAccountant(accountant)
         acc.step(mean_multiplier, 1.0)
-        acc.step(sigma, sample_rate, steps=steps)
+        acc.step(sigma, sampling_ratio, steps=steps)
         return acc.get_epsilon(delta)
 
     lo, hi = 1e-2, 1.0
@@ -114,8 +114,8 @@ class LowRankDPSGD(BasePredictor):
 
     Args:
         epsilon, delta: target of the whole run (``inf``: same training, no noise, no clipping bound on the claim).
-        dim: d. steps: T. sample_rate: q (Poisson, per user). clip: C (per-user Frobenius norm). lr, weight_decay:
-        the SGD step. clamp_r: Gamma_r. beta_p: user-offset damping. init_scale: RMS entry of the random U_0 (seeded,
+        dim: d. steps: T. sampling_ratio: q (Poisson, per user). clip: C (per-user Frobenius norm). lr, weight_decay,
+        momentum: the SGD step (heavy ball). clamp_r: Gamma_r. beta_p: user-offset damping. init_scale: RMS entry of the random U_0 (seeded,
         data-independent). mean_fraction: share of mu^2 for the item means. mean_prior_std, count_weight: their
         release options. accountant: ``rdp`` (Opacus). seed: noise, sampling and init seed.
     """
@@ -130,10 +130,11 @@ class LowRankDPSGD(BasePredictor):
         delta: float = 1e-6,
         dim: int = 8,
         steps: int = 200,
-        sample_rate: float = 0.1,
+        sampling_ratio: float = 0.1,
         clip: float = 1.0,
         lr: float = 1.0,
         weight_decay: float = 0.0,
+        momentum: float = 0.0,
         clamp_r: float = 1.0,
         beta_p: float = 5.0,
         init_scale: float = 0.1,
@@ -146,16 +147,19 @@ class LowRankDPSGD(BasePredictor):
     ) -> None:
         super().__init__(device)
         self.epsilon, self.delta = check_epsilon_delta(epsilon, delta, "lowrank_dpsgd")
-        if int(dim) < 1 or int(steps) < 1 or not 0 < sample_rate <= 1:
-            raise ConfigError(f"lowrank_dpsgd: need dim >= 1, steps >= 1, 0 < sample_rate <= 1 (got {dim}, {steps}, {sample_rate})")
+        if int(dim) < 1 or int(steps) < 1 or not 0 < sampling_ratio <= 1:
+            raise ConfigError(f"lowrank_dpsgd: need dim >= 1, steps >= 1, 0 < sampling_ratio <= 1 (got {dim}, {steps}, {sampling_ratio})")
         if not (clip > 0 and math.isfinite(clip) and lr > 0 and weight_decay >= 0 and clamp_r > 0 and beta_p >= 0 and init_scale > 0):
             raise ConfigError("lowrank_dpsgd: need finite clip > 0, lr > 0, weight_decay >= 0, clamp_r > 0, beta_p >= 0, init_scale > 0")
+        if not 0 <= momentum < 1:
+            raise ConfigError(f"lowrank_dpsgd: momentum must be in [0, 1), got {momentum}")
         if not 0 < mean_fraction < 1:
             raise ConfigError(f"lowrank_dpsgd: mean_fraction must be in (0, 1), got {mean_fraction}")
         if accountant != "rdp":
             raise ConfigError(f"lowrank_dpsgd: accountant={accountant!r}; use rdp")
-        self.dim, self.steps, self.sample_rate, self.clip = int(dim), int(steps), float(sample_rate), float(clip)
+        self.dim, self.steps, self.sampling_ratio, self.clip = int(dim), int(steps), float(sampling_ratio), float(clip)
         self.lr, self.weight_decay, self.clamp_r, self.beta_p = float(lr), float(weight_decay), float(clamp_r), float(beta_p)
+        self.momentum = float(momentum)
         self.init_scale, self.mean_fraction, self.mean_prior_std = float(init_scale), float(mean_fraction), float(mean_prior_std)
         self.count_weight = None if count_weight is None else float(count_weight)
         item_stats_sensitivity("user", "gaussian", self.count_weight)  # validates gamma
@@ -180,7 +184,7 @@ class LowRankDPSGD(BasePredictor):
         if self.private:
             mu_m = math.sqrt(self.mean_fraction) * total_mu(self.epsilon, self.delta)
             self.mean_multiplier_ = 1.0 / mu_m
-            self.noise_multiplier_ = sgd_noise_multiplier(self.epsilon, self.delta, self.mean_multiplier_, self.sample_rate,
+            self.noise_multiplier_ = sgd_noise_multiplier(self.epsilon, self.delta, self.mean_multiplier_, self.sampling_ratio,
                                                           self.steps, self.accountant)
         else:
             mu_m, self.mean_multiplier_, self.noise_multiplier_ = math.inf, 0.0, 0.0
@@ -192,21 +196,23 @@ class LowRankDPSGD(BasePredictor):
         # float32 training (the clip and the noise are applied in the same precision; accounting is exact in sigma)
         y = y.float()
         u = (torch.randn(m, self.dim, generator=gen, device=gen.device, dtype=torch.float64) * self.init_scale).float().to(dev)
-        batch = self.sample_rate * n_users  # expected batch size (Opacus's convention)
+        batch = self.sampling_ratio * n_users  # expected batch size (Opacus's convention)
         std = self.noise_multiplier_ * self.clip
+        velocity = torch.zeros_like(u)
         for _ in range(self.steps):  # steps are sequential; each one is batched over the sampled users' ratings
-            chosen = torch.rand(n_users, generator=gen, device=gen.device).to(dev) < self.sample_rate
+            chosen = torch.rand(n_users, generator=gen, device=gen.device).to(dev) < self.sampling_ratio
             sel = chosen[train.users]
             su, si, sy = train.users[sel], train.items[sel], y[sel]
             rows, norms = per_user_gradients(su, si, sy, u, n_users)
             g = clipped_sum(su, si, rows, norms, self.clip, m)
             if std > 0:
                 g = g + torch.randn(m, self.dim, generator=gen, device=gen.device).to(dev) * std
-            u = u - self.lr * (g / batch + self.weight_decay * u)
+            velocity = self.momentum * velocity + g / batch + self.weight_decay * u
+            u = u - self.lr * velocity
         self.item_factors_ = u
         self._index_users(train)
         log.info("lowrank_dpsgd(eps=%g): d=%d T=%d q=%g C=%g sigma=%.4g, item-mean multiplier %.4g",
-                 self.epsilon, self.dim, self.steps, self.sample_rate, self.clip, self.noise_multiplier_, self.mean_multiplier_)
+                 self.epsilon, self.dim, self.steps, self.sampling_ratio, self.clip, self.noise_multiplier_, self.mean_multiplier_)
         return self
 
     def personalise(self, ratings: Ratings) -> "LowRankDPSGD":
@@ -242,7 +248,7 @@ class LowRankDPSGD(BasePredictor):
                     "delta": 0.0, "released": released, "analysis": "non-private"}
         acc = OpacusAccountant(self.accountant)
         acc.step(self.mean_multiplier_, 1.0)
-        acc.step(self.noise_multiplier_, self.sample_rate, steps=self.steps)
+        acc.step(self.noise_multiplier_, self.sampling_ratio, steps=self.steps)
         eps = acc.get_epsilon(self.delta)
         return {
             "mechanism": "lowrank_dpsgd: DP-SGD with per-user clipping on S = U U^T (M x d parameters)",
@@ -252,7 +258,7 @@ class LowRankDPSGD(BasePredictor):
                             "rule": "per-user Frobenius clip C of the user's whole gradient"},
             "noise": (f"item means: N(0, {self.means_release_.noise_std:.4g}^2) on each of the 2M statistics; DP-SGD: "
                       f"N(0, ({self.noise_multiplier_:.4g} x {self.clip:g})^2) on each of the {self.dim}M entries, "
-                      f"{self.steps} steps, Poisson rate q = {self.sample_rate:g}"),
+                      f"{self.steps} steps, Poisson rate q = {self.sampling_ratio:g}"),
             "epsilon": self.epsilon,
             "delta": self.delta,
             "epsilon_accountant": eps,

@@ -100,6 +100,7 @@ def dpals_cases() -> list[SensitivityCase]:
 
     cases = [_item_stats_case("dpals", rel, noise, lambda rel=rel, noise=noise: DPALS(relation=rel, mean_noise=noise))
              for rel in ("user", "rating") for noise in ("gaussian", "laplace")]
+    cases += [_item_stats_case("dpals", "user", "gaussian", lambda: DPALS(relation="user", mean_noise="gaussian", count_weight=0.5), 0.5)]
 
     def als_case(relation: str, m: int, gu: float, gr: float, d: int, power: bool) -> SensitivityCase:
         mech = DPALS(relation=relation, max_ratings_per_user=m, clip_factor=gu, clamp_r=gr, dim=d, reg=1.0, beta_p=2.0)

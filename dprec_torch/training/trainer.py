@@ -40,6 +40,7 @@ class TrainResult:
     history: list[dict[str, float]] = field(default_factory=list)
     train_seconds: float = 0.0
     epochs: int = 0
+    epoch_seconds: list[float] = field(default_factory=list)  # the epochs this process ran (not restored ones)
 
 
 class Trainer:
@@ -86,7 +87,8 @@ class Trainer:
             if not all(torch.isfinite(p).all() for p in self.model.parameters()):
                 raise TrainingDiverged(f"parameters became NaN/inf in epoch {epoch}; lower mechanism.lr "
                                        "-- the last good checkpoint was kept")
-            result.train_seconds += time.perf_counter() - t0
+            result.epoch_seconds.append(time.perf_counter() - t0)
+            result.train_seconds += result.epoch_seconds[-1]
             row = self._epoch_metrics(epoch, fold, math.sqrt(float(sq) / max(n, 1)))
             result.history.append(row)
             self._log(row)
