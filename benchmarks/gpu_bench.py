@@ -11,6 +11,7 @@ cannot fit is recorded as skipped, never guessed), the JSON rewritten after ever
   (``benchmarks/bench_startup.py``);
 * ``sweep``: the 7-epsilon ML-1M sweep, one process per job vs the basic vs the batched launcher
   (``benchmarks/bench_sweep.py``), same numbers checked;
+* ``profile``: cProfile of one batched 7-epsilon sweep (where the per-job time goes);
 * ``ml20m``: one ML-20M-size synthetic DPSGD-PNBM epoch: s/epoch and GPU peak;
 * ``gemm``: the product behind ``models.batching.dense_gemm_wins`` -- ML-1M's full history block
   times S as cuSPARSE ``csrmm`` and as a dense GEMM, float32 and float64, ms a call.
@@ -42,7 +43,7 @@ PARITY_TOL = 1e-4  # |RMSE_gpu - RMSE_cpu| for the noise-free run: float32 sums 
 CASE_TIMEOUT = 150
 SWEEP_EPS = "epsilon=0.1,0.5,1,2,5,10,20"
 # expected seconds of each stage on one H100/H200 (from the issue's timings), to skip what cannot fit
-ESTIMATE = {"gemm": 15, "mechanisms": 120, "parity": 35, "startup": 40, "ml20m": 60, "sweep": 130}
+ESTIMATE = {"gemm": 15, "mechanisms": 120, "parity": 35, "startup": 40, "ml20m": 60, "sweep": 110, "profile": 25}
 
 
 def log(msg: str) -> None:
@@ -131,6 +132,27 @@ def gemm_costs(data: list[str], repeat: int = 5) -> dict[str, Any]:
     return out
 
 
+def profile_batched(overrides: list[str], out_dir: Path, top: int = 45) -> dict[str, Any]:
+    """cProfile of one ``hydra/launcher=batched`` sweep (where a group's per-job time goes); the .prof file
+    lands beside the JSON, the top functions by cumulative time go into it."""
+    import pstats
+
+    prof = out_dir / "batched-sweep.prof"
+    with tempfile.TemporaryDirectory(prefix="dprec-prof-") as tmp:
+        cmd = [sys.executable, "-m", "cProfile", "-o", str(prof), "train.py", "-m", "hydra/launcher=batched", *overrides,
+               f"hydra.sweep.dir={tmp}/sweep"]
+        env = {**os.environ, "DPREC_CACHE": f"{tmp}/cache"}
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
+        wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        return {"error": proc.stderr[-800:]}
+    stats = pstats.Stats(str(prof))
+    rows = sorted(((v[3], v[2], v[1], f"{k[0].split('/')[-1]}:{k[1]}({k[2]})") for k, v in stats.stats.items()), reverse=True)
+    return {"command": " ".join(cmd[3:-1]), "wall_seconds": wall,
+            "top_cumulative": [{"cum_s": round(c, 3), "tot_s": round(t, 3), "calls": n, "fn": f} for c, t, n, f in rows[:top]]}
+
+
 # ------------------------------------------------------------------ what to run
 def pnbm_mechanisms() -> list[str]:
     """``conf/mechanism`` entries that train an nn.Module (PNBM): output mechanisms (``wrap``) excluded."""
@@ -179,8 +201,10 @@ def plan(dry: bool) -> dict[str, Any]:
     return {
         "mechanisms": cases,
         "startup": [*data, dev],
-        "sweep": {"sweep": ["epsilon=1,5"] if dry else [SWEEP_EPS],
-                  "fixed": [*data, dev, "model=pnbm", f"mechanism={paper_dpsgd(mechs)}", *epochs]},
+        # the issue's sweep (default mechanism, 7 epsilons x 3 seeds); one process per job on 7 of the 21 jobs only
+        "sweep": {"sweep": ["epsilon=1,5", "seed=0,1"] if dry else [SWEEP_EPS, "seed=0,1,2"],
+                  "fixed": [*data, dev, *epochs], "separate_sample": 2 if dry else 7},
+        "profile": [*data, dev, *epochs, "epsilon=1,5" if dry else SWEEP_EPS],
         "ml20m": [*big, dev, "model=pnbm", f"mechanism={paper_dpsgd(mechs)}", "mechanism.epochs=2", *quick, *epochs],
         "parity": [[*data, d, "model=pnbm", "mechanism=none", "mechanism.epochs=2", *quick, *epochs] for d in (dev, "device=cpu")],
         "gemm": data,
@@ -262,9 +286,12 @@ def main_all(args: argparse.Namespace) -> dict[str, Any]:
 
         s = steps["sweep"]
         try:
-            out["sweep"] = bench_sweep.measure(s["sweep"], s["fixed"])
+            out["sweep"] = bench_sweep.measure(s["sweep"], s["fixed"], separate_sample=s["separate_sample"])
         except SystemExit as err:  # a failing mode is a result, not a crash of the whole check
             out["sweep"] = {"error": str(err)[-800:]}
+        save()
+    if fits("profile"):
+        out["profile"] = profile_batched(steps["profile"], args.out.parent)
         save()
     if fits("ml20m"):
         out["ml20m"] = case_subprocess(steps["ml20m"], min(300, left()))

@@ -103,8 +103,8 @@ GRID: dict[tuple[str, str], list[dict[str, Any]]] = {
     ("dpals", "rating"): [dict(max_ratings_per_user=30), dict(max_ratings_per_user=100), dict(max_ratings_per_user=30, dim=3, iterations=1)],
     ("dpals", "user"): [dict(max_ratings_per_user=30), dict(max_ratings_per_user=100), dict(max_ratings_per_user=30, dim=3, iterations=1),
                         dict(max_ratings_per_user=30, dim=3, iterations=1, count_weight=0.5, mean_fraction=0.7)],
-    ("lowrank_dpsgd", "user"): [dict(), dict(mean_fraction=0.8), dict(steps=100, lr=10.0), dict(dim=16, mean_fraction=0.8),
-                                dict(clip=3.0)],
+    ("lowrank_dpsgd", "user"): [dict(), dict(weight_decay=0.01), dict(mean_fraction=0.3),
+                                dict(lr=1.0, mean_fraction=0.8, weight_decay=0.05), dict(lr=0.5, mean_fraction=0.9, weight_decay=0.1)],
 }
 
 
@@ -395,7 +395,7 @@ def write_experiments(tuning: dict[str, Any]) -> None:
 def _short(cfg: dict[str, Any], mech: str) -> str:
     keys = {"noisy_gram": ("estimator", "support", "k", "variance_floor", "knn_shrinkage", "reg", "count_weight", "mean_fraction"),
             "dpals": ("max_ratings_per_user", "dim", "iterations", "count_weight", "mean_fraction"),
-            "lowrank_dpsgd": ("dim", "steps", "sampling_ratio", "clip", "lr", "mean_fraction")}[mech]
+            "lowrank_dpsgd": ("dim", "steps", "sampling_ratio", "clip", "lr", "weight_decay", "mean_fraction")}[mech]
     return ",".join(f"{k}={cfg[k]}" for k in keys if k in cfg)
 
 

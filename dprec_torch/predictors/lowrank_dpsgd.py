@@ -258,7 +258,8 @@ class LowRankDPSGD(BasePredictor):
                             "rule": "per-user Frobenius clip C of the user's whole gradient"},
             "noise": (f"item means: N(0, {self.means_release_.noise_std:.4g}^2) on each of the 2M statistics; DP-SGD: "
                       f"N(0, ({self.noise_multiplier_:.4g} x {self.clip:g})^2) on each of the {self.dim}M entries, "
-                      f"{self.steps} steps, Poisson rate q = {self.sampling_ratio:g}"),
+                      f"{self.steps} steps, Poisson rate q = {self.sampling_ratio:g}; the noisy sum is divided by the expected "
+                      "batch size q N (N = the number of user ids, treated as public, Opacus's convention)"),
             "epsilon": self.epsilon,
             "delta": self.delta,
             "epsilon_accountant": eps,

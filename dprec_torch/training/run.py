@@ -156,16 +156,19 @@ def train_fold(cfg: DictConfig, fold: Fold, out: Path, device: torch.device) -> 
     diagnostics = diagnostics_enabled(cfg.get("log_private_diagnostics"), report)
     trainer = Trainer(model, optimizer, sampler, epochs, out / f"checkpoint_fold{fold.index}.pt", writer, bool(cfg.resume),
                       config=resolved_config(cfg), private_diagnostics=diagnostics)
-    result = trainer.fit(fold)
-    metrics = score_predictor(model, fold)
-    report = optimizer.privacy_report()
-    report["scope"] = privacy_scope(report, model, diagnostics)
-    if writer is not None:
-        hparams = {f"mechanism.{k}": v for k, v in OmegaConf.to_container(cfg.mechanism, resolve=True).items()
-                   if isinstance(v, (int, float, str, bool)) and not k.startswith("_")}
-        hparams["epsilon"] = float(cfg.epsilon)
-        writer.add_hparams(hparams, {"hparam/test_rmse": metrics["rmse"], "hparam/test_mae": metrics["mae"]}, run_name="hparams")
-        writer.close()
+    try:
+        result = trainer.fit(fold)
+        metrics = score_predictor(model, fold)  # overlaps the last checkpoint's write
+        report = optimizer.privacy_report()
+        report["scope"] = privacy_scope(report, model, diagnostics)
+        if writer is not None:
+            hparams = {f"mechanism.{k}": v for k, v in OmegaConf.to_container(cfg.mechanism, resolve=True).items()
+                       if isinstance(v, (int, float, str, bool)) and not k.startswith("_")}
+            hparams["epsilon"] = float(cfg.epsilon)
+            writer.add_hparams(hparams, {"hparam/test_rmse": metrics["rmse"], "hparam/test_mae": metrics["mae"]}, run_name="hparams")
+            writer.close()
+    finally:
+        trainer.finish()  # the fold's checkpoint is on disk before its record (and metrics.json) exist
     return {"fold": fold.index, **{f"test_{k}": v for k, v in metrics.items()}, "fit_seconds": result.train_seconds,
             "epochs": result.epochs, "seconds_per_epoch": result.train_seconds / max(result.epochs, 1),
             "epoch_seconds": result.epoch_seconds,

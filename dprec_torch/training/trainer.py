@@ -27,7 +27,7 @@ from dprec_torch.evaluation.metrics import rating_metrics
 from dprec_torch.interfaces import SupportsProjection
 from dprec_torch.mechanisms.base import MechanismOptimizer
 from dprec_torch.models.batching import PoissonBatchSampler
-from dprec_torch.training.checkpoint import load_checkpoint, save_checkpoint
+from dprec_torch.training.checkpoint import CheckpointWriter, load_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,7 @@ class Trainer:
         self.model, self.optimizer, self.sampler, self.epochs = model, optimizer, sampler, int(epochs)
         self.checkpoint_path, self.writer, self.resume = checkpoint_path, writer, resume
         self.config, self.private_diagnostics = config, bool(private_diagnostics)  # config: saved, checked on resume
+        self.checkpoints = CheckpointWriter()  # saves overlap the next epoch; finish() waits for the last
 
     def _step(self) -> tuple[torch.Tensor, int]:
         """One mechanism step; returns (sum of squared unclipped errors, on the device; #targets)."""
@@ -93,11 +94,15 @@ class Trainer:
             result.history.append(row)
             self._log(row)
             if self.checkpoint_path is not None:
-                save_checkpoint(self.checkpoint_path, model=self.model, optimizer=self.optimizer,
+                self.checkpoints.save(self.checkpoint_path, model=self.model, optimizer=self.optimizer,
                                 sampler_generator=self.sampler.generator, epoch=epoch, history=result.history,
                                 extra={"train_seconds": result.train_seconds}, config=self.config)
         result.epochs = self.epochs
         return result
+
+    def finish(self) -> None:
+        """Return once the last checkpoint is on disk (re-raising a failed write)."""
+        self.checkpoints.wait()
 
     @torch.no_grad()
     def _epoch_metrics(self, epoch: int, fold: Fold, train_rmse_running: float) -> dict[str, float]:
