@@ -117,8 +117,34 @@ def merge_gpu_rerun(base: dict, rerun: dict) -> dict:
     for st in redone:
         out[st] = rerun[st]
         out["skipped"].pop(st, None)
+    if (rerun.get("gpu_tests") or {}).get("exit_code") not in (None, "skipped"):
+        out["gpu_tests"] = rerun["gpu_tests"]  # the later tests ran the later code
+        redone.append("gpu tests")
     out["rerun"] = {"stages": redone, "date": rerun.get("env", {}).get("date")}
     return out
+
+
+#: where a batched group's time goes, by the profile's function names (cumulative seconds, whole sweep)
+PROFILE_PARTS = {
+    "checkpoint writes (`io.atomic_torch_save`, in the writer thread)": "io.py:", "training steps (`Trainer._step`)": "trainer.py:",
+    "Hydra composing each job's config (`load_configuration`)": "config_loader_impl.py:", "TensorBoard writers closing": "writer.py:",
+    "evaluation (`score_predictor`)": "cross_validate.py:",
+}
+PROFILE_FN = {"io.py:": "atomic_torch_save", "trainer.py:": "_step", "config_loader_impl.py:": "load_configuration",
+              "writer.py:": "close", "cross_validate.py:": "score_predictor"}
+
+
+def profile_table(prof: dict) -> list[str]:
+    """The batched sweep's profile (``gpu_bench.py`` stage ``profile``) as a few named parts of its wall time."""
+    if not prof or "top_cumulative" not in prof:
+        return []
+    lines = ["", f"Where a batched group's time goes (`python -m cProfile {prof['command']}`, {prof['wall_seconds']:.1f} s "
+             "wall for 7 jobs; cumulative seconds, so the parts overlap):", "", "| part | seconds |", "|---|---|"]
+    for label, fname in PROFILE_PARTS.items():
+        hits = [r for r in prof["top_cumulative"] if r["fn"].startswith(fname) and f"({PROFILE_FN[fname]})" in r["fn"]]
+        if hits:
+            lines.append(f"| {label} | {max(h['cum_s'] for h in hits):.2f} |")
+    return lines
 
 
 def _gib(row: dict) -> str:
@@ -179,6 +205,7 @@ def gpu_tables(data: dict | None) -> str:
                   "ms a call — the measurement behind `models.batching.dense_gemm_wins`:", "",
                   "| dtype | cuSPARSE csrmm | dense GEMM |", "|---|---|---|"]
         lines += [f"| {t} | {gm[f'csrmm_ms_{t}']:.2f} | {gm[f'gemm_ms_{t}']:.2f} |" for t in ("float32", "float64")]
+    lines += profile_table(data.get("profile") or {})
     lines += ["", "| target (issue 18) | figure | verdict |", "|---|---|---|"]
     # the target is the mechanisms at their default formulation; the sparse_pair variant is shown above, not judged
     judged = [r for r in data.get("mechanisms", []) if "model.formulation=sparse_pair" not in r.get("overrides", [])]

@@ -70,6 +70,22 @@ def atomic_write_json(path: str | Path, obj: Any) -> None:
 
 
 def atomic_torch_save(path: str | Path, obj: Any) -> None:
-    """Atomically ``torch.save`` a checkpoint, streamed into the temp file (no in-memory copy of it)."""
-    with atomic_open(path) as fh:
-        torch.save(obj, fh)
+    """Atomically ``torch.save`` a checkpoint: to a temp file in the same folder (by name, so torch's C++
+    writer streams it, not a Python file object: that was ~0.5 s of pickling-side writes per 55 MB on the
+    GPU machine), fsynced, then renamed over ``path``; on an error ``path`` is left as it was."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        torch.save(obj, tmp)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
