@@ -49,6 +49,7 @@ from dprec_torch.data.ratings import Fold  # noqa: E402
 from dprec_torch.data.validation import validation_fold  # noqa: E402
 from dprec_torch.evaluation.cross_validate import score_predictor  # noqa: E402
 from dprec_torch.study.markers import splice  # noqa: E402
+from dprec_torch.errors import ConfigError  # noqa: E402
 from dprec_torch.io import atomic_write_json  # noqa: E402
 from dprec_torch.predictors.dpals import DPALS  # noqa: E402
 from dprec_torch.predictors.lowrank_dpsgd import LowRankDPSGD  # noqa: E402
@@ -138,7 +139,10 @@ def tune() -> dict[str, Any]:
                 cfg = {**base, **over}
                 if cfg.get("estimator") != "knn":  # keys the estimator does not read are left out of the table
                     cfg = {k: v for k, v in cfg.items() if k not in ("k", "variance_floor", "knn_shrinkage")}
-                r = run_one(mech, cfg, eps, fold, seed=0)
+                try:
+                    r = run_one(mech, cfg, eps, fold, seed=0)
+                except ConfigError as err:  # a configuration the budget cannot carry is recorded, not fatal
+                    r = {"rmse": math.inf, "fit_seconds": 0.0, "error": str(err)}
                 rows.append({"config": cfg, **r})
                 log.info("tune %s/%s eps=%g %s -> val RMSE %.4f (%.1fs)", mech, rel, eps, over, r["rmse"], r["fit_seconds"])
             best = min(rows, key=lambda x: x["rmse"])  # ties: the earlier (simpler) entry

@@ -167,7 +167,8 @@ def test_gpu_bench_plans_every_pnbm_mechanism_and_no_output_mechanism() -> None:
     assert not mechs & {"laplace_output", "exponential_topk", "builtin"}  # they wrap fitted predictors
     assert all("device=cuda" in c and "data=ml-1m" in c for c in real["mechanisms"])
     assert all("device=cpu" in c and "data=synthetic" in c for c in dry["mechanisms"])
-    assert "data.preset=ml-20m" in real["ml20m"] and real["sweep"]["sweep"] == [gpu_bench.SWEEP_EPS]
+    assert "data.preset=ml-20m" in real["ml20m"] and real["sweep"]["sweep"] == [gpu_bench.SWEEP_EPS, "seed=0,1,2"]  # the sweep
+    assert real["sweep"]["separate_sample"] == 7 and "hydra/launcher=batched" not in real["profile"]
     assert [c for c in real["parity"] if "device=cpu" in c] and [c for c in real["parity"] if "device=cuda" in c]
 
 
@@ -225,3 +226,13 @@ def test_gpu_check_dry_run_writes_a_publishable_json(tmp_path: Path) -> None:
     assert data["sweep"]["same_numbers"] and data["startup"]["to_first_epoch"] is not None
     assert "test_rmse" in data["ml20m"] and data["parity"]["abs_diff"] == 0.0  # CPU vs CPU: the same run
     assert publish.gpu_tables(data).startswith("**DRY RUN")
+
+
+def test_sampled_separate_mode_picks_spread_jobs() -> None:
+    assert bench_sweep.sample_indices(21, 7) == [0, 3, 7, 10, 13, 17, 20]
+    assert bench_sweep.sample_indices(4, None) == [0, 1, 2, 3] and bench_sweep.sample_indices(3, 9) == [0, 1, 2]
+    a = {"index": [0, 3], "jobs": [{"test_rmse": 1.0}, {"test_rmse": 2.0}]}
+    b = {"index": [0, 1, 2, 3], "jobs": [{"test_rmse": 1.0}, {"test_rmse": 9.0}, {"test_rmse": 9.0}, {"test_rmse": 2.0}]}
+    assert bench_sweep.same_numbers(a, b)
+    b["jobs"][3]["test_rmse"] = 2.5
+    assert not bench_sweep.same_numbers(a, b)

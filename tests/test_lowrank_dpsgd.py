@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dprec_torch.errors import ConfigError
-from dprec_torch.predictors.lowrank_dpsgd import LowRankDPSGD, clipped_sum, per_user_gradients, sgd_noise_multiplier
+from dprec_torch.predictors.lowrank_dpsgd import LowRankDPSGD, clipped_sum, per_user_gradients, rdp_total_mu, sgd_noise_multiplier
 from dprec_torch.privacy.opacus_accounting import OpacusAccountant
 from dprec_torch.training.run import instantiate_node
 from tests.contract import PredictorContract
@@ -81,6 +81,24 @@ def test_noise_multiplier_is_the_smallest_that_meets_the_target():
 
     assert eps(sigma) <= 1.0
     assert eps(sigma * 0.99) > 1.0
+
+
+@pytest.mark.parametrize("eps", [0.5, 1.0, 10.0])
+def test_item_mean_share_never_exhausts_the_budget(eps):
+    """mu_rdp is the largest single-release mu the accountant allows; any mean_fraction < 1 leaves room for the
+    steps (mean_fraction = 0.9 at eps = 1 used to leave none when the share was taken of the GDP mu)."""
+    mu = rdp_total_mu(eps, 1e-6)
+    one = OpacusAccountant("rdp")
+    one.step(1.0 / mu, 1.0)
+    assert one.get_epsilon(1e-6) <= eps
+    more = OpacusAccountant("rdp")
+    more.step(1.0 / (mu * 1.001), 1.0)
+    assert more.get_epsilon(1e-6) > eps
+    sigma = sgd_noise_multiplier(eps, 1e-6, 1.0 / (math.sqrt(0.9) * mu), 0.1, 200)
+    assert math.isfinite(sigma)
+    fold = tiny_fold()
+    rep = LowRankDPSGD(epsilon=eps, mean_fraction=0.9, steps=5, dim=2).fit(fold.train).privacy_report()
+    assert rep["epsilon_accountant"] <= eps
 
 
 def test_means_alone_over_budget_is_one_line():

@@ -24,9 +24,12 @@ step v <- momentum v + g~ + weight_decay U, U <- U - lr v (post-processing of th
 one user's whole profile (each user's contribution to one step is its clipped gradient: sensitivity C).
 
 Budget: the DP item means (Gaussian, L2 sensitivity 1, :func:`release_item_means` with ``count_weight``) get
-mu_m = sqrt(mean_fraction) x mu(eps, delta), i.e. noise multiplier 1 / mu_m at q = 1; sigma of the T DP-SGD
-steps is then the smallest (bisection) for which Opacus's RDP accountant gives eps <= target for the whole
-history [(1/mu_m, q = 1, 1 step), (sigma, q, T steps)]. The reported epsilon is that accountant's figure.
+mu_m = sqrt(mean_fraction) x mu_rdp, i.e. noise multiplier 1 / mu_m at q = 1, where mu_rdp is the largest mu whose
+single Gaussian release (multiplier 1/mu, q = 1) Opacus's RDP accountant puts at eps <= target (RDP of an
+unsampled Gaussian is alpha mu^2 / 2, so the means take the share ``mean_fraction`` of it and any share < 1 leaves
+room); sigma of the T DP-SGD steps is then the smallest (bisection) for which the same accountant gives
+eps <= target for the whole history [(1/mu_m, q = 1, 1 step), (sigma, q, T steps)]. The reported epsilon is
+that accountant's figure.
 
 Joint DP (billboard model): released are r~, g and U (item side); b_u and p_u are computed by each user from
 U and their own ratings, and a prediction for u reads u's ratings.
@@ -51,7 +54,6 @@ from dprec_torch.privacy.gaussian_release import (
     install_private_fallback,
     item_stats_sensitivity,
     release_item_means,
-    total_mu,
 )
 from dprec_torch.privacy.opacus_accounting import OpacusAccountant
 from dprec_torch.seeding import make_generator
@@ -84,6 +86,28 @@ def clipped_sum(users: torch.Tensor, items: torch.Tensor, rows: torch.Tensor, no
     """sum_u clip(g_u, C) as an ``[M, d]`` matrix: each user's rows scaled by min(1, C / ||g_u||_F)."""
     scale = torch.clamp(clip / norms.clamp_min(1e-30), max=1.0)
     return torch.zeros(n_items, rows.shape[1], dtype=rows.dtype, device=rows.device).index_add_(0, items, rows * scale[users][:, None])
+
+
+def _rdp_epsilon(history: tuple[tuple[float, float, int], ...], delta: float, accountant: str = "rdp") -> float:
+    acc = OpacusAccountant(accountant)
+    for sigma, q, steps in history:
+        acc.step(sigma, q, steps=steps)
+    return acc.get_epsilon(delta)
+
+
+@lru_cache(maxsize=256)
+def rdp_total_mu(epsilon: float, delta: float, accountant: str = "rdp") -> float:
+    """The largest mu (bisection, relative tolerance 1e-4, rounded down) with the accountant's epsilon of one
+    unsampled Gaussian release with noise multiplier 1/mu <= ``epsilon``."""
+    lo, hi = 1e-3, 1.0
+    while _rdp_epsilon(((1.0 / hi, 1.0, 1),), delta, accountant) <= epsilon:
+        lo, hi = hi, hi * 2.0
+    while _rdp_epsilon(((1.0 / lo, 1.0, 1),), delta, accountant) > epsilon:
+        lo, hi = lo / 2.0, lo
+    while hi / lo > 1.0001:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if _rdp_epsilon(((1.0 / mid, 1.0, 1),), delta, accountant) <= epsilon else (lo, mid)
+    return lo
 
 
 @lru_cache(maxsize=256)  # a pure function of its numbers; the audit refits the same plan many times
@@ -182,7 +206,7 @@ class LowRankDPSGD(BasePredictor):
         dev, m, n_users = train.device, train.n_items, train.n_users
         gen = make_generator(self.seed, dev)
         if self.private:
-            mu_m = math.sqrt(self.mean_fraction) * total_mu(self.epsilon, self.delta)
+            mu_m = math.sqrt(self.mean_fraction) * rdp_total_mu(self.epsilon, self.delta, self.accountant)
             self.mean_multiplier_ = 1.0 / mu_m
             self.noise_multiplier_ = sgd_noise_multiplier(self.epsilon, self.delta, self.mean_multiplier_, self.sampling_ratio,
                                                           self.steps, self.accountant)
