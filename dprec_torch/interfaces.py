@@ -130,14 +130,16 @@ class HasItemMeans(Protocol, metaclass=_AttributeProtocolMeta):
 @runtime_checkable
 class ItemSimilarityModel(Protocol, metaclass=_AttributeProtocolMeta):
     """Dense item-item PNBM: the M x M similarity ``S``, the denominator floor ``floor_c`` (C), the bound
-    training histories, the item means and the gradient form (``exact`` | ``paper_eq5``); what the
-    per-user clipping norms of :mod:`dprec_torch.privacy.pnbm_clipping` read."""
+    training histories, the item means, the gradient form (``exact`` | ``paper_eq5``) and the CPU pair
+    kernels' backend (``auto`` | ``numba`` | ``torch``); what the per-user clipping norms of
+    :mod:`dprec_torch.privacy.pnbm_clipping` read."""
 
     S: torch.nn.Parameter
     floor_c: float
     history: Ratings | None
     item_means: torch.Tensor
     gradient: str
+    pair_backend: str
 
 
 @runtime_checkable

@@ -202,3 +202,23 @@ def test_one_floor_mask_is_shared_by_forward_and_norm():
         model.S.mul_(0.5)  # D = 5 < C now: a new S version, a new mask
     _, _, after = model.denominator_terms(batch)
     assert after is not active and not bool(after.any())
+
+
+@pytest.mark.parametrize("include_diagonal", [False, True])
+def test_compiled_l1_norms_are_the_torch_enumeration_bit_for_bit(tiny, include_diagonal):
+    """The numba kernel (CPU, ``pair_backend`` auto/numba) adds the same float64 terms in the same order per user."""
+    from dprec_torch.models import pair_numba
+
+    if not pair_numba.available():
+        pytest.skip("numba does not import here")
+    model = small_model(tiny, 2.0, 0.5)
+    with torch.no_grad():
+        model.S[0, 1] = model.S[1, 0] = 0.0  # sign(0) = 0 in both paths
+    batch = user_batch(tiny, model, n_users=tiny.n_users)
+    res = (model.batch_predict(batch) - batch.values).detach()
+    norms = {}
+    for backend in ("torch", "numba"):
+        model.pair_backend = backend
+        norms[backend] = pc.per_user_grad_norms(model, batch, res, p=1, include_diagonal=include_diagonal)
+    assert norms["torch"].abs().sum() > 0
+    assert torch.equal(norms["torch"], norms["numba"])

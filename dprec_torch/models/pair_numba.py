@@ -208,6 +208,27 @@ def symmetrize_(S: torch.Tensor, block: int = 64) -> None:
     _symmetrize_kernel(S.detach().numpy(), int(block))
 
 
+def user_l1_norms(rows: torch.Tensor, items: torch.Tensor, crow: torch.Tensor, cols: torch.Tensor, xv: torch.Tensor,
+                  e: torch.Tensor, den: torch.Tensor, a: torch.Tensor, S: torch.Tensor, n_rows: int,
+                  include_diagonal: bool) -> torch.Tensor:
+    """||G_u||_1 per batch row: sum over u's targets t = (u, i) and history items j of
+    |e_t (x_uj / d_t - a_t sign(s_ij))| (the pairs of :func:`dprec_torch.privacy.pnbm_clipping.iter_pairs`).
+
+    Parallel over rows; within a row the terms are added in the torch path's order (targets ascending,
+    then history position), with the same float64 operations (a_t sign(s_ij) is exact, so no fused
+    multiply-add can round differently): the same bits as the chunked torch enumeration, which stays the
+    path on a GPU.
+    """
+    set_threads(torch.get_num_threads())
+    order = torch.argsort(rows, stable=True)
+    row_ptr = torch.zeros(n_rows + 1, dtype=torch.int64)
+    row_ptr[1:] = torch.cumsum(torch.bincount(rows, minlength=n_rows), 0)
+    acc = np.zeros(n_rows, dtype=np.float64)
+    _user_l1_kernel(row_ptr.numpy(), order.numpy(), items.numpy(), crow.numpy(), cols.numpy(), xv.numpy(), e.numpy(),
+                    den.numpy(), a.numpy(), S.detach().contiguous().numpy(), bool(include_diagonal), acc)
+    return torch.from_numpy(acc)
+
+
 def set_threads(n: int) -> None:
     """Use ``n`` numba threads (capped at numba's maximum); called to follow torch.set_num_threads."""
     if numba is not None:
@@ -382,6 +403,23 @@ if numba is not None:
                 for c in range(k):  # flush row i at its support, then clear the buffer
                     out[i, c] = _gradient_entry(acc, nbrs[i, c], vals[i, c], g_num, g_abs, g_lin)
                 acc[:] = 0
+
+    @njit(parallel=True, cache=True, nogil=True)
+    def _user_l1_kernel(row_ptr, order, items, crow, cols, xv, e, den, a, s, include_diagonal, acc):  # pragma: no cover
+        for r in prange(row_ptr.shape[0] - 1):
+            total = 0.0
+            for k in range(row_ptr[r], row_ptr[r + 1]):
+                t = order[k]
+                i = items[t]
+                et, dt, at = e[t], den[t], a[t]
+                for pos in range(crow[r], crow[r + 1]):
+                    j = cols[pos]
+                    sij = s[i, j]
+                    sg = 1.0 if sij > 0 else (-1.0 if sij < 0 else 0.0)
+                    val = et * (xv[pos] / dt - at * sg)
+                    if include_diagonal or i != j:
+                        total += abs(val)
+            acc[r] = total
 
     @njit(parallel=True, cache=True, nogil=True)
     def _symmetrize_kernel(s, block):  # pragma: no cover - compiled

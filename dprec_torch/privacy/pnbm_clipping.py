@@ -47,6 +47,7 @@ import torch
 
 from dprec_torch.errors import ConfigError
 from dprec_torch.interfaces import ItemSimilarityModel
+from dprec_torch.models import pair_numba
 from dprec_torch.models.batching import rows_times
 
 DEFAULT_CHUNK_PAIRS = 1 << 22  # (target, history) pairs per chunk on the CPU: ~0.5 GB of temporaries
@@ -145,6 +146,12 @@ def per_user_grad_norms(model: Any, batch: Any, residuals: torch.Tensor, p: floa
         if p != 2:
             raise ConfigError("the closed form exists for the L2 norm only")
         return _closed_form_l2(model, batch, residuals, include_diagonal).sqrt()
+    _check_pnbm(model)
+    if p == 1 and pair_numba.use_numba(model.pair_backend, model.S):  # the same bits, compiled (CPU)
+        _, den, a = target_terms(model, batch)
+        crow, cols, xv = _history(batch)
+        return pair_numba.user_l1_norms(batch.rows, batch.items, crow, cols, xv, residuals.detach().to(torch.float64),
+                                        den, a, model.S.detach(), n_rows, include_diagonal)
     acc = torch.zeros(n_rows, dtype=torch.float64, device=residuals.device)
     for t, i, j, val in _pair_chunks(model, batch, residuals, chunk_pairs):
         if not include_diagonal:  # zeroed, not compacted: the same sums, one pass and no host sync fewer
