@@ -44,6 +44,18 @@ def test_claims_of_two_datasets_land_in_one_verdict_table(ps):
     assert not any("Fig. 2 claims" in r for r in table)  # a "not run" bullet carries no verdict: no row
 
 
+def test_the_two_fig3_claims_keep_their_own_rows(ps):
+    """ML-100K answers Fig. 3 twice (paper grid, `search=repo`): one row each, neither hides the other."""
+    dpsgd = {("dpsgd_paper-pnbm", x): (0.95, 0.01, "None") for x in (0.5, 1.0)}
+    paper, repo = ({("sgld_paper-pnbm", x * 200): (v, 0.01, "None") for x in (0.5, 1.0)} for v in (0.97, 0.94))
+    bullets = [ps.fig3_claim(dpsgd, paper, "from the Fig. 3 study (thinner paper grid)", ""),
+               ps.fig3_claim(dpsgd, repo, "DPPS-PNBM from the `search=repo` Fig. 2 study (not the paper's grid)", "")]
+    table = ps.verdict_table({"ml-100k": bullets, "ml-1m": bullets[:1]})
+    rows = [r for r in table if r.startswith("| Fig. 3")]
+    assert len(rows) == 2
+    assert rows[0].endswith("| **refuted** | **refuted** |") and rows[1].endswith("| **holds** | not run |")
+
+
 def test_an_unrun_dataset_leaves_the_page_block_unchanged(ps, tmp_path):
     """Without ML-1M results the generated block is the ML-100K block alone (no empty ML-1M section)."""
     assert ps.study_tables("ml-1m", {k: None for k in ps.FIG_KEYS}) == []
