@@ -49,6 +49,6 @@ def test_written_experiments_select_the_choice_and_compose(tmp_path, monkeypatch
     assert user["defaults"] == [{"override /model": "noisy_gram"}]
     assert user["model"] == {"relation": "user", "estimator": "knn", "count_weight": 0.5}
     text = (tmp_path / "private_user.yaml").read_text()
-    assert "model=lowrank_dpsgd model.dim=16 model.lr=5.0" in text  # the eps >= 5 choice, named in a comment
+    assert "python train.py model=lowrank_dpsgd epsilon=10 data=ml-1m model.dim=16 model.lr=5.0" in text  # its own model file
     rating = yaml.safe_load((tmp_path / "private_rating.yaml").read_text())
     assert rating["model"]["support"] is None
