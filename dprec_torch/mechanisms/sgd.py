@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any, Iterable
 
 import torch
 
+from dprec_torch.errors import ConfigError
 from dprec_torch.mechanisms.base import MechanismOptimizer
 from dprec_torch.mechanisms.context import TrainingContext
 
@@ -19,6 +20,12 @@ class MapSGD(MechanismOptimizer):
     ``beta`` also rescales the initialisation once (Alg. 1 line 1): S^(1) <- beta S^(1).
     ``lr_decay`` multiplies the step once per epoch (epoch = (t - 1) // steps_per_epoch, 0-based; 1 = the constant
     step of Alg. 1): a large step early, a small one late, below the noise floor of a constant mini-batch step.
+    ``rating_reg`` (lambda_r, default 0 = off) adds the classic SGD-MF per-visited-rating penalty
+    (Koren et al. 2009 Eq. (5); Berlioz et al.'s lambda): each batch target (u, i) contributes
+    lambda_r (b_u, b_i, p_u, q_i) to the gradient of the rows it touches, through the model's
+    ``visit_penalty`` (MF), before the division by B. It exists only here, in the non-private mechanism: the
+    penalty's gradient reveals which ratings exist and is not linear in the residuals, so the residual-scaling
+    clip of the private mechanisms would not bound it.
     Neighbouring relation: none (non-private).
     """
 
@@ -32,12 +39,14 @@ class MapSGD(MechanismOptimizer):
         weight_decay: float = 0.005,
         beta: float = 10.0,
         lr_decay: float = 1.0,
+        rating_reg: float = 0.0,
         seed: int = 0,
     ) -> None:
         params = list(params)
         super().__init__(params, dict(lr=float(lr), weight_decay=float(weight_decay), beta=float(beta)), seed=seed)
         self.context = context
         self.lr_decay = float(lr_decay)
+        self.rating_reg = float(rating_reg)
         with torch.no_grad():
             for p in params:
                 p.mul_(float(beta))  # Alg. 1 line 1
@@ -48,6 +57,17 @@ class MapSGD(MechanismOptimizer):
             return lr
         per_epoch = max(1, int(self.context.steps_per_epoch)) if self.context is not None else 1
         return lr * self.lr_decay ** ((self.t - 1) // per_epoch)
+
+    def clip_residuals(self, residuals: torch.Tensor, batch: Any = None, model: Any = None) -> torch.Tensor:
+        """No clipping; with ``rating_reg`` > 0, accumulate lambda_r x the model's per-visit penalty gradient first
+        (the trainer's surrogate backward then adds the data gradient to the same ``p.grad``)."""
+        if self.rating_reg:
+            if not hasattr(model, "visit_penalty"):
+                raise ConfigError(f"mechanism.rating_reg needs a model with per-rating parameters (model=mf), "
+                                  f"got {type(model).__name__}; set mechanism.rating_reg=0")
+            with torch.enable_grad():
+                (self.rating_reg * model.visit_penalty(batch)).backward()
+        return residuals
 
     def apply_update(self) -> None:
         """Alg. 1 line 7: p <- p - eta_t (beta G + lambda p)."""

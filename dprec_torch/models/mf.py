@@ -181,6 +181,14 @@ class MF(nn.Module):
         e = residuals.detach() * self.in_range(r.detach())
         return (e * r).sum()
 
+    def visit_penalty(self, batch: UserBatch) -> torch.Tensor:
+        """(1/2) sum_t (b_u^2 + b_i^2 + |p_u|^2 + |q_i|^2) over the batch targets t = (u, i): the per-visited-rating
+        regulariser of classic SGD-MF (Koren et al. 2009 Eq. (5)); its gradient is (b_u, b_i, p_u, q_i) once per
+        visit. Only ``mechanism=none`` reads it (``mechanism.rating_reg``; see mechanisms/sgd.py)."""
+        users = self.batch_users(batch)
+        return 0.5 * (self.user_bias(users).square().sum() + self.item_bias(batch.items).square().sum()
+                      + self.user_factors(users).square().sum() + self.item_factors(batch.items).square().sum())
+
     @torch.no_grad()
     def per_example_grad_norms(self, batch: UserBatch, residuals: torch.Tensor, unit: str) -> torch.Tensor:
         """L2 norm of each example's gradient e * d clip(r_hat)/d theta over ALL parameters.
