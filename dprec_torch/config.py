@@ -430,7 +430,7 @@ def fill_dataset_defaults(cfg: DictConfig) -> None:
 
 
 def check_study(cfg: DictConfig) -> None:
-    """Every (method, epsilon) of a ``study.py`` config, composed as its stage-2 ``train.py`` run and checked
+    """Every (method, epsilon) of a ``scripts/study.py`` config, composed as its stage-2 ``train.py`` run and checked
     with :func:`check_config`, so a bad study fails in one line before any multirun is launched."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra

@@ -60,7 +60,7 @@ def compose_audit(overrides):
 
 def test_tiny_audit_runs_and_finds_the_nonprivate_leak(tmp_path):
     """mechanism=none keeps exact item means: the canary item's mean is 5 exactly when it was trained on."""
-    import audit
+    from scripts import audit
 
     cfg = compose_audit(["mechanism=none", "mechanism.epochs=1", "audit.trials=2", "audit.canaries=10",
                          "audit.canary=rating", f"output_dir={tmp_path}"])
@@ -76,7 +76,7 @@ def test_tiny_audit_runs_and_finds_the_nonprivate_leak(tmp_path):
 @pytest.mark.parametrize("mechanism", ["dpsgd_l1", "gaussian"])
 def test_provable_mechanisms_audit_below_their_epsilon(mechanism, tmp_path):
     """Done-when: at eps = 1 the empirical lower bound of the provable variants is <= 1."""
-    import audit
+    from scripts import audit
 
     cfg = compose_audit([f"mechanism={mechanism}", "epsilon=1", "audit.trials=20", f"output_dir={tmp_path}"])
     r = audit.audit(cfg)
@@ -117,7 +117,7 @@ def test_tau_audit_applies_the_cap_as_train_py_does(tmp_path, caplog):
     train_once ignored the cap); tau canaries are kept whole."""
     import logging
 
-    import audit
+    from scripts import audit
 
     cfg = compose_audit(["mechanism=dpsgd_l1", "epsilon=1", "audit.trials=1", "audit.canaries=4", "audit.canary=tau",
                          "mechanism.max_user_ratings=8", f"output_dir={tmp_path}"])

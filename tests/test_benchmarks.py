@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments" / "benchmarks"))
 
 import bench  # noqa: E402
 import publish  # noqa: E402
@@ -198,7 +198,7 @@ def test_prepare_gpu_pylibs_makes_hydra_importable_without_site_packages(tmp_pat
     import os
     import subprocess
 
-    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "prepare_gpu_pylibs.sh"), str(tmp_path)], capture_output=True,
+    proc = subprocess.run(["bash", str(ROOT / "experiments" / "benchmarks" / "prepare_gpu_pylibs.sh"), str(tmp_path)], capture_output=True,
                           text=True, env={**os.environ, "DPREC_DATA": str(tmp_path / "no-data")})
     assert proc.returncode == 0, proc.stderr
     libs = tmp_path / ".gpu_pylibs"
@@ -212,13 +212,13 @@ def test_prepare_gpu_pylibs_makes_hydra_importable_without_site_packages(tmp_pat
 
 @pytest.mark.slow
 def test_gpu_check_dry_run_writes_a_publishable_json(tmp_path: Path) -> None:
-    """``bash benchmarks/gpu_check.sh --dry-run``: the whole script on the CPU with tiny data, JSON -> table."""
+    """``bash experiments/benchmarks/gpu_check.sh --dry-run``: the whole script on the CPU with tiny data, JSON -> table."""
     import json
     import os
     import subprocess
 
     env = {**os.environ, "OUT": str(tmp_path), "GPU_CHECK_BUDGET": "900", "DPREC_CACHE": str(tmp_path / "cache")}
-    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--dry-run"], capture_output=True, text=True, env=env)
+    proc = subprocess.run(["bash", str(ROOT / "experiments" / "benchmarks" / "gpu_check.sh"), "--dry-run"], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     data = json.loads((tmp_path / "gpu-check-dry.json").read_text())
     assert data["dry_run"] and data["skipped"] == {}

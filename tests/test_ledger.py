@@ -111,7 +111,7 @@ def test_laplace_output_report_is_charged_as_headlined(tmp_path):
 
 
 def test_cli(tmp_path, capsys):
-    import ledger
+    from scripts import ledger
 
     write_run(tmp_path, "a")
     assert ledger.main([str(tmp_path), "--json", str(tmp_path / "l.json")]) == 0

@@ -348,7 +348,7 @@ def test_train_runs_a_private_rating_model_end_to_end(tmp_path: Path):
     assert math.isfinite(metrics["test_rmse"])
 
 
-# ------------------------------------------------------------------ audit (audit.py drives trainable models only)
+# ------------------------------------------------------------------ audit (scripts/audit.py drives trainable models only)
 @pytest.mark.parametrize("relation", ["rating", "user"])
 def test_canary_audit_stays_below_the_claim_and_has_power(relation):
     from dprec_torch.audit.fitted import audit_fitted

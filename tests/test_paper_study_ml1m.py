@@ -1,4 +1,4 @@
-"""studies/paper_study.py on a second dataset (issue 14, part 3): the ML-1M commands, and its claims answered
+"""experiments/studies/paper_study.py on a second dataset (issue 14, part 3): the ML-1M commands, and its claims answered
 beside ML-100K's from the same generated bullets."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def ps():
-    spec = importlib.util.spec_from_file_location("paper_study", ROOT / "studies" / "paper_study.py")
+    spec = importlib.util.spec_from_file_location("paper_study", ROOT / "experiments" / "studies" / "paper_study.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -21,7 +21,7 @@ def ps():
 
 def test_ml1m_runs_fig1_and_fig2_on_ml1m_and_keeps_ml100k_commands(ps):
     runs = ps.runs_of("ml-1m", None)
-    assert list(runs) == ["python study.py study=fig1 dataset=ml-1m", "python study.py study=fig2 dataset=ml-1m"]
+    assert list(runs) == ["python scripts/study.py study=fig1 dataset=ml-1m", "python scripts/study.py study=fig2 dataset=ml-1m"]
     assert all("dataset=ml-1m" in args for args in runs.values())
     repo = ps.runs_of("ml-1m", ["fig2repo"])
     (args,) = repo.values()

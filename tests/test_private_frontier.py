@@ -1,4 +1,4 @@
-"""studies/private_frontier.py: the experiment files it writes come from the tuning record only (issue 17)."""
+"""experiments/studies/private_frontier.py: the experiment files it writes come from the tuning record only (issue 17)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _study():
-    spec = importlib.util.spec_from_file_location("private_frontier_under_test", ROOT / "studies" / "private_frontier.py")
+    spec = importlib.util.spec_from_file_location("private_frontier_under_test", ROOT / "experiments" / "studies" / "private_frontier.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)

@@ -1,4 +1,4 @@
-"""The two-stage study (study.py): stage 1 tunes on validation only, stage 2 trains exactly the choice, ledger charges tuning.
+"""The two-stage study (scripts/study.py): stage 1 tunes on validation only, stage 2 trains exactly the choice, ledger charges tuning.
 
 One tiny synthetic study (provable DPSGD-PNBM, 2 configurations x 2 epsilons, 2 folds) is shared by the tests;
 every check reads the runs' own metrics.json / .hydra files, so a wrong selection or a stage 2 that
@@ -153,7 +153,7 @@ def test_ledger_says_nothing_is_defended_for_null_epsilon(tmp_path):
 @pytest.mark.skipif(importlib.util.find_spec("hydra_plugins.hydra_optuna_sweeper") is None,
                     reason="needs hydra-optuna-sweeper (dev extra)")
 def test_optuna_stage1_two_trials(tmp_path):
-    """``study.py sweeper=optuna n_trials=2``: the same search-space file, two TPE trials, the better one chosen."""
+    """``scripts/study.py sweeper=optuna n_trials=2``: the same search-space file, two TPE trials, the better one chosen."""
     cfg = study_cfg(tmp_path, "sweeper=optuna", "n_trials=2", "study.epsilons=[1]")
     choice = run_stage1(cfg, Path(cfg.out))["dpsgd-pnbm"][1.0]
     sweep = Path(cfg.out) / "stage1" / "dpsgd-pnbm" / "eps1"

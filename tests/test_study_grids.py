@@ -1,4 +1,4 @@
-"""Per-dataset stage-1 search spaces (issue 14, part 3): ``study.py dataset=ml-1m`` reads
+"""Per-dataset stage-1 search spaces (issue 14, part 3): ``scripts/study.py dataset=ml-1m`` reads
 ``conf/grid/<mechanism>_<model>[_<search>]_ml-1m.yaml`` where it exists, and those files write the paper's
 per-rating MF step for an ML-1M fold (n = 900,188 training ratings, 11.25 x an ML-100K fold's 80,000)."""
 

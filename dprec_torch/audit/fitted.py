@@ -1,4 +1,4 @@
-"""Canary audit of a fitted joint-DP predictor (``audit.py`` drives trainable models only; this drives ``fit``).
+"""Canary audit of a fitted joint-DP predictor (``scripts/audit.py`` drives trainable models only; this drives ``fit``).
 
 Same design as :mod:`dprec_torch.audit.runner` (canaries from :func:`make_canaries`, the guess rule and the
 Clopper-Pearson bound from :mod:`dprec_torch.audit.bounds`). What the adversary sees is what joint DP releases:

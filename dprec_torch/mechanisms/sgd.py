@@ -47,6 +47,8 @@ class MapSGD(MechanismOptimizer):
         self.context = context
         self.lr_decay = float(lr_decay)
         self.rating_reg = float(rating_reg)
+        if self.rating_reg:
+            self._check_visit_penalty(None if context is None else context.model)
         with torch.no_grad():
             for p in params:
                 p.mul_(float(beta))  # Alg. 1 line 1
@@ -58,13 +60,17 @@ class MapSGD(MechanismOptimizer):
         per_epoch = max(1, int(self.context.steps_per_epoch)) if self.context is not None else 1
         return lr * self.lr_decay ** ((self.t - 1) // per_epoch)
 
+    @staticmethod
+    def _check_visit_penalty(model: Any) -> None:
+        if model is not None and not hasattr(model, "visit_penalty"):
+            raise ConfigError(f"mechanism.rating_reg needs a model with per-rating parameters (model=mf), "
+                              f"got {type(model).__name__}; set mechanism.rating_reg=0")
+
     def clip_residuals(self, residuals: torch.Tensor, batch: Any = None, model: Any = None) -> torch.Tensor:
         """No clipping; with ``rating_reg`` > 0, accumulate lambda_r x the model's per-visit penalty gradient first
         (the trainer's surrogate backward then adds the data gradient to the same ``p.grad``)."""
         if self.rating_reg:
-            if not hasattr(model, "visit_penalty"):
-                raise ConfigError(f"mechanism.rating_reg needs a model with per-rating parameters (model=mf), "
-                                  f"got {type(model).__name__}; set mechanism.rating_reg=0")
+            self._check_visit_penalty(model)
             with torch.enable_grad():
                 (self.rating_reg * model.visit_penalty(batch)).backward()
         return residuals

@@ -41,7 +41,7 @@ def dense_gemm_wins(n_rows: int, n_cols: int, device: torch.device) -> bool:
 
     Chosen by measured cost, not by sparsity: on an H200, R(ML-1M, 4 % dense) x S took 13.8 ms
     a call as cuSPARSE ``csrmm`` and under 2 ms as a dense float32 GEMM (issue 18's profile;
-    ``benchmarks/gpu_bench.py`` re-measures both per device, the ``gemm`` row). On the CPU the
+    ``experiments/benchmarks/gpu_bench.py`` re-measures both per device, the ``gemm`` row). On the CPU the
     CSR product is the faster one and the CPU numbers stay bit for bit what they were. The dense
     block must fit in :data:`DENSE_ROWS_MAX_BYTES`; past that the CSR product bounds the memory.
     """

@@ -28,14 +28,14 @@ on a subset of the same people, so they are charged to the same ledger entry. Se
 same cell (mechanism, model, nominal epsilon, folds) evaluated on the TEST split of one dataset
 trigger a warning: picking among them by ``test_rmse`` tunes hyperparameters on the test set.
 
-Tuning cost (``tuning`` in each entry, the two-stage study of ``study.py``): the validation runs of one
+Tuning cost (``tuning`` in each entry, the two-stage study of ``scripts/study.py``): the validation runs of one
 (mechanism, model, nominal epsilon) are the configurations tried for that cell. Releasing the model
 chosen among n of them costs, by basic composition on the same people, sum_k eps_k (= n x eps when
 every configuration has the same eps) at the mechanism's relation, before the final runs' own eps.
 For mechanisms whose epsilon is null (the paper-faithful ``dpsgd_paper`` and ``sgld_paper`` on
 PNBM), nothing is defended, for tuning or otherwise.
 
-``python ledger.py SWEEP_DIR`` prints the table; :func:`ledger_report` returns it as a dict.
+``python scripts/ledger.py SWEEP_DIR`` prints the table; :func:`ledger_report` returns it as a dict.
 """
 
 from __future__ import annotations

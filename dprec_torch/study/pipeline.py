@@ -1,4 +1,4 @@
-"""``run_study(cfg)``: the two-stage study behind ``study.py`` (Wang & Tang Sec. 5.1 tuning, Sec. 5.2 evaluation).
+"""``run_study(cfg)``: the two-stage study behind ``scripts/study.py`` (Wang & Tang Sec. 5.1 tuning, Sec. 5.2 evaluation).
 
 Stage 1 and stage 2 are plain Hydra multiruns of ``train.py`` (``-m``), launched with the configured
 launcher (basic or joblib) and sweeper (basic grid or optuna); this module only builds their

@@ -1,10 +1,10 @@
 """Collect a sweep's ``metrics.json`` files into RMSE-versus-epsilon tables and figures.
 
-``python report.py <sweep dir>`` (or ``build_report(dir)``) walks the directory,
+``python scripts/report.py <sweep dir>`` (or ``build_report(dir)``) walks the directory,
 groups runs by (data, method = mechanism-model, epsilon), and writes
 ``report.md``, ``report.csv`` and one ``rmse_vs_epsilon_<data>.png`` per dataset,
 with the non-private PCC and COS lines taken from the runs' own baselines.
-For a two-stage study (``study.py``) it also tabulates the configuration chosen per
+For a two-stage study (``scripts/study.py``) it also tabulates the configuration chosen per
 (method, epsilon) on the validation split (``selected.yaml``), and the privacy ledger
 covers both stages (``ledger_dir``), including the epsilon spent on tuning.
 

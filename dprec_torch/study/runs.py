@@ -1,7 +1,7 @@
 """Train a fixed list of configurations into their own run dirs, reading back any run that already finished.
 
-Used by the scripts that regenerate a single-run results table (``studies/pnbm_u1.py``,
-``studies/provable_u1.py``): each run is ``train(cfg)`` on the real Hydra config with the given overrides.
+Used by the scripts that regenerate a single-run results table (``experiments/studies/pnbm_u1.py``,
+``experiments/studies/provable_u1.py``): each run is ``train(cfg)`` on the real Hydra config with the given overrides.
 """
 
 from __future__ import annotations

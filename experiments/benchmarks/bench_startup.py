@@ -1,0 +1,104 @@
+"""Start-up of ``python train.py``: seconds to the first epoch, end to end, and the slowest imports.
+
+Runs the command ``--repeat`` times in fresh processes (the first run also warms the OS file and
+numba caches; the minimum over runs is reported) and reads the times from Hydra's log stamps:
+
+* ``to_first_epoch``: command start -> the ``mechanism ...`` log line, written just before the
+  first epoch starts (imports, config, reading the data, folds, model and mechanism set-up);
+* ``end_to_end``: command start -> process exit;
+* ``cpu_seconds``: user + system CPU time of the process (less sensitive than wall time to other
+  jobs on a shared machine);
+* ``imports``: ``python -X importtime`` of the same command, the top-level modules over 50 ms
+  (from the fastest run).
+
+    python experiments/benchmarks/bench_startup.py --out docs/results/benchmarks/startup-cpu.json -- data=ml-1m device=cpu mechanism=none
+    python experiments/benchmarks/bench_startup.py --root /tmp/head -- data=ml-1m device=cpu   # another checkout (before/after)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def python_path(root: Path) -> str:
+    """``root`` first, then the caller's PYTHONPATH (the GPU check's carried Hydra/Opacus copies live there)."""
+    return os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
+STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]\[([^\]]+)\]\[\w+\] - (.*)$")
+
+
+def _stamp(text: str) -> float:
+    return datetime.strptime(text, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+def top_imports(stderr: str, min_ms: float = 50.0) -> dict[str, float]:
+    """Top-level (un-indented) modules of ``-X importtime`` output with a cumulative time >= ``min_ms``."""
+    out = {}
+    for line in stderr.splitlines():
+        if not line.startswith("import time:") or "|" not in line or "cumulative" in line:
+            continue
+        _, cum, name = line[len("import time:"):].split("|", 2)
+        name = name[1:]
+        if not name.startswith(" ") and int(cum) / 1e3 >= min_ms:
+            out[name.strip()] = round(int(cum) / 1e6, 3)
+    return out
+
+
+def run_once(root: Path, overrides: list[str], importtime: bool) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, *(["-X", "importtime"] if importtime else []), "train.py", *overrides, f"hydra.run.dir={tmp}/run"]
+        t0, ru0 = time.time(), resource.getrusage(resource.RUSAGE_CHILDREN)
+        proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": python_path(root)})
+        t_end, ru1 = time.time(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
+    first = None
+    for line in (proc.stdout + "\n" + proc.stderr).splitlines():
+        m = STAMP.match(line)
+        if m and m.group(2).endswith("training.run") and m.group(3).startswith("mechanism "):
+            first = _stamp(m.group(1))
+            break
+    cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+    return {"to_first_epoch": None if first is None else round(first - t0, 3), "end_to_end": round(t_end - t0, 3),
+            "cpu_seconds": round(cpu, 3),
+            "imports": top_imports(proc.stderr) if importtime else None}
+
+
+def measure(root: Path, overrides: list[str], repeat: int) -> dict:
+    runs = [run_once(root, overrides, importtime=False) for _ in range(repeat)]
+    imp = run_once(root, overrides, importtime=True)
+    firsts = [r["to_first_epoch"] for r in runs if r["to_first_epoch"] is not None]
+    return {"command": "python train.py " + " ".join(overrides), "root": str(root), "runs": runs,
+            "to_first_epoch": min(firsts) if firsts else None, "end_to_end": min(r["end_to_end"] for r in runs),
+            "cpu_seconds": min(r["cpu_seconds"] for r in runs),
+            "imports": imp["imports"], "load_avg": os.getloadavg()[0]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--root", type=Path, default=ROOT, help="the checkout whose train.py runs")
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("overrides", nargs="*", default=["data=ml-1m", "device=cpu", "mechanism=none"])
+    args = ap.parse_args()
+    result = measure(args.root.resolve(), args.overrides, args.repeat)
+    text = json.dumps(result, indent=2)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,329 @@
+"""Copy benchmark tables (``docs/results/benchmarks/bench-<tag>.md``) into docs/performance.md,
+and derive the issue's targets table from the JSON files.
+
+    python experiments/benchmarks/publish.py
+    python experiments/benchmarks/publish.py --main cpu-main-t1 --t2 cpu-syn1m-t2 --scaling cpu-scaling-t1 \\
+        --parity cpu-parity-none cpu-parity-dpsgd
+
+docs/performance.md's ``main``, ``t2``,
+``parity``, ``scaling``, ``targets``, ``gpu``, ``sweep-cpu`` and ``startup-cpu`` blocks are rewritten; numbers are never typed by hand.
+The ``gpu`` block comes from ``docs/results/benchmarks/gpu-check.json`` (``experiments/benchmarks/gpu_check.sh`` on a
+GPU machine; a ``gpu-check-rerun.json`` of some stages is laid over it); without that file it says
+the GPU rows are pending.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from dprec_torch.study.markers import splice  # noqa: E402
+
+RESULTS = ROOT / "docs" / "results" / "benchmarks"
+RSS_LIMIT_MIB = 1.5e9 / 2**20  # "1.5 GB" read as 1.5e9 bytes, the stricter reading
+
+
+def read(tag: str, ext: str):
+    path = RESULTS / f"bench-{tag}.{ext}"
+    if not path.exists():
+        raise SystemExit(f"{path} does not exist: run experiments/benchmarks/bench.py --tag {tag} first")
+    return json.loads(path.read_text()) if ext == "json" else path.read_text()
+
+
+def cases(tag: str) -> dict[str, dict]:
+    return {r["case"]: r for r in read(tag, "json")["rows"]}
+
+
+def yes(ok: bool) -> str:
+    return "**met**" if ok else "**not met**"
+
+
+def targets(main: dict[str, dict], t2: dict[str, dict] | None, parity: list[dict[str, dict]],
+            repeated: dict[str, dict] | None = None) -> str:
+    """Issue 6's CPU targets, each with the figure behind it (from the benchmark JSON files).
+
+    ``repeated``: a separate run of just the target's two cases with more repeats; shown in its
+    own rows next to the main table's run, never instead of it.
+    """
+    lines = ["| target (issue 6) | figure | verdict |", "|---|---|---|"]
+    n_rep = max((r.get("runs", 1) for r in (repeated or {}).values()), default=0)
+    for label, runs in (("1 thread", main), ("2 threads", t2), (f"1 thread, separate run of these two cases, {n_rep} repeats", repeated)):
+        for data, name in (("ml1m", "ML-1M"), ("syn1m", "ML-1M-size")):
+            if not runs:
+                continue
+            s, d = runs.get(f"pnbm-dpsgd-{data}-sparse"), runs.get(f"pnbm-dpsgd-{data}-dense")
+            if not (s and d):
+                continue
+            ratio = d["seconds_per_epoch"] / s["seconds_per_epoch"]
+            lines.append(f"| {name} DPSGD-PNBM full-batch epoch ≥ 10× the dense epoch ({label}) | "
+                         f"{s['seconds_per_epoch']:.2f} s vs {d['seconds_per_epoch']:.2f} s = {ratio:.1f}× | {yes(ratio >= 10)} |")
+            dr = abs(s["test_rmse"] - d["test_rmse"])
+            lines.append(f"| {name}: test RMSE within 0.002 of the dense epoch ({label}) | |Δ| = {dr:.1e} | {yes(dr <= 0.002)} |")
+            lines.append(f"| {name}: peak RSS ≤ 1.5 GB ({label}) | {s['peak_rss_mb']:.0f} MiB (limit {RSS_LIMIT_MIB:.0f} MiB) | "
+                         f"{yes(s['peak_rss_mb'] <= RSS_LIMIT_MIB)} |")
+    for runs in parity:
+        for r in runs.values():
+            if r["kind"] != "pnbmtopk":
+                continue
+            d = runs.get(f"pnbm-{r['mechanism']}-{r['data']}-sparse")
+            if not d:
+                continue
+            dr = r["test_rmse"] - d["test_rmse"]
+            under = r["peak_rss_mb"] < d["peak_rss_mb"]
+            verdict = yes(under and abs(dr) <= 0.005)
+            if under and dr < -0.005:  # outside the band, but on the good side: say so rather than "not met"
+                verdict = f"**not within 0.005: top-k better by {-dr:.4f}**"
+            lines.append(f"| top-k S ({r['data']}, {r['mechanism']}, k = {r['sparse_k']}, {r['epochs']} epoch(s)): "
+                         f"memory under dense, |ΔRMSE| ≤ 0.005 | peak {r['peak_rss_mb']:.0f} vs {d['peak_rss_mb']:.0f} MiB, "
+                         f"ΔRMSE {dr:+.4f} | {verdict} |")
+    for data, name in (("ml1m", "ML-1M"), ("syn1m", "ML-1M-size")):
+        for sim in ("pcc", "cos"):
+            f, lp = main.get(f"{sim}-{data}-fast"), main.get(f"{sim}-{data}-loop")
+            if f and lp:
+                ratio = lp["fit_predict_seconds"] / f["fit_predict_seconds"]
+                lines.append(f"| {sim.upper()} fit+predict on {name} ≥ 10× a per-rating loop | {f['fit_predict_seconds']:.2f} s vs "
+                             f"{lp['fit_predict_seconds']:.0f} s (loop extrapolated) = {ratio:.0f}× | {yes(ratio >= 10)} |")
+    if not any(k.endswith("-ml1m-sparse") for k in main):
+        lines.append("| the same targets on real ML-1M | not measured: ML-1M is not on this machine's disk and it has no "
+                     "network (the `ml1m` rows appear when `DPREC_DATA` holds `ml-1m/`) | not yet measured |")
+    lines.append("| GPU: ML-1M epoch ≤ 0.05 s; ML-20M-size epoch ≤ 10 s, ≤ 20 GB; throughput vs peak | not yet measured "
+                 "(no GPU lent to this project's sessions so far) | not yet measured |")
+    return "\n".join(lines)
+
+
+GPU_JSON = RESULTS / "gpu-check.json"  # written by experiments/benchmarks/gpu_check.sh on a machine with a GPU
+GPU_TARGETS = {"ml1m_epoch": 0.02, "startup_first_epoch": 4.0, "startup_end_to_end": 8.0, "ml20m_epoch": 1.0,
+               "sweep_speedup": 10.0}  # issue 18
+
+
+GPU_STAGES = ("gemm", "mechanisms", "parity", "startup", "sweep", "profile", "ml20m")  # experiments/benchmarks/gpu_bench.py's stages
+
+
+def merge_gpu_rerun(base: dict, rerun: dict) -> dict:
+    """``base`` with the stages that ``rerun`` (``GPU_CHECK_STAGES=... gpu_check.sh``) measured replaced.
+
+    Only a rerun on the same GPU model is laid over the first run; anything else is an error.
+    """
+    if rerun.get("env", {}).get("device") != base.get("env", {}).get("device") or rerun.get("dry_run") != base.get("dry_run"):
+        raise SystemExit(f"gpu-check-rerun.json ({rerun.get('env', {}).get('device')}) was not measured on the GPU of "
+                         f"gpu-check.json ({base.get('env', {}).get('device')}); remove one of them")
+    out = {**base, "skipped": dict(base.get("skipped") or {})}
+    redone = [st for st in GPU_STAGES if st in rerun]
+    for st in redone:
+        out[st] = rerun[st]
+        out["skipped"].pop(st, None)
+    if (rerun.get("gpu_tests") or {}).get("exit_code") not in (None, "skipped"):
+        out["gpu_tests"] = rerun["gpu_tests"]  # the later tests ran the later code
+        redone.append("gpu tests")
+    out["rerun"] = {"stages": redone, "date": rerun.get("env", {}).get("date")}
+    return out
+
+
+#: where a batched group's time goes, by the profile's function names (cumulative seconds, whole sweep)
+PROFILE_PARTS = {
+    "checkpoint writes (`io.atomic_torch_save`, in the writer thread)": "io.py:", "training steps (`Trainer._step`)": "trainer.py:",
+    "Hydra composing each job's config (`load_configuration`)": "config_loader_impl.py:", "TensorBoard writers closing": "writer.py:",
+    "evaluation (`score_predictor`)": "cross_validate.py:",
+}
+PROFILE_FN = {"io.py:": "atomic_torch_save", "trainer.py:": "_step", "config_loader_impl.py:": "load_configuration",
+              "writer.py:": "close", "cross_validate.py:": "score_predictor"}
+
+
+def profile_table(prof: dict) -> list[str]:
+    """The batched sweep's profile (``gpu_bench.py`` stage ``profile``) as a few named parts of its wall time."""
+    if not prof or "top_cumulative" not in prof:
+        return []
+    lines = ["", f"Where a batched group's time goes (`python -m cProfile {prof['command']}`, {prof['wall_seconds']:.1f} s "
+             "wall for 7 jobs; cumulative seconds, so the parts overlap):", "", "| part | seconds |", "|---|---|"]
+    for label, fname in PROFILE_PARTS.items():
+        hits = [r for r in prof["top_cumulative"] if r["fn"].startswith(fname) and f"({PROFILE_FN[fname]})" in r["fn"]]
+        if hits:
+            lines.append(f"| {label} | {max(h['cum_s'] for h in hits):.2f} |")
+    return lines
+
+
+def _gib(row: dict) -> str:
+    return f"{row['gpu_peak_gib']:.2f} GiB" if row.get("gpu_peak_gib") is not None else "–"
+
+
+def steady_epoch(row: dict) -> float:
+    """s/epoch after the first epoch where the run had more than one, else the mean."""
+    later = row.get("seconds_per_epoch_after_first")
+    return float(later) if later is not None else float(row["seconds_per_epoch"])
+
+
+def _label(row: dict) -> str:
+    extra = " (`model.formulation=sparse_pair`)" if "model.formulation=sparse_pair" in row.get("overrides", []) else ""
+    mech = row.get("mechanism") or next((o.split("=", 1)[1] for o in row.get("overrides", []) if o.startswith("mechanism=")), "?")
+    return f"PNBM `{mech}`{extra}"
+
+
+def gpu_tables(data: dict | None) -> str:
+    """Issue 18's GPU table and its targets from ``gpu-check.json``; without it, a plain "pending" statement."""
+    if data is None:
+        return ("**Pending: no GPU lent.** No session has yet been lent a GPU for this check. On a GPU machine, "
+                "`bash experiments/benchmarks/gpu_check.sh` (after `experiments/benchmarks/prepare_gpu_pylibs.sh`) writes "
+                "`docs/results/benchmarks/gpu-check.json`; `python experiments/benchmarks/publish.py` then rewrites this block with "
+                "the measured rows and the targets' verdicts.\n\n"
+                "| target (issue 18) | figure | verdict |\n|---|---|---|\n"
+                f"| ML-1M: every PNBM mechanism ≤ {GPU_TARGETS['ml1m_epoch']} s/epoch, CPU RMSE | – | pending: no GPU lent |\n"
+                f"| start-up ≤ {GPU_TARGETS['startup_first_epoch']:g} s to the first epoch, "
+                f"≤ {GPU_TARGETS['startup_end_to_end']:g} s end to end | – | pending: no GPU lent |\n"
+                f"| ML-20M-size ≤ {GPU_TARGETS['ml20m_epoch']:g} s/epoch | – | pending: no GPU lent |\n"
+                f"| batched sweep ≥ {GPU_TARGETS['sweep_speedup']:g}× one process per job (ML-1M, one GPU) | – | pending: no GPU lent |")
+    env = data.get("env", {})
+    head = (f"Measured by `experiments/benchmarks/gpu_check.sh` on {env.get('device', '?')} ({env.get('gpu_memory_gib', '?')} GiB), "
+            f"torch {env.get('torch', '?')}, CUDA {env.get('cuda', '?')}, {env.get('date', '?')}; "
+            f"TF32 matmul {'on' if env.get('tf32_matmul') else 'off'}. GPU peak = `torch.cuda.max_memory_allocated`.")
+    if data.get("rerun"):
+        head += f" Stages {', '.join(data['rerun']['stages'])} rerun on the same GPU model, {data['rerun']['date']}."
+    if data.get("dry_run"):
+        head = "**DRY RUN (CPU, tiny synthetic data): a check of the plumbing, not a measurement.** " + head
+    lines = [head, "", "Every ML-1M row runs 3 epochs (its RMSE is that run's, not the mechanism's default-epochs figure); "
+             "s/epoch is the mean of epochs 2-3, the first epoch of a process (kernel loading, caches) beside it.", "",
+             "| run | s/epoch | first epoch | test RMSE | GPU peak | process wall |", "|---|---|---|---|---|---|"]
+    rows = list(data.get("mechanisms", []))
+    if data.get("ml20m"):
+        rows.append({**data["ml20m"], "label": "ML-20M-size synthetic, " + _label(data["ml20m"])})
+    for r in rows:
+        label = r.get("label") or "ML-1M " + _label(r)
+        if "error" in r:
+            lines.append(f"| {label} | failed: {r['error'][:160].replace('|', '/')} | | | | |")
+            continue
+        n = int(r.get("epochs") or 1)
+        first = r["seconds_per_epoch"] * n - steady_epoch(r) * (n - 1)
+        lines.append(f"| {label} | {steady_epoch(r):.3f} | {first:.3f} | {r['test_rmse']:.4f} | {_gib(r)} | "
+                     f"{r.get('process_wall', float('nan')):.1f} s |")
+    gm = data.get("gemm") or {}
+    if "gemm_ms_float32" in gm:
+        lines += ["", f"History block × S on {gm['device']} ({gm['rows']} × {gm['items']}, {100 * gm['density']:.1f} % dense), "
+                  "ms a call — the measurement behind `models.batching.dense_gemm_wins`:", "",
+                  "| dtype | cuSPARSE csrmm | dense GEMM |", "|---|---|---|"]
+        lines += [f"| {t} | {gm[f'csrmm_ms_{t}']:.2f} | {gm[f'gemm_ms_{t}']:.2f} |" for t in ("float32", "float64")]
+    lines += profile_table(data.get("profile") or {})
+    lines += ["", "| target (issue 18) | figure | verdict |", "|---|---|---|"]
+    # the target is the mechanisms at their default formulation; the sparse_pair variant is shown above, not judged
+    judged = [r for r in data.get("mechanisms", []) if "model.formulation=sparse_pair" not in r.get("overrides", [])]
+    ok = [r for r in judged if "error" not in r]
+    if ok:
+        worst = max(ok, key=steady_epoch)
+        met = len(ok) == len(judged) and steady_epoch(worst) <= GPU_TARGETS["ml1m_epoch"]
+        lines.append(f"| ML-1M: every PNBM mechanism ≤ {GPU_TARGETS['ml1m_epoch']} s/epoch (epochs 2-3) | slowest {_label(worst)} "
+                     f"{steady_epoch(worst):.3f} s ({len(ok)}/{len(judged)} ran) | {yes(met)} |")
+    par = data.get("parity", {})
+    if "abs_diff" in par:
+        tol = data.get("parity_tolerance", 1e-4)
+        lines.append(f"| ML-1M `mechanism=none`: GPU RMSE = CPU RMSE within {tol:g} | abs. Δ = {par['abs_diff']:.1e} | "
+                     f"{yes(par['abs_diff'] <= tol)} |")
+    st = data.get("startup") or {}
+    if st.get("to_first_epoch") is not None:
+        lines.append(f"| start-up ≤ {GPU_TARGETS['startup_first_epoch']:g} s to the first epoch (`{st['command']}`) | "
+                     f"{st['to_first_epoch']:.1f} s | {yes(st['to_first_epoch'] <= GPU_TARGETS['startup_first_epoch'])} |")
+        lines.append(f"| start-up ≤ {GPU_TARGETS['startup_end_to_end']:g} s end to end (same command) | {st['end_to_end']:.1f} s | "
+                     f"{yes(st['end_to_end'] <= GPU_TARGETS['startup_end_to_end'])} |")
+    big = data.get("ml20m") or {}
+    if "seconds_per_epoch" in big:
+        lines.append(f"| ML-20M-size ≤ {GPU_TARGETS['ml20m_epoch']:g} s/epoch | {steady_epoch(big):.2f} s, {_gib(big)} | "
+                     f"{yes(steady_epoch(big) <= GPU_TARGETS['ml20m_epoch'])} |")
+    sw = data.get("sweep") or {}
+    if "modes" in sw:
+        m = sw["modes"]
+        sp = m["batched"]["speedup_vs_separate"]
+        walls = ", ".join(f"{k} {v['wall_seconds']:.0f} s" for k, v in m.items())
+        ran = sw.get("separate_jobs_run")
+        if ran and ran < sw["n_jobs"]:
+            walls = (f"one process per job {m['separate']['seconds_per_job']:.1f} s a job (measured on {ran} of the jobs), "
+                     + ", ".join(f"{k} {v['wall_seconds']:.0f} s" for k, v in m.items() if k != "separate") + "; jobs/s ratio")
+        lines.append(f"| batched sweep ≥ {GPU_TARGETS['sweep_speedup']:g}× one process per job ({sw['n_jobs']} jobs: "
+                     f"{' '.join(sw['sweep'])}) | {walls}: {sp:.1f}× | {yes(sp >= GPU_TARGETS['sweep_speedup'])} |")
+        lines.append(f"| batched sweep: the numbers of separate runs | per-job metrics {'identical' if sw['same_numbers'] else 'DIFFER'} "
+                     f"| {yes(bool(sw['same_numbers']))} |")
+    elif "error" in sw:
+        lines.append(f"| batched sweep | failed: {sw['error'][:160]} | **not met** |")
+    tests = data.get("gpu_tests")
+    if tests and tests.get("exit_code") != "skipped":
+        lines.append(f"| `pytest -m gpu` passes | exit code {tests['exit_code']} | {yes(bool(tests.get('passed')))} |")
+    for stage, why in (data.get("skipped") or {}).items():
+        lines.append(f"| {stage} | not measured: {why} | not yet measured |")
+    lines.append("| Netflix-size DPPS-PNBM, 20 epochs ≤ 2 min in ≤ 40 GB | not in this check (it alone needs > 2 min) | not yet measured |")
+    return "\n".join(lines)
+
+
+SWEEP_CPU_GLOB = "sweep-cpu-*.json"  # experiments/benchmarks/bench_sweep.py on the CPU, one file per sweep
+STARTUP_CPU_JSON = {"before": RESULTS / "startup-cpu-before.json", "after": RESULTS / "startup-cpu-after.json"}
+
+
+def sweep_table(data: dict | None) -> str:
+    """One sweep three ways (``experiments/benchmarks/bench_sweep.py``): wall time, ratio to one process per job, same numbers."""
+    if data is None:
+        return "Not measured yet: `python experiments/benchmarks/bench_sweep.py --out docs/results/benchmarks/sweep-cpu-ml100k.json` writes it."
+    lines = [f"`{' '.join(data['sweep'])}` with `{' '.join(data['fixed'])}` ({data['n_jobs']} jobs; 1-minute load "
+             f"average {data['load_avg']:.1f} at the end, on a machine shared with other jobs; modes run in the order listed):", "",
+             "| launcher | wall | speed-up vs one process per job |", "|---|---|---|"]
+    names = {"separate": "one `python train.py` per job", "basic": "`-m` (Hydra's basic launcher)",
+             "batched": "`-m hydra/launcher=batched`"}
+    for mode, r in data["modes"].items():
+        sp = r.get("speedup_vs_separate")
+        lines.append(f"| {names.get(mode, mode)} | {r['wall_seconds']:.1f} s | {'–' if sp is None else f'{sp:.2f}×'} |")
+    lines += ["", f"Per-job test RMSE, MAE and per-epoch history identical across the modes: "
+                  f"**{'yes' if data['same_numbers'] else 'NO'}**."]
+    return "\n".join(lines)
+
+
+def startup_table(runs: dict[str, dict | None]) -> str:
+    """``experiments/benchmarks/bench_startup.py`` before/after: seconds to the first epoch, end to end, slowest imports."""
+    have = {k: v for k, v in runs.items() if v is not None}
+    if not have:
+        return "Not measured yet: `python experiments/benchmarks/bench_startup.py --out docs/results/benchmarks/startup-cpu-after.json`."
+    cmd = next(iter(have.values()))["command"]
+    lines = [f"`{cmd}` (minimum over runs; 1-minute load average at the end in brackets):", "",
+             "| checkout | to the first epoch | end to end | CPU time | top-level imports ≥ 50 ms (`-X importtime`, s) |",
+             "|---|---|---|---|---|"]
+    for name, r in have.items():
+        imps = ", ".join(f"`{k}` {v:.2f}" for k, v in sorted(r["imports"].items(), key=lambda kv: -kv[1])) if r.get("imports") else "–"
+        first = "–" if r["to_first_epoch"] is None else f"{r['to_first_epoch']:.1f} s"
+        cpu = f"{r['cpu_seconds']:.1f} s" if r.get("cpu_seconds") is not None else "–"
+        lines.append(f"| {name} ({r['load_avg']:.1f}) | {first} | {r['end_to_end']:.1f} s | {cpu} | {imps} |")
+    return "\n".join(lines)
+
+
+def _json_or_none(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--main", default="cpu-main-t1")
+    ap.add_argument("--t2", default="cpu-syn1m-t2")
+    ap.add_argument("--scaling", default="cpu-scaling-t1")
+    ap.add_argument("--parity", nargs="*", default=["cpu-parity-none", "cpu-parity-dpsgd"])
+    ap.add_argument("--repeated", default="cpu-dpsgd-syn1m-t1", help="the target's two cases run alone (optional)")
+    ap.add_argument("--gpu", type=Path, default=GPU_JSON, help="gpu_check.sh's JSON; absent = the GPU rows are pending")
+    args = ap.parse_args()
+    repeated = cases(args.repeated) if (RESULTS / f"bench-{args.repeated}.json").exists() else None
+    table = targets(cases(args.main), cases(args.t2), [cases(t) for t in args.parity], repeated)
+    doc = ROOT / "docs" / "performance.md"
+    splice(doc, "main", read(args.main, "md"))
+    splice(doc, "t2", read(args.t2, "md") + ("" if repeated is None else "\n" + read(args.repeated, "md")))
+    splice(doc, "parity", "\n".join(read(t, "md") for t in args.parity))
+    splice(doc, "scaling", read(args.scaling, "md"))
+    splice(doc, "targets", table)
+    gpu = json.loads(args.gpu.read_text()) if args.gpu.exists() else None
+    rerun = args.gpu.with_name("gpu-check-rerun.json")
+    if gpu is not None and rerun.exists():
+        gpu = merge_gpu_rerun(gpu, json.loads(rerun.read_text()))
+    if gpu is not None and gpu.get("dry_run"):
+        raise SystemExit(f"{args.gpu} is a --dry-run (CPU, tiny data); it is not published as GPU figures")
+    splice(doc, "gpu", gpu_tables(gpu))
+    sweeps = [json.loads(f.read_text()) for f in sorted(RESULTS.glob(SWEEP_CPU_GLOB))]
+    splice(doc, "sweep-cpu", "\n\n".join(sweep_table(d) for d in sweeps) if sweeps else sweep_table(None))
+    splice(doc, "startup-cpu", startup_table({k: _json_or_none(v) for k, v in STARTUP_CPU_JSON.items()}))
+
+
+if __name__ == "__main__":
+    main()
