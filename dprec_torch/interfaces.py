@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # typing only: the accountants module is above this one
 
 __all__ = [
     "ClipsTrainingPredictions", "DeclaresFallback", "DeclaresGradientReduction", "DeclaresPrivacyCaveat", "HasMeanFallback",
-    "ReadsUserHistory", "FactorModel", "FittedPredictor", "HasItemMeans", "HasOutputSensitivity", "HasRatingScale",
+    "ReadsUserHistory", "FactorModel", "PenalisesVisits", "FittedPredictor", "HasItemMeans", "HasOutputSensitivity", "HasRatingScale",
     "HasScoreRange", "ItemSimilarityModel", "MeanFallback", "OutputMechanism", "PerturbsResiduals", "Predictor", "Recommender",
     "ReportsFallback", "ReportsPrivacy", "ReportsSensitivity", "Scorer", "SupportsPerExampleNorms",
     "SupportsPriorPrecision", "SupportsProjection", "SupportsRawPredict", "TrainableModel", "TrainingMechanism",
@@ -151,6 +151,14 @@ class FactorModel(Protocol, metaclass=_AttributeProtocolMeta):
     item_factors: torch.nn.Embedding
     user_bias: torch.nn.Embedding
     item_bias: torch.nn.Embedding
+
+
+@runtime_checkable
+class PenalisesVisits(Protocol, metaclass=_AttributeProtocolMeta):
+    """A model with per-rating parameters whose classic SGD-MF penalty lambda_r (b_u, b_i, p_u, q_i) per visited
+    rating (Koren 2009, Eq. 5) it can state for a batch (MF; non-private ``mechanism.rating_reg``)."""
+
+    def visit_penalty(self, batch: Any) -> torch.Tensor: ...
 
 
 @runtime_checkable

@@ -7,6 +7,7 @@ from typing import Any, Iterable
 import torch
 
 from dprec_torch.errors import ConfigError
+from dprec_torch.interfaces import PenalisesVisits
 from dprec_torch.mechanisms.base import MechanismOptimizer
 from dprec_torch.mechanisms.context import TrainingContext
 
@@ -62,7 +63,7 @@ class MapSGD(MechanismOptimizer):
 
     @staticmethod
     def _check_visit_penalty(model: Any) -> None:
-        if model is not None and not hasattr(model, "visit_penalty"):
+        if model is not None and not isinstance(model, PenalisesVisits):
             raise ConfigError(f"mechanism.rating_reg needs a model with per-rating parameters (model=mf), "
                               f"got {type(model).__name__}; set mechanism.rating_reg=0")
 
