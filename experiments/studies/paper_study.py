@@ -33,7 +33,8 @@ from dprec_torch.study.report import legacy_method, relabel
 ROOT = Path(__file__).resolve().parents[2]
 STUDIES = {"fig1": "docs/results/fig1_ml-100k_tuned", "fig2": "docs/results/fig2_ml-100k_tuned", "fig3": "docs/results/fig3_ml-100k_tuned",
            "fig2repo": "docs/results/fig2_ml-100k_tuned_repo"}  # search=repo: DPPS step sizes on this repository's scale
-FIXED = {"fig1": "docs/results/fig1_ml100k", "fig2": "docs/results/fig2_ml100k", "fig3": "docs/results/fig3_ml100k"}  # the same figures with fixed default hyperparameters
+# the same figures with fixed default hyperparameters
+FIXED = {"fig1": "docs/results/fig1_ml100k", "fig2": "docs/results/fig2_ml100k", "fig3": "docs/results/fig3_ml100k"}
 TAU = 200
 NAMES = {"dpsgd_paper-pnbm": "DPSGD-PNBM (paper-faithful)", "dpsgd_paper-mf": "DPSGD-MF (paper-faithful)",
          "sgld_paper-pnbm": "DPPS-PNBM (paper-faithful)", "sgld_paper-mf": "DPPS-MF (paper-faithful)"}
