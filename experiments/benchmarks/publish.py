@@ -91,8 +91,8 @@ def targets(main: dict[str, dict], t2: dict[str, dict] | None, parity: list[dict
     if not any(k.endswith("-ml1m-sparse") for k in main):
         lines.append("| the same targets on real ML-1M | not measured: ML-1M is not on this machine's disk and it has no "
                      "network (the `ml1m` rows appear when `DPREC_DATA` holds `ml-1m/`) | not yet measured |")
-    lines.append("| GPU: ML-1M epoch ≤ 0.05 s; ML-20M-size epoch ≤ 10 s, ≤ 20 GB; throughput vs peak | not yet measured "
-                 "(no GPU lent to this project's sessions so far) | not yet measured |")
+    lines.append("| GPU targets (issue 18) | the *GPU (issue 18)* block below, from `experiments/benchmarks/gpu_check.sh` "
+                 "| there, per target |")
     return "\n".join(lines)
 
 
