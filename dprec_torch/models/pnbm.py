@@ -136,7 +136,8 @@ class PNBM(nn.Module):
         formulation: ``auto`` | ``dense`` | ``sparse_pair`` (module docstring); same numbers either way.
         pair_budget: padded pairs per chunk of the sparse-pair kernels on the CPU (bounds their memory);
             on an accelerator at least ``pair_kernels.ACCELERATOR_MIN_BUDGET`` (:func:`~.pair_kernels.device_budget`).
-        dense_max_items: ``auto`` picks ``dense`` on an accelerator up to this M (a heuristic, untimed).
+        dense_max_items: ``auto`` picks ``dense`` on an accelerator up to this M (one number; both sides measured
+            on an H200 in docs/performance.md: ML-1M dense, ML-20M-size sparse pairs).
         pair_backend: sparse-pair kernels on the CPU: ``numba`` (fused compiled loops,
             :mod:`dprec_torch.models.pair_numba`), ``torch`` (chunked tensor ops, any device) or
             ``auto`` (numba on the CPU when it imports); same numbers either way.
