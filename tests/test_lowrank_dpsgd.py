@@ -101,6 +101,26 @@ def test_item_mean_share_never_exhausts_the_budget(eps):
     assert rep["epsilon_accountant"] <= eps
 
 
+def test_prv_accountant_calibrates_tighter_and_reports_its_own_epsilon():
+    """accountant=prv: the whole history [(item means, q = 1), (sigma, q, T)] is within eps by Opacus's PRV upper
+    bound, needs less noise than RDP for the same target, and the single-release mu never exceeds the exact
+    Gaussian-DP mu (PRV cannot beat the tight analytic curve of one Gaussian release)."""
+    from dprec_torch.privacy.gaussian_release import total_mu
+
+    eps = 2.0
+    mu_prv, mu_rdp = rdp_total_mu(eps, 1e-6, "prv"), rdp_total_mu(eps, 1e-6, "rdp")
+    assert mu_rdp < mu_prv <= total_mu(eps, 1e-6)
+    mean_mult = 1.0 / (math.sqrt(0.5) * mu_prv)
+    sigma = sgd_noise_multiplier(eps, 1e-6, mean_mult, 0.1, 50, "prv")
+    assert sigma < sgd_noise_multiplier(eps, 1e-6, 1.0 / (math.sqrt(0.5) * mu_rdp), 0.1, 50, "rdp")
+    acc = OpacusAccountant("prv")
+    acc.step(mean_mult, 1.0)
+    acc.step(sigma, 0.1, steps=50)
+    assert acc.get_epsilon(1e-6) <= eps
+    rep = LowRankDPSGD(epsilon=eps, steps=5, dim=2, accountant="prv").fit(tiny_fold().train).privacy_report()
+    assert rep["epsilon_accountant"] <= eps and "PRV" in rep["accountant"]
+
+
 def test_means_alone_over_budget_is_one_line():
     with pytest.raises(ConfigError):
         sgd_noise_multiplier(0.1, 1e-6, 0.5, 0.1, 10)
@@ -143,7 +163,7 @@ class TestLowRankDPSGDContract(PredictorContract):
 
 
 @pytest.mark.parametrize("bad", [dict(dim=0), dict(sampling_ratio=0.0), dict(clip=math.inf), dict(mean_fraction=1.0),
-                                 dict(count_weight=-1.0), dict(accountant="prv"), dict(epsilon=0)])
+                                 dict(count_weight=-1.0), dict(accountant="gdp"), dict(epsilon=0)])
 def test_bad_config_is_one_line(bad):
     with pytest.raises(ConfigError):
         LowRankDPSGD(**bad)

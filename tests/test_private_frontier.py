@@ -52,3 +52,45 @@ def test_written_experiments_select_the_choice_and_compose(tmp_path, monkeypatch
     assert "python train.py model=lowrank_dpsgd epsilon=10 data=ml-1m model.dim=16 model.lr=5.0" in text  # its own model file
     rating = yaml.safe_load((tmp_path / "private_rating.yaml").read_text())
     assert rating["model"]["support"] is None
+
+
+def _fake_study(tmp_path, monkeypatch, pf, val_rmse):
+    """A two-configuration grid on two fake folds; ``run_one`` returns ``val_rmse(config, fold, eps)``."""
+    calls = []
+    monkeypatch.setattr(pf, "OUT", tmp_path)
+    monkeypatch.setattr(pf, "BASE", {("noisy_gram", "user"): {"relation": "user"}})
+    monkeypatch.setattr(pf, "GRID", {("noisy_gram", "user"): [{"estimator": "none"}, {"estimator": "knn", "k": 5}]})
+    monkeypatch.setattr(pf, "EPS", [1.0, 10.0])
+    monkeypatch.setattr(pf, "LOADERS", {"ml-100k": lambda k: ("fold", k)})
+    monkeypatch.setattr(pf, "validation_fold", lambda fold, frac, seed: ("val",) + fold)
+
+    def run_one(mech, cfg, eps, fold, seed):
+        calls.append((fold, cfg.get("estimator"), eps))
+        return {"rmse": val_rmse(cfg, fold, eps), "fit_seconds": 0.0}
+
+    monkeypatch.setattr(pf, "run_one", run_one)
+    return calls
+
+
+def test_each_fold_is_tuned_on_its_own_validation_split_and_tested_with_its_own_choice(tmp_path, monkeypatch):
+    """Issue 17's protocol: hyperparameters from each fold's own validation split; a fold's test uses that fold's
+    choice; rerunning reuses every saved result."""
+    pf = _study()
+
+    def val_rmse(cfg, fold, eps):  # fold 1 prefers knn, fold 2 prefers none; the test split scores 0.5 + fold
+        if fold[0] == "val":
+            return (0.9 if cfg["estimator"] == "knn" else 1.0) if fold[-1] == 1 else (1.0 if cfg["estimator"] == "knn" else 0.9)
+        return 0.5 + fold[-1]
+
+    calls = _fake_study(tmp_path, monkeypatch, pf, val_rmse)
+    tuning = pf.tune("ml-100k", 2)
+    assert {c[0] for c in calls} == {("val", "fold", 1), ("val", "fold", 2)}  # never a test split
+    assert pf.chosen(tuning, "noisy_gram", "user", 1.0, "ml-100k", 1)["estimator"] == "knn"
+    assert pf.chosen(tuning, "noisy_gram", "user", 1.0, "ml-100k", 2)["estimator"] == "none"
+    res = pf.test(tuning, "ml-100k", 2)
+    row = res["rows"]["noisy_gram/user/1"]
+    assert row["folds"]["1"]["config"]["estimator"] == "knn" and row["folds"]["2"]["config"]["estimator"] == "none"
+    assert row["mean"] == 2.0 and row["n_folds"] == 2
+    calls.clear()
+    pf.test(pf.tune("ml-100k", 2), "ml-100k", 2)
+    assert calls == []  # everything reused

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 from opacus.accountants import RDPAccountant, create_accountant
 from opacus.accountants.utils import get_noise_multiplier
 
@@ -81,7 +82,8 @@ class OpacusAccountant:
             return 0.0
         if any(sigma <= 0 for sigma, _, _ in self._acc.history):
             return math.inf
-        return float(self._acc.get_epsilon(delta=delta, **_epsilon_kwargs(self.mechanism)))
+        with np.errstate(divide="ignore"):  # PRV at q = 1 takes log(1 - q) = -inf on a branch np.where discards
+            return float(self._acc.get_epsilon(delta=delta, **_epsilon_kwargs(self.mechanism)))
 
     @property
     def history(self) -> list[tuple[float, float, int]]:
