@@ -50,6 +50,7 @@ from dprec_torch.privacy.gaussian_release import (
     NOISES,
     RELATION_TEXT,
     RELATIONS,
+    check_popularity,
     gdp_epsilon,
     install_private_fallback,
     item_stats_sensitivity,
@@ -147,6 +148,7 @@ class DPALS(BasePredictor):
         max_ratings_per_user: m (null: no sampling; only with epsilon=inf).
         clip_factor: Gamma_u. clamp_r: Gamma_r. reg: lambda (user solve). item_reg: lambda_v (item solve).
         mean_fraction, mean_noise, mean_prior_std: the item-mean release (share of mu^2, or of epsilon for laplace).
+        mean_popularity_alpha, mean_popularity_share: its popularity re-weighting (Gaussian only, inside the same mu).
         count_weight: gamma of the item statistics (null: the default; :mod:`dprec_torch.privacy.gaussian_release`).
         init_fraction: share of the Gaussian budget (mu^2) spent on the power iteration. beta_p: user-offset damping.
         init_scale: RMS entry of the initial item factors. seed: noise and sampling seed.
@@ -172,6 +174,8 @@ class DPALS(BasePredictor):
         mean_fraction: float = 0.3,
         mean_noise: str = "laplace",
         mean_prior_std: float = 0.5,
+        mean_popularity_alpha: float = 0.0,
+        mean_popularity_share: float = 0.1,
         count_weight: float | None = None,
         init_fraction: float = 0.2,
         beta_p: float = 5.0,
@@ -200,6 +204,8 @@ class DPALS(BasePredictor):
         self.clip_factor, self.clamp_r, self.reg, self.item_reg = float(clip_factor), float(clamp_r), float(reg), float(item_reg)
         self.noise_reg = float(noise_reg)
         self.mean_fraction, self.mean_noise, self.mean_prior_std = float(mean_fraction), mean_noise, float(mean_prior_std)
+        check_popularity(mean_popularity_alpha, mean_popularity_share, mean_noise)
+        self.mean_popularity_alpha, self.mean_popularity_share = float(mean_popularity_alpha), float(mean_popularity_share)
         self.init_fraction, self.beta_p, self.init_scale, self.seed = float(init_fraction), float(beta_p), float(init_scale), int(seed)
         self.count_weight = None if count_weight is None else float(count_weight)
         item_stats_sensitivity(relation, mean_noise, self.count_weight)  # validates gamma (ConfigError)
@@ -245,7 +251,7 @@ class DPALS(BasePredictor):
         # step 0: item means, offsets, residuals, per-user sample
         budget = self.mean_epsilon_ if self.mean_noise == "laplace" else self.mu_["item_stats"]
         rel = release_item_means(train, self.relation, budget if self.private else math.inf, self.mean_prior_std, gen, self.mean_noise,
-                                 self.count_weight)
+                                 self.count_weight, self.mean_popularity_alpha, self.mean_popularity_share)
         self.means_release_ = rel
         self.item_avg_, self.global_avg_ = rel.means.to(dev), rel.global_mean
         install_private_fallback(self, self.item_avg_, self.global_avg_)
@@ -335,6 +341,7 @@ class DPALS(BasePredictor):
                             "als_round_l2": self.als_sensitivity_,
                             "power_round_l2": power_sensitivity(self.max_ratings_per_user, self.clamp_r, self.relation),
                             "rule": "sqrt(m) Gamma_u sqrt(Gamma_u^2 + Gamma_r^2) and m Gamma_r^2, x2 at rating level"},
+            "item_means_release": self.means_release_.describe(),
             "noise": (f"item means: {self.mean_noise} (std {self.means_release_.noise_std:.4g}); ALS rounds: N(0, {self.als_std_:.4g}^2) "
                       f"on every (A_j triangle, b_j) entry x {self.iterations}; power iteration: N(0, {self.power_std_:.4g}^2) "
                       f"on every entry of W x {self.power_iters}"),

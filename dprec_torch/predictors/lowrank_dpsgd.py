@@ -53,6 +53,7 @@ from dprec_torch.predictors.dpals import user_residuals
 from dprec_torch.privacy.budget import check_epsilon_delta
 from dprec_torch.privacy.gaussian_release import (
     RELATION_TEXT,
+    check_popularity,
     install_private_fallback,
     item_stats_sensitivity,
     release_item_means,
@@ -144,7 +145,8 @@ class LowRankDPSGD(BasePredictor):
         epsilon, delta: target of the whole run (``inf``: same training, no noise, no clipping bound on the claim).
         dim: d. steps: T. sampling_ratio: q (Poisson, per user). clip: C (per-user Frobenius norm). lr, weight_decay,
         momentum: the SGD step (heavy ball). clamp_r: Gamma_r. beta_p: user-offset damping. init_scale: RMS entry of the random U_0 (seeded,
-        data-independent). mean_fraction: share of mu^2 for the item means. mean_prior_std, count_weight: their
+        data-independent). mean_fraction: share of mu^2 for the item means. mean_prior_std, count_weight,
+        mean_popularity_alpha/share (:func:`release_item_means`'s popularity re-weighting, inside the same mu): their
         release options. accountant: ``rdp`` or ``prv`` (Opacus). seed: noise, sampling and init seed.
     """
 
@@ -168,6 +170,8 @@ class LowRankDPSGD(BasePredictor):
         init_scale: float = 0.1,
         mean_fraction: float = 0.5,
         mean_prior_std: float = 0.5,
+        mean_popularity_alpha: float = 0.0,
+        mean_popularity_share: float = 0.1,
         count_weight: float | None = 0.5,
         accountant: str = "rdp",
         seed: int = 0,
@@ -189,6 +193,8 @@ class LowRankDPSGD(BasePredictor):
         self.lr, self.weight_decay, self.clamp_r, self.beta_p = float(lr), float(weight_decay), float(clamp_r), float(beta_p)
         self.momentum = float(momentum)
         self.init_scale, self.mean_fraction, self.mean_prior_std = float(init_scale), float(mean_fraction), float(mean_prior_std)
+        check_popularity(mean_popularity_alpha, mean_popularity_share)
+        self.mean_popularity_alpha, self.mean_popularity_share = float(mean_popularity_alpha), float(mean_popularity_share)
         self.count_weight = None if count_weight is None else float(count_weight)
         item_stats_sensitivity("user", "gaussian", self.count_weight)  # validates gamma
         self.accountant, self.seed = accountant, int(seed)
@@ -216,7 +222,8 @@ class LowRankDPSGD(BasePredictor):
                                                           self.steps, self.accountant)
         else:
             mu_m, self.mean_multiplier_, self.noise_multiplier_ = math.inf, 0.0, 0.0
-        rel = release_item_means(train, "user", mu_m, self.mean_prior_std, gen, "gaussian", self.count_weight)
+        rel = release_item_means(train, "user", mu_m, self.mean_prior_std, gen, "gaussian", self.count_weight,
+                                 self.mean_popularity_alpha, self.mean_popularity_share)
         self.means_release_ = rel
         self.item_avg_, self.global_avg_ = rel.means.to(dev), rel.global_mean
         install_private_fallback(self, self.item_avg_, self.global_avg_)
@@ -284,6 +291,7 @@ class LowRankDPSGD(BasePredictor):
             "relation_text": RELATION_TEXT["user"],
             "sensitivity": {"item_stats_l2": self.means_release_.sensitivity, "sgd_step_l2": self.clip,
                             "rule": "per-user Frobenius clip C of the user's whole gradient"},
+            "item_means_release": self.means_release_.describe(),
             "noise": (f"item means: N(0, {self.means_release_.noise_std:.4g}^2) on each of the 2M statistics; DP-SGD: "
                       f"N(0, ({self.noise_multiplier_:.4g} x {self.clip:g})^2) on each of the {self.dim}M entries, "
                       f"{self.steps} steps, Poisson rate q = {self.sampling_ratio:g}; the noisy sum is divided by the expected "

@@ -63,6 +63,7 @@ from dprec_torch.privacy.gaussian_release import (
     NOISES,
     RELATION_TEXT,
     RELATIONS,
+    check_popularity,
     gdp_epsilon,
     install_private_fallback,
     item_stats_sensitivity,
@@ -168,6 +169,8 @@ class NoisyGram(BasePredictor):
         clamp_b: B, clamp of each centred entry. clip_norm: c, user-level L2 clip of x_u.
         weighting: ``clip`` | ``normalize`` (user level).
         mean_fraction: share of mu^2 spent on the item statistics. mean_prior_std: prior std of item deviations (posterior-mean shrinkage).
+        mean_popularity_alpha, mean_popularity_share: the item statistics' popularity re-weighting (Gaussian only,
+        inside the same mu; :func:`release_item_means`).
         count_weight: gamma, weight of the counts beside the sums in the item statistics (null: the default;
             :mod:`dprec_torch.privacy.gaussian_release`).
         beta_p: damping of the user's own offset b_u.
@@ -193,6 +196,8 @@ class NoisyGram(BasePredictor):
         mean_fraction: float = 0.2,
         mean_noise: str = "gaussian",
         mean_prior_std: float = 0.5,
+        mean_popularity_alpha: float = 0.0,
+        mean_popularity_share: float = 0.1,
         count_weight: float | None = None,
         beta_p: float = 5.0,
         k: int = 100,
@@ -228,6 +233,8 @@ class NoisyGram(BasePredictor):
         self.relation, self.estimator, self.weighting, self.mean_noise = relation, estimator, weighting, mean_noise
         self.clamp_b, self.clip_norm = float(clamp_b), float(clip_norm)
         self.mean_fraction, self.mean_prior_std, self.beta_p = float(mean_fraction), float(mean_prior_std), float(beta_p)
+        check_popularity(mean_popularity_alpha, mean_popularity_share, mean_noise)
+        self.mean_popularity_alpha, self.mean_popularity_share = float(mean_popularity_alpha), float(mean_popularity_share)
         self.k, self.variance_floor, self.knn_shrinkage = int(k), float(variance_floor), float(knn_shrinkage)
         self.reg, self.rank, self.eig_threshold, self.prior_power = float(reg), int(rank), float(eig_threshold), float(prior_power)
         if support is not None and int(support) < 2:
@@ -257,7 +264,8 @@ class NoisyGram(BasePredictor):
         if not self.private:
             self.mean_epsilon_ = None
             self.mu_ = {"item_stats": math.inf, "gram": math.inf}
-            rel = release_item_means(train, self.relation, math.inf, self.mean_prior_std, gen, self.mean_noise, self.count_weight)
+            rel = release_item_means(train, self.relation, math.inf, self.mean_prior_std, gen, self.mean_noise, self.count_weight,
+                                     self.mean_popularity_alpha, self.mean_popularity_share)
         elif self.mean_noise == "laplace":  # pure eps_m + (eps - eps_m, delta) Gaussian, basic composition
             self.mean_epsilon_ = self.mean_fraction * self.epsilon
             self.mu_ = {"gram": total_mu(self.epsilon - self.mean_epsilon_, self.delta)}
@@ -267,7 +275,7 @@ class NoisyGram(BasePredictor):
             self.mu_ = split_mu(total_mu(self.epsilon, self.delta),
                                 {"item_stats": (self.mean_fraction, 1), "gram": (1.0 - self.mean_fraction, 1)})
             rel = release_item_means(train, self.relation, self.mu_["item_stats"], self.mean_prior_std, gen, "gaussian",
-                                     self.count_weight)
+                                     self.count_weight, self.mean_popularity_alpha, self.mean_popularity_share)
         self.means_release_ = rel
         self.item_avg_, self.global_avg_ = rel.means.to(dev), rel.global_mean
         install_private_fallback(self, self.item_avg_, self.global_avg_)
@@ -434,6 +442,7 @@ class NoisyGram(BasePredictor):
             "relation_text": RELATION_TEXT[self.relation],
             "sensitivity": {"item_stats_l2": self.means_release_.sensitivity, "gram_triangle_l2": self.sensitivity_,
                             "gram_rule": ("2 B^2, B = %g" % self.clamp_b) if self.relation == "rating" else ("c^2, c = %g" % self.clip_norm)},
+            "item_means_release": self.means_release_.describe(),
             "noise": (f"N(0, {self.means_release_.noise_std:.4g}^2) on each of the 2M item statistics; "
                       f"N(0, {self.noise_std_:.4g}^2) on each upper-triangle entry of G (mirrored)"),
             "epsilon": self.epsilon,

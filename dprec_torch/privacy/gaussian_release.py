@@ -162,9 +162,13 @@ def _per_item(train: Any, v: torch.Tensor) -> torch.Tensor:
     return torch.zeros(train.n_items, dtype=torch.float64, device=v.device).index_add_(0, train.items, v)
 
 
-def item_stat_terms(train: Any, relation: str, noise: str = "gaussian", count_weight: float | None = None
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-rating terms (a_ui, b_ui) with S_i = sum a_ui and gamma C_i = sum b_ui (module docstring)."""
+def item_stat_terms(train: Any, relation: str, noise: str = "gaussian", count_weight: float | None = None,
+                    item_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-rating terms (a_ui, b_ui) with S_i = sum a_ui and gamma C_i = sum b_ui (module docstring).
+
+    ``item_weight`` a_i in (0, 1] (Gaussian only; :func:`popularity_weights`): rating (u, i) enters as a_i (z, gamma)
+    before the user's normalisation, so the sensitivity is unchanged (user level: unit norm; rating level: a_i <= 1).
+    """
     if relation not in RELATIONS:
         raise ConfigError(f"relation must be one of {RELATIONS}, got '{relation}'")
     if noise not in NOISES:
@@ -172,6 +176,14 @@ def item_stat_terms(train: Any, relation: str, noise: str = "gaussian", count_we
     gamma = resolve_count_weight(relation, noise, count_weight)
     lo, hi = train.scale.lo, train.scale.hi
     z = ((train.values.double() - (lo + hi) / 2) / ((hi - lo) / 2)).clamp(-1.0, 1.0)
+    if item_weight is not None:
+        if noise != "gaussian":
+            raise ConfigError("popularity re-weighting of the item statistics needs mean_noise=gaussian")
+        a = item_weight.to(z.device, torch.float64)[train.items]
+        if relation == "user":
+            w = a * _per_user(train, a * a * (z * z + gamma * gamma)).clamp_min(1e-12).rsqrt()[train.users]
+            return w * z, w * gamma
+        return a * z, a * gamma
     if relation == "user":
         if noise == "laplace":
             w = 1.0 / _per_user(train, z.abs() + gamma).clamp_min(1e-12)[train.users]
@@ -181,9 +193,10 @@ def item_stat_terms(train: Any, relation: str, noise: str = "gaussian", count_we
     return z, torch.full_like(z, gamma)
 
 
-def item_stats(train: Any, relation: str, noise: str = "gaussian", count_weight: float | None = None) -> torch.Tensor:
+def item_stats(train: Any, relation: str, noise: str = "gaussian", count_weight: float | None = None,
+               item_weight: torch.Tensor | None = None) -> torch.Tensor:
     """The pre-noise released vector (S_1..S_M, gamma C_1..gamma C_M), float64."""
-    a, b = item_stat_terms(train, relation, noise, count_weight)
+    a, b = item_stat_terms(train, relation, noise, count_weight, item_weight)
     return torch.cat([_per_item(train, a), _per_item(train, b)])
 
 
@@ -198,21 +211,75 @@ class ItemMeansRelease:
     details: dict[str, Any] = field(default_factory=dict)
     counts: torch.Tensor | None = None  # the noisy counts C~ (count units), public after the release
 
+    def describe(self) -> str:
+        """What was released, for a privacy report."""
+        text = (f"(S, gamma C) + N(0, {self.noise_std:.4g}^2) on each of the 2M item statistics "
+                f"(L2 sensitivity {self.sensitivity:g})")
+        if self.details.get("popularity_alpha", 0) > 0:
+            text = (f"the item counts K + N(0, {self.details['popularity_noise_std']:.4g}^2) (L2 sensitivity 1, "
+                    f"share {self.details['popularity_share']:g} of mu^2), then " + text +
+                    f" with each rating re-weighted by a_i = (K~_i / floor)^-{self.details['popularity_alpha']:g}; "
+                    "the two Gaussian releases are together exactly the item means' mu-GDP")
+        return text
+
+
+def popularity_counts(train: Any, relation: str) -> torch.Tensor:
+    """Stage 0 of a popularity re-weighted release: K_i = sum_u n_u^(-1/2) [i in R_u] (user level: each user's
+    vector has L2 norm exactly 1) or K_i = |{u : i in R_u}| (rating level: one rating moves one K_i by 1); L2
+    sensitivity 1 either way (a change of value moves nothing)."""
+    ones = torch.ones_like(train.values, dtype=torch.float64)
+    if relation == "user":
+        ones = _per_user(train, ones).clamp_min(1.0).rsqrt()[train.users]
+    return _per_item(train, ones)
+
+
+def check_popularity(alpha: float, share: float, noise: str = "gaussian") -> None:
+    """One-line errors for the popularity re-weighting options of :func:`release_item_means`."""
+    if not (math.isfinite(alpha) and alpha >= 0 and 0 < share < 1):
+        raise ConfigError(f"need mean_popularity_alpha >= 0 and 0 < mean_popularity_share < 1, got {alpha}, {share}")
+    if alpha > 0 and noise != "gaussian":
+        raise ConfigError("mean_popularity_alpha > 0 needs Gaussian item means (mean_noise=gaussian)")
+
+
+def popularity_weights(noisy_counts: torch.Tensor, alpha: float, floor: float) -> torch.Tensor:
+    """a_i = (max(K~_i, floor) / floor)^(-alpha) in (0, 1]: rarer items get more of each user's unit norm
+    (post-processing of the stage-0 release)."""
+    return (noisy_counts.double().clamp_min(floor) / floor).pow(-float(alpha))
+
 
 def release_item_means(train: Any, relation: str, budget: float, prior_std: float, gen: torch.Generator,
-                       noise: str = "gaussian", count_weight: float | None = None) -> ItemMeansRelease:
+                       noise: str = "gaussian", count_weight: float | None = None, popularity_alpha: float = 0.0,
+                       popularity_share: float = 0.1) -> ItemMeansRelease:
     """Step 1: (S, gamma C) + noise on all 2M entries, then the shrunk means (module docstring).
 
     ``budget`` is mu (GDP) for ``noise=gaussian`` and the pure epsilon for ``noise=laplace``; inf = no noise.
     ``count_weight``: gamma (None: the default of (relation, noise)).
+    ``popularity_alpha`` > 0 (Gaussian only): first release the counts K (:func:`popularity_counts`) with
+    mu_0 = sqrt(share) mu, then (S, gamma C) re-weighted by a_i = (K~_i / floor)^(-alpha) (:func:`popularity_weights`,
+    floor = 2 x K~'s noise std) with mu_1 = sqrt(1 - share) mu: mu_0^2 + mu_1^2 = mu^2, so the two releases are
+    together exactly the caller's mu-GDP (one Gaussian mechanism of multiplier 1/mu for an RDP/PRV accountant).
+    Each user's unit norm then leans towards rare items, whose means have the fewest contributions.
     """
     if not prior_std > 0:
         raise ConfigError(f"mean_prior_std must be > 0, got {prior_std}")
+    check_popularity(popularity_alpha, popularity_share, noise)
     m = train.n_items
     lo, hi = train.scale.lo, train.scale.hi
     mid, half = (lo + hi) / 2, (hi - lo) / 2
     delta = item_stats_sensitivity(relation, noise, count_weight)
-    stats = item_stats(train, relation, noise, count_weight)
+    weight = torch.ones(m, dtype=torch.float64, device=train.values.device)
+    details: dict[str, Any] = {}
+    if popularity_alpha > 0:
+        mu0 = math.sqrt(popularity_share) * budget
+        std0 = 0.0 if math.isinf(budget) else 1.0 / mu0
+        k = popularity_counts(train, relation)
+        if std0 > 0:
+            k = k + torch.randn(m, generator=gen, device=gen.device, dtype=torch.float64).to(k.device) * std0
+        floor = 2.0 * std0 if std0 > 0 else 1.0
+        weight = popularity_weights(k, popularity_alpha, floor).to(train.values.device)
+        budget = math.sqrt(1.0 - popularity_share) * budget
+        details = {"popularity_alpha": popularity_alpha, "popularity_share": popularity_share, "popularity_noise_std": std0}
+    stats = item_stats(train, relation, noise, count_weight, weight if popularity_alpha > 0 else None)
     if math.isinf(budget):
         std = 0.0
     elif noise == "laplace":
@@ -224,16 +291,18 @@ def release_item_means(train: Any, relation: str, budget: float, prior_std: floa
         std = delta / budget
         stats = stats + torch.randn(2 * m, generator=gen, device=gen.device, dtype=torch.float64).to(stats.device) * std
     gamma = resolve_count_weight(relation, noise, count_weight)
-    s, c = stats[:m], stats[m:] / gamma
+    # back to per-item units: S_i / a_i and C_i / a_i carry noise std / a_i (a = 1 without re-weighting)
+    s, c, std_i = stats[:m] / weight, stats[m:] / (gamma * weight), std / weight
     count_std = std / gamma
-    g = min(max(mid + half * float(s.sum()) / max(float(c.sum()), 1.0), lo), hi)
+    # the global mean from the released sums as they are (each item's noise std is then the same)
+    g = min(max(mid + half * float(stats[:m].sum()) / max(float(stats[m:].sum()) / gamma, 1.0), lo), hi)
     cp = c.clamp_min(0.0)
     dev = s - cp * (g - mid) / half
     tau2 = (prior_std / half) ** 2
-    den = cp * cp * tau2 + std * std
+    den = cp * cp * tau2 + std_i * std_i
     means = torch.where(den > 0, g + half * cp * tau2 * dev / den.clamp_min(1e-300), torch.full_like(s, g)).clamp(lo, hi)
     return ItemMeansRelease(means.float(), float(g), delta, std, {"count_noise_std": count_std, "prior_std": prior_std,
-                                                                  "count_weight": gamma},
+                                                                  "count_weight": gamma, **details},
                             counts=c.float())
 
 

@@ -13,6 +13,8 @@ Each release runs the predictor module's own pre-noise functions on the harness'
 * :class:`~dprec_torch.predictors.lowrank_dpsgd.LowRankDPSGD`: the Gaussian item statistics with its count weight, and
   one DP-SGD step's sum of per-user clipped gradients of S = U U^T (per-user rows, bound C, user level).
 * ``count_weight``: the item statistics with a non-default gamma (user and rating level, both noises).
+* ``mean_popularity_alpha``: the popularity counts K (bound 1) and the item statistics re-weighted by public
+  a_i in (0, 1] (adversarial: some tiny, some 1), for every class, user and rating level.
 """
 
 from __future__ import annotations
@@ -48,19 +50,46 @@ def _rows(data: Ratings, per_unit: str, fn) -> torch.Tensor:
     return torch.stack([fn(_subset(data, idx == k)) for k in range(len(data))])
 
 
-def _item_stats_case(cls_name: str, relation: str, noise: str, make, count_weight: float | None = None) -> SensitivityCase:
+def _public_item_weights(n_items: int, seed: int) -> torch.Tensor:
+    """Public a_i in (0, 1]: a mix of 1, tiny and intermediate values (the popularity weights' range)."""
+    choices = torch.tensor([1.0, 1e-3, 0.5, 0.1], dtype=torch.float64)
+    return choices[torch.randint(0, 4, (n_items,), generator=torch.Generator().manual_seed(int(seed) + 3))]
+
+
+def _item_stats_case(cls_name: str, relation: str, noise: str, make, count_weight: float | None = None,
+                     weighted: bool = False) -> SensitivityCase:
     from dprec_torch.privacy.gaussian_release import item_stats, item_stats_sensitivity
 
     def release(data: Ratings, seed: int, units: bool) -> Release:
-        total = item_stats(data, relation, noise, count_weight)
-        rows = _rows(data, relation, lambda d: item_stats(d, relation, noise, count_weight)) if units and len(data) else None
+        a = _public_item_weights(data.n_items, seed) if weighted else None
+        total = item_stats(data, relation, noise, count_weight, a)
+        rows = _rows(data, relation, lambda d: item_stats(d, relation, noise, count_weight, a)) if units and len(data) else None
         return Release(total, rows, make().release_sensitivities()["item_stats"])
 
     bound = item_stats_sensitivity(relation, noise, count_weight)
     gamma = "" if count_weight is None else f" gamma={count_weight:g}"
-    return SensitivityCase(name=f"{cls_name} item stats {relation} {noise}{gamma}", relation=relation,
-                           norm=2 if noise == "gaussian" else 1, sensitivity=bound, clip_bound=bound,
+    return SensitivityCase(name=f"{cls_name} item stats {relation} {noise}{gamma}{' popularity-weighted' if weighted else ''}",
+                           relation=relation, norm=2 if noise == "gaussian" else 1, sensitivity=bound, clip_bound=bound,
                            also_change=relation == "rating", release=release, max_items=8)
+
+
+def _popularity_cases(cls_name: str, make, relations: tuple[str, ...]) -> list[SensitivityCase]:
+    """The stage-0 counts K (L2 bound 1) and the re-weighted Gaussian item statistics (gaussian_release)."""
+    from dprec_torch.privacy.gaussian_release import popularity_counts
+
+    def counts_case(relation: str) -> SensitivityCase:
+        def release(data: Ratings, seed: int, units: bool) -> Release:
+            rows = _rows(data, relation, lambda d: popularity_counts(d, relation)) if units and len(data) else None
+            return Release(popularity_counts(data, relation), rows, 1.0)
+
+        return SensitivityCase(name=f"{cls_name} popularity counts {relation}", relation=relation, norm=2, sensitivity=1.0,
+                               clip_bound=1.0, also_change=relation == "rating", release=release, max_items=8)
+
+    out = []
+    for rel in relations:
+        out += [counts_case(rel), _item_stats_case(cls_name, rel, "gaussian", lambda rel=rel: make(rel), None, weighted=True),
+                _item_stats_case(cls_name, rel, "gaussian", lambda rel=rel: make(rel, 0.5), 0.5, weighted=True)]
+    return out
 
 
 def noisy_gram_cases() -> list[SensitivityCase]:
@@ -71,6 +100,8 @@ def noisy_gram_cases() -> list[SensitivityCase]:
     cases += [_item_stats_case("noisy_gram", rel, noise, lambda rel=rel, noise=noise, g=g: NoisyGram(relation=rel, mean_noise=noise,
                                                                                                       count_weight=g), g)
               for rel in ("user", "rating") for noise in ("gaussian", "laplace") for g in (0.5, 2.5)]
+    cases += _popularity_cases("noisy_gram", lambda rel, g=None: NoisyGram(relation=rel, mean_noise="gaussian", count_weight=g,
+                                                                             mean_popularity_alpha=0.5), ("user", "rating"))
 
     def gram_case(relation: str, clamp_b: float, clip_norm: float, weighting: str, beta_p: float) -> SensitivityCase:
         mech = NoisyGram(relation=relation, clamp_b=clamp_b, clip_norm=clip_norm, weighting=weighting, beta_p=beta_p)
@@ -101,6 +132,8 @@ def dpals_cases() -> list[SensitivityCase]:
     cases = [_item_stats_case("dpals", rel, noise, lambda rel=rel, noise=noise: DPALS(relation=rel, mean_noise=noise))
              for rel in ("user", "rating") for noise in ("gaussian", "laplace")]
     cases += [_item_stats_case("dpals", "user", "gaussian", lambda: DPALS(relation="user", mean_noise="gaussian", count_weight=0.5), 0.5)]
+    cases += _popularity_cases("dpals", lambda rel, g=None: DPALS(relation=rel, mean_noise="gaussian", count_weight=g,
+                                                                   mean_popularity_alpha=0.5), ("user", "rating"))
 
     def als_case(relation: str, m: int, gu: float, gr: float, d: int, power: bool) -> SensitivityCase:
         mech = DPALS(relation=relation, max_ratings_per_user=m, clip_factor=gu, clamp_r=gr, dim=d, reg=1.0, beta_p=2.0)
@@ -137,6 +170,7 @@ def lowrank_dpsgd_cases() -> list[SensitivityCase]:
     from dprec_torch.predictors.lowrank_dpsgd import LowRankDPSGD, clipped_sum, per_user_gradients
 
     cases = [_item_stats_case("lowrank_dpsgd", "user", "gaussian", lambda g=g: LowRankDPSGD(count_weight=g), g) for g in (None, 0.5)]
+    cases += _popularity_cases("lowrank_dpsgd", lambda rel, g=None: LowRankDPSGD(count_weight=g, mean_popularity_alpha=0.5), ("user",))
 
     def step_case(clip: float, clamp_r: float, d: int, scale: float) -> SensitivityCase:
         mech = LowRankDPSGD(clip=clip, clamp_r=clamp_r, dim=d, beta_p=2.0)
