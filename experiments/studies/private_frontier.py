@@ -104,6 +104,7 @@ GRID: dict[tuple[str, str], list[dict[str, Any]]] = {
                              # item statistics re-weighted towards rare items (mean_popularity_alpha, same budget)
                              dict(estimator="none", count_weight=0.5, mean_fraction=0.9, mean_popularity_alpha=0.5),
                              {**_KNN300, "count_weight": 0.5, "mean_fraction": 0.9, "mean_popularity_alpha": 0.5},
+                             {**_KNN300, "count_weight": 0.5, "mean_fraction": 0.97, "mean_popularity_alpha": 0.5},
                              {**_PNBM300, "count_weight": 0.5, "mean_fraction": 0.8, "mean_popularity_alpha": 0.5}],
     ("dpals", "rating"): [dict(max_ratings_per_user=30), dict(max_ratings_per_user=100), dict(max_ratings_per_user=30, dim=3, iterations=1)],
     ("dpals", "user"): [dict(max_ratings_per_user=30), dict(max_ratings_per_user=100), dict(max_ratings_per_user=30, dim=3, iterations=1),
