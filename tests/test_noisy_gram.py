@@ -21,6 +21,7 @@ from dprec_torch.privacy.gaussian_release import (
     gdp_epsilon,
     item_stats,
     item_stats_sensitivity,
+    pooled_counts,
     popularity_counts,
     rdp_epsilon,
     release_item_means,
@@ -287,6 +288,16 @@ def test_popularity_weighting_lowers_the_error_of_user_level_means():
         return tot / 20
 
     assert err(0.5) < err(0.0)
+
+
+def test_pooled_counts_weigh_the_two_measurements_by_their_variance():
+    c = torch.tensor([100.0, 10.0, 50.0], dtype=torch.float64)
+    k = c / 2 + torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64)
+    kappa = float(c.sum() / k.sum())
+    # equal variances (kappa * k_std = c_std = 1, cv = 0) -> the mean of C~ and kappa K~
+    assert torch.allclose(pooled_counts(c, torch.ones(3, dtype=torch.float64), k, 1.0 / kappa, cv=0.0), (c + kappa * k) / 2)
+    # a huge stage-0 noise -> C~ itself
+    assert torch.allclose(pooled_counts(c, torch.ones(3, dtype=torch.float64), k + 7, 1e9), c)
 
 
 def test_means_at_zero_noise_are_the_exact_means():

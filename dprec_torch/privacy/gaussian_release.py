@@ -233,6 +233,21 @@ def popularity_counts(train: Any, relation: str) -> torch.Tensor:
     return _per_item(train, ones)
 
 
+#: relative spread of C_i / K_i across items assumed by :func:`pooled_counts` (a public constant; 3.5 % on ML-1M)
+COUNT_RATIO_CV = 0.05
+
+
+def pooled_counts(c: torch.Tensor, c_std: torch.Tensor, k: torch.Tensor, k_std: float, cv: float = COUNT_RATIO_CV) -> torch.Tensor:
+    """Inverse-variance pool of the stage-1 counts C~ (std ``c_std`` per item, per-item units) with kappa K~, the
+    stage-0 counts times kappa = sum C~ / sum K~ (std kappa sqrt(k_std^2 + (cv K~)^2): noise plus how far C / K
+    strays from one ratio). Post-processing of the two releases: no privacy cost."""
+    kappa = float(c.sum()) / max(float(k.sum()), 1e-12)
+    pred = kappa * k
+    v1 = c_std * c_std
+    v2 = kappa * kappa * (k_std * k_std + (cv * k.clamp_min(0.0)) ** 2)
+    return (c / v1 + pred / v2) / (1.0 / v1 + 1.0 / v2)
+
+
 def check_popularity(alpha: float, share: float, noise: str = "gaussian") -> None:
     """One-line errors for the popularity re-weighting options of :func:`release_item_means`."""
     if not (math.isfinite(alpha) and alpha >= 0 and 0 < share < 1):
@@ -258,7 +273,8 @@ def release_item_means(train: Any, relation: str, budget: float, prior_std: floa
     mu_0 = sqrt(share) mu, then (S, gamma C) re-weighted by a_i = (K~_i / floor)^(-alpha) (:func:`popularity_weights`,
     floor = 2 x K~'s noise std) with mu_1 = sqrt(1 - share) mu: mu_0^2 + mu_1^2 = mu^2, so the two releases are
     together exactly the caller's mu-GDP (one Gaussian mechanism of multiplier 1/mu for an RDP/PRV accountant).
-    Each user's unit norm then leans towards rare items, whose means have the fewest contributions.
+    Each user's unit norm then leans towards rare items, whose means have the fewest contributions, and the
+    counts C~ are pooled with the stage-0 counts (:func:`pooled_counts`).
     """
     if not prior_std > 0:
         raise ConfigError(f"mean_prior_std must be > 0, got {prior_std}")
@@ -293,6 +309,8 @@ def release_item_means(train: Any, relation: str, budget: float, prior_std: floa
     gamma = resolve_count_weight(relation, noise, count_weight)
     # back to per-item units: S_i / a_i and C_i / a_i carry noise std / a_i (a = 1 without re-weighting)
     s, c, std_i = stats[:m] / weight, stats[m:] / (gamma * weight), std / weight
+    if popularity_alpha > 0 and std > 0:  # stage 0's counts are a second, independent measurement of C
+        c = pooled_counts(c, (std / gamma) / weight, k, std0)
     count_std = std / gamma
     # the global mean from the released sums as they are (each item's noise std is then the same)
     g = min(max(mid + half * float(stats[:m].sum()) / max(float(stats[m:].sum()) / gamma, 1.0), lo), hi)

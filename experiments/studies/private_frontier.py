@@ -105,11 +105,15 @@ GRID: dict[tuple[str, str], list[dict[str, Any]]] = {
                              dict(estimator="none", count_weight=0.5, mean_fraction=0.9, mean_popularity_alpha=0.5),
                              {**_KNN300, "count_weight": 0.5, "mean_fraction": 0.9, "mean_popularity_alpha": 0.5},
                              {**_KNN300, "count_weight": 0.5, "mean_fraction": 0.97, "mean_popularity_alpha": 0.5},
+                             {**_KNN300, "count_weight": 0.3, "mean_fraction": 0.97, "mean_popularity_alpha": 0.5,
+                              "mean_popularity_share": 0.2},
                              {**_PNBM300, "count_weight": 0.5, "mean_fraction": 0.8, "mean_popularity_alpha": 0.5}],
     ("dpals", "rating"): [dict(max_ratings_per_user=30), dict(max_ratings_per_user=100), dict(max_ratings_per_user=30, dim=3, iterations=1)],
     ("dpals", "user"): [dict(max_ratings_per_user=30), dict(max_ratings_per_user=100), dict(max_ratings_per_user=30, dim=3, iterations=1),
                         dict(max_ratings_per_user=30, dim=3, iterations=1, count_weight=0.5, mean_fraction=0.7),
-                        dict(max_ratings_per_user=30, dim=3, iterations=1, count_weight=0.5, mean_fraction=0.7, mean_popularity_alpha=0.5)],
+                        dict(max_ratings_per_user=30, dim=3, iterations=1, count_weight=0.5, mean_fraction=0.7, mean_popularity_alpha=0.5),
+                        dict(max_ratings_per_user=30, dim=3, iterations=1, count_weight=0.3, mean_fraction=0.8, mean_popularity_alpha=0.5,
+                             mean_popularity_share=0.2)],
     ("lowrank_dpsgd", "user"): [dict(), dict(weight_decay=0.01), dict(mean_fraction=0.3),
                                 dict(lr=1.0, mean_fraction=0.8, weight_decay=0.05), dict(lr=0.5, mean_fraction=0.9, weight_decay=0.1),
                                 # larger expected batches, a smaller clip, Opacus's tighter PRV accountant, a smaller init
@@ -124,7 +128,9 @@ GRID: dict[tuple[str, str], list[dict[str, Any]]] = {
                                      mean_popularity_alpha=0.5),
                                 dict(sampling_ratio=0.5, steps=100, clip=0.5, lr=2.0, weight_decay=0.01, accountant="prv", init_scale=0.03,
                                      mean_popularity_alpha=0.5),
-                                dict(lr=0.5, mean_fraction=0.9, weight_decay=0.1, accountant="prv", init_scale=0.03, mean_popularity_alpha=0.5)],
+                                dict(lr=0.5, mean_fraction=0.9, weight_decay=0.1, accountant="prv", init_scale=0.03, mean_popularity_alpha=0.5),
+                                dict(lr=0.5, mean_fraction=0.9, weight_decay=0.1, accountant="prv", init_scale=0.03, mean_popularity_alpha=0.5,
+                                     count_weight=0.3, mean_popularity_share=0.2)],
 }
 LOADERS = {"ml-1m": lambda k: ml1m_fold(k), "ml-100k": lambda k: ml100k_fold(k)}
 
@@ -427,7 +433,8 @@ NOTES = [
     "(user level: still 1); `mean_fraction` moves budget between the item means and the Gram. Both are tuned above.",
     "- `mean_popularity_alpha` (user level): the item statistics are released in two Gaussian stages inside the same "
     "μ (counts with 10 % of μ², then the statistics with each user's unit norm re-weighted by a_i = (K~_i / floor)^-α "
-    "towards rarely rated items, whose means have the fewest contributions). It is in the grid above.",
+    "towards rarely rated items, whose means have the fewest contributions); the released counts are pooled with the "
+    "stage-0 counts by inverse variance (post-processing). It is in the grid above.",
     "- `lowrank_dpsgd` on ML-100K has about 6x fewer users per expected batch (q N) than on ML-1M, so the noise per "
     "step is about 6x larger relative to the mean gradient; its grid holds regularised, smaller-step entries for that.",
     "- `lowrank_dpsgd` is user level only: a changed rating replaces one user's clipped gradient, and the Poisson-"
@@ -466,10 +473,11 @@ def write_experiments(tuning: dict[str, Any]) -> None:
 
 def _short(cfg: dict[str, Any], mech: str) -> str:
     keys = {"noisy_gram": ("estimator", "support", "k", "variance_floor", "knn_shrinkage", "reg", "count_weight", "mean_fraction",
-                           "mean_popularity_alpha"),
-            "dpals": ("max_ratings_per_user", "dim", "iterations", "count_weight", "mean_fraction", "mean_popularity_alpha"),
+                           "mean_popularity_alpha", "mean_popularity_share"),
+            "dpals": ("max_ratings_per_user", "dim", "iterations", "count_weight", "mean_fraction", "mean_popularity_alpha",
+                      "mean_popularity_share"),
             "lowrank_dpsgd": ("dim", "steps", "sampling_ratio", "clip", "lr", "weight_decay", "mean_fraction", "init_scale",
-                              "accountant", "mean_popularity_alpha")}[mech]
+                              "accountant", "mean_popularity_alpha", "mean_popularity_share")}[mech]
     return ",".join(f"{k}={cfg[k]}" for k in keys if k in cfg)
 
 
