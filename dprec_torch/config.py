@@ -246,6 +246,8 @@ DOMAINS: dict[str, Domain] = {
     "variance_floor": number("[0, inf)"),
     "knn_shrinkage": number("[0, inf)"),
     "mean_prior_std": number("(0, inf)"),
+    "mean_popularity_alpha": number("[0, inf)", note="0 = one plain item-statistics release"),
+    "mean_popularity_share": number("(0, 1)"),
     "reg": number("[0, inf)"),
     "eig_threshold": number("[0, inf)"),
     "prior_power": number("[0, inf)"),
