@@ -42,6 +42,12 @@ S' = C d + N(0, s^2) (s = the noise std of a sum) is
     r_bar_i = clip(g + half C+_i tau_z^2 S'_i / (C+_i^2 tau_z^2 + s^2))     (-> S'_i / C_i as s -> 0),
 so an item whose count is lost in the noise falls back to g instead of amplifying the noise.
 
+Popularity re-weighting (``popularity_alpha`` > 0, Gaussian only, :func:`release_item_means`): stage 0 releases
+the counts K (:func:`popularity_counts`, sensitivity 1) with mu_0 = sqrt(share) mu; stage 1 releases (S, gamma C) with
+each rating weighted by a_i = (K~_i / floor)^-alpha in (0, 1] before the user's normalisation (same sensitivity) with
+mu_1 = sqrt(1 - share) mu, so mu_0^2 + mu_1^2 = mu^2. The posterior above then runs per item on S_i / a_i, C_i / a_i
+(noise std s / a_i), with C pooled with kappa K~ (:func:`pooled_counts`, post-processing).
+
 Per-user sampling: :func:`per_user_sample` keeps at most m ratings of each user, chosen by a pseudo-random
 key of (seed, user id, item id) only, so one user's selection never depends on anybody else's data
 (issue 15, defect 2).
