@@ -58,12 +58,10 @@ from dprec_torch.privacy.gaussian_release import (
     item_stats_sensitivity,
     release_item_means,
 )
-from dprec_torch.privacy.opacus_accounting import OpacusAccountant
+from dprec_torch.privacy.opacus_accounting import ACCOUNTANT_TEXT, ACCOUNTANTS, OpacusAccountant
 from dprec_torch.seeding import make_generator
 
 log = logging.getLogger(__name__)
-ACCOUNTANT_TEXT = {"rdp": "RDP (Poisson-subsampled Gaussian, Mironov et al. 2019)",
-                   "prv": "PRV (numerical composition of privacy random variables, Gopi et al. 2021; an upper bound)"}
 
 
 def user_aggregates(users: torch.Tensor, items: torch.Tensor, y: torch.Tensor, u: torch.Tensor, n_users: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -187,8 +185,8 @@ class LowRankDPSGD(BasePredictor):
             raise ConfigError(f"lowrank_dpsgd: momentum must be in [0, 1), got {momentum}")
         if not 0 < mean_fraction < 1:
             raise ConfigError(f"lowrank_dpsgd: mean_fraction must be in (0, 1), got {mean_fraction}")
-        if accountant not in ("rdp", "prv"):
-            raise ConfigError(f"lowrank_dpsgd: accountant={accountant!r}; use rdp or prv")
+        if accountant not in ACCOUNTANTS:
+            raise ConfigError(f"lowrank_dpsgd: accountant={accountant!r}; use one of {ACCOUNTANTS}")
         self.dim, self.steps, self.sampling_ratio, self.clip = int(dim), int(steps), float(sampling_ratio), float(clip)
         self.lr, self.weight_decay, self.clamp_r, self.beta_p = float(lr), float(weight_decay), float(clamp_r), float(beta_p)
         self.momentum = float(momentum)

@@ -30,6 +30,9 @@ from opacus.accountants.utils import get_noise_multiplier
 from dprec_torch.errors import ConfigError
 
 ACCOUNTANTS = ("rdp", "prv")
+#: how a privacy report names each accountant
+ACCOUNTANT_TEXT = {"rdp": "RDP (Poisson-subsampled Gaussian, Mironov et al. 2019)",
+                   "prv": "PRV (numerical composition of privacy random variables, Gopi et al. 2021; an upper bound)"}
 #: RDP orders: Opacus's defaults plus larger ones (needed for small epsilon at small delta)
 RDP_ORDERS: list[float] = list(RDPAccountant.DEFAULT_ALPHAS) + [64, 80, 96, 128, 160, 192, 256, 384, 512, 768,
                                                                1024]
