@@ -247,6 +247,7 @@ DOMAINS: dict[str, Domain] = {
     "knn_shrinkage": number("[0, inf)"),
     "mean_prior_std": number("(0, inf)"),
     "mean_popularity_alpha": number("[0, inf)", note="0 = one plain item-statistics release"),
+    "feature_reg": number("(0, inf)", note="ridge of each user's weights on the public item features"),
     "mean_popularity_share": number("(0, 1)"),
     "reg": number("[0, inf)"),
     "eig_threshold": number("[0, inf)"),

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dprec_torch.data.item_features import ITEM_FEATURES, ItemFeatures, item_features_of
 from dprec_torch.data.ratings import Ratings
 from dprec_torch.errors import ConfigError
 
@@ -76,7 +77,7 @@ class CanarySet:
         keep = included.bool()[self.owner]
         b = self.base
         return Ratings(torch.cat([b.users, self.users[keep]]), torch.cat([b.items, self.items[keep]]),
-                       torch.cat([b.values, self.values[keep]]), b.n_users, b.n_items, b.scale)
+                       torch.cat([b.values, self.values[keep]]), b.n_users, b.n_items, b.scale, meta=dict(b.meta))
 
     def known(self) -> Ratings:
         """What the auditor knows: the owners' full histories with every canary rating (for scoring)."""
@@ -85,7 +86,17 @@ class CanarySet:
         owners[self.target_user] = True
         sel = owners[b.users]
         return Ratings(torch.cat([b.users[sel], self.users]), torch.cat([b.items[sel], self.items]),
-                       torch.cat([b.values[sel], self.values]), b.n_users, b.n_items, b.scale)
+                       torch.cat([b.values[sel], self.values]), b.n_users, b.n_items, b.scale, meta=dict(b.meta))
+
+
+def _canary_item_features(base: Ratings, m: int) -> dict:
+    """The public item features of ``base`` (if any) with a zero row for each canary item: canaries are invented
+    items without catalogue metadata, so a model's feature term is 0 on them (the releases never read features)."""
+    if base.meta.get(ITEM_FEATURES) is None:
+        return {}
+    f = item_features_of(base, "audit")
+    padded = torch.cat([f.matrix, torch.zeros(m, f.matrix.shape[1], dtype=f.matrix.dtype)])
+    return {ITEM_FEATURES: ItemFeatures(padded, f.names, f"{f.source} (+{m} canary items: zero rows)")}
 
 
 def make_canaries(base: Ratings, m: int, kind: str = "user", history: int = 5, seed: int = 0) -> CanarySet:
@@ -122,7 +133,7 @@ def make_canaries(base: Ratings, m: int, kind: str = "user", history: int = 5, s
         target_user = active[torch.randperm(active.numel(), generator=gen)[:m]]
         users, items, values = target_user, target_item, torch.full((m,), hi)
         owner = torch.arange(m)
-    real = Ratings(base.users, base.items, base.values, n_users, n_items, base.scale)
+    real = Ratings(base.users, base.items, base.values, n_users, n_items, base.scale, meta=_canary_item_features(base, m))
     return CanarySet(kind, real, users, items, values.float(), owner, target_user, target_item, hi)
 
 

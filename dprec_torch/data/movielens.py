@@ -36,6 +36,7 @@ import numpy as np
 
 from dprec_torch.data.preprocess import build_dataset
 from dprec_torch.data.ratings import Fold, RatingDataset, RatingScale
+from dprec_torch.data.item_features import ITEM_FEATURES, METADATA_FILES, MovieLensMetadata
 from dprec_torch.data.readers import RawRatings, build_id_space, encode, read_ratings
 from dprec_torch.data.splits import holdout_folds, select_folds
 from dprec_torch.errors import ConfigError, DataError
@@ -193,6 +194,11 @@ def load_movielens(
         whole = encode(raw, user_ids, item_ids, MOVIELENS_SCALE)
         folds = holdout_folds(whole, wanted, test_fraction, seed)
     report = {"source": str(folder), "n_ratings": len(raw), "duplicates_dropped": 0}
-    return build_dataset(
+    dataset = build_dataset(
         name, folds, user_ids.tolist(), item_ids.tolist(), MOVIELENS_SCALE, min_user_ratings, max_user_ratings, seed, report
     )
+    if (folder / METADATA_FILES[name][0]).is_file():  # public catalogue metadata, read only if a model asks for it
+        source = MovieLensMetadata(str(folder), name, dataset.item_ids)
+        for f in dataset.folds:
+            f.train.meta[ITEM_FEATURES] = f.test.meta[ITEM_FEATURES] = source
+    return dataset

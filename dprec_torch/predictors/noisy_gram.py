@@ -44,6 +44,11 @@ with ``estimator``:
 * ``none``: f = 0 (DP item means + the user's own offset; the reference every learned S must beat).
 
 ``epsilon=inf`` runs the same pipeline with sigma = 0 (the estimator's bias without noise).
+``item_features=true`` (public catalogue metadata, :mod:`dprec_torch.data.item_features`: genres and release
+decade): each user also fits their own weights q_u = (Phi_Ru^T Phi_Ru + feature_reg I)^-1 Phi_Ru^T y_u on the public
+features phi_i, the estimator's f then reads the residuals y_u - Phi q_u, and r^_ui gains q_u . phi_i. No rating
+enters Phi and q_u is never released, so the releases -- and the privacy claim -- are exactly those without it.
+
 Privacy report: what is released (r~, g, G~: item-side only) and that predictions for u read u's ratings.
 """
 
@@ -55,9 +60,11 @@ from typing import Any
 
 import torch
 
+from dprec_torch.data.item_features import item_features_of
 from dprec_torch.data.ratings import Ratings, dense_rows
 from dprec_torch.errors import ConfigError, DataError
 from dprec_torch.predictors.base import BasePredictor, query_pairs
+from dprec_torch.predictors.dpals import solve_rows
 from dprec_torch.privacy.budget import check_epsilon_delta
 from dprec_torch.privacy.gaussian_release import (
     NOISES,
@@ -151,6 +158,20 @@ def top_eigen(g: torch.Tensor, k: int, shift: float, gen: torch.Generator, iters
     return evals[order], q @ vecs[:, order]
 
 
+def symmetric_solve(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """x = a^-1 b for a batch of symmetric systems ``a [n, k, k]``, ``b [n, k]``: Cholesky where a is positive
+    definite (the usual case: rho sits above the noise's spectral edge), an eigen-solve for the rest. Batched LU
+    (``torch.linalg.solve``) is avoided: with torch 2.13's CPU MKL it was seen to hang on k ~ 300 batches."""
+    chol, info = torch.linalg.cholesky_ex(a)
+    x = torch.cholesky_solve(b.unsqueeze(-1), chol).squeeze(-1)
+    bad = info != 0
+    if bool(bad.any()):
+        evals, evecs = torch.linalg.eigh(a[bad])
+        evals = torch.where(evals.abs() < 1e-12, torch.full_like(evals, 1e-12), evals)
+        x[bad] = (evecs @ ((evecs.transpose(1, 2) @ b[bad].unsqueeze(-1)).squeeze(-1) / evals).unsqueeze(-1)).squeeze(-1)
+    return x
+
+
 def symmetric_noise(m: int, std: float, gen: torch.Generator, device: torch.device) -> torch.Tensor:
     """An M x M symmetric matrix whose upper triangle (incl. diagonal) is iid N(0, std^2)."""
     z = torch.randn(m, m, generator=gen, device=gen.device, dtype=torch.float64).to(device) * std
@@ -208,6 +229,8 @@ class NoisyGram(BasePredictor):
         eig_threshold: float = 1.0,
         prior_power: float = 1.0,
         support: int | None = None,
+        item_features: bool = False,
+        feature_reg: float = 10.0,
         block: int = 1024,
         seed: int = 0,
         device: torch.device | str | None = None,
@@ -242,6 +265,9 @@ class NoisyGram(BasePredictor):
         self.support = None if support is None else int(support)
         self.count_weight = None if count_weight is None else float(count_weight)
         item_stats_sensitivity(relation, mean_noise, self.count_weight)  # validates gamma (ConfigError)
+        if not feature_reg > 0:
+            raise ConfigError(f"noisy_gram: feature_reg={feature_reg} must be > 0 (the ridge of each user's feature weights)")
+        self.item_features, self.feature_reg = bool(item_features), float(feature_reg)
         self.block, self.seed = int(block), int(seed)
 
     @property
@@ -260,6 +286,8 @@ class NoisyGram(BasePredictor):
             raise DataError("noisy_gram: the training set is empty; check the data split")
         train = self._prepare(train)
         dev, m = train.device, train.n_items
+        # public catalogue metadata (no rating enters it): read first, so a missing file fails before any release
+        self.features_ = item_features_of(train, "noisy_gram") if self.item_features else None
         gen = make_generator(self.seed, dev)
         if not self.private:
             self.mean_epsilon_ = None
@@ -353,7 +381,7 @@ class NoisyGram(BasePredictor):
             n = nb[start:start + PNBM_CHUNK]
             a = g[n[:, :, None], n[:, None, :]] + rho * eye
             b = g[n, rows[start:start + PNBM_CHUNK, None]]
-            w = torch.linalg.solve(a, b.unsqueeze(-1)).squeeze(-1)
+            w = symmetric_solve(a, b)
             out[start:start + n.shape[0]].scatter_(1, n, w)
         self.pnbm_ridge_ = rho
         return out
@@ -379,6 +407,11 @@ class NoisyGram(BasePredictor):
         n = train.user_counts().float()
         self.user_offset_ = torch.zeros(train.n_users, device=e.device).index_add_(0, train.users, e) / (n + self.beta_p).clamp_min(1e-6)
         y = e - self.user_offset_[train.users]
+        self.content_factors_ = None
+        if self.features_ is not None:  # the user's own weights on the public features; f then reads what they leave
+            phi = self.features_.matrix.to(e.device)
+            self.content_factors_ = solve_rows(train.indicator_csr(), train.csr(y), phi, self.feature_reg)
+            y = y - (self.content_factors_[train.users] * phi[train.items]).sum(1)
         self.resid_csr_ = train.csr(y)
         self.mask_csr_ = train.indicator_csr()
         self.user_counts_ = train.user_counts()
@@ -390,6 +423,12 @@ class NoisyGram(BasePredictor):
             a = (self.mask_csr_ @ outer).reshape(train.n_users, k, k) + torch.diag(self.component_reg_)[None]
             b = self.resid_csr_ @ v
             self.user_factors_ = torch.linalg.solve(a, b.unsqueeze(-1)).squeeze(-1)
+
+    def _content_term(self, users: torch.Tensor) -> torch.Tensor:
+        """q_u . phi_i over all items for distinct known users (0 without item features), ``[B, M]``."""
+        if self.content_factors_ is None:
+            return torch.zeros(users.numel(), self.train_.n_items, device=users.device)
+        return self.content_factors_[users] @ self.features_.matrix.to(users.device).t()
 
     # ------------------------------------------------------------- predict
     def _user_term(self, users: torch.Tensor) -> torch.Tensor:
@@ -420,7 +459,8 @@ class NoisyGram(BasePredictor):
         kidx = torch.nonzero(known).squeeze(1)
         for start in range(0, uniq.numel(), self.block):  # blocks of distinct users, vectorised over items
             sel = (inv >= start) & (inv < start + self.block)
-            scores = self._user_term(uniq[start:start + self.block])
+            block = uniq[start:start + self.block]
+            scores = self._user_term(block) + self._content_term(block)
             term[kidx[sel]] = scores[inv[sel] - start, ic[kidx[sel]]]
         base = torch.where(ok_i, self.item_avg_[ic], torch.full_like(term, self.global_avg_))
         pred = torch.where(known, base + self.user_offset_[uc] + term, base)
@@ -431,9 +471,14 @@ class NoisyGram(BasePredictor):
         released = "DP item means r~ and global mean g, and the noisy item Gram G~ (item-side statistics only)"
         joint = ("joint DP (billboard model): a prediction for user u also reads u's own ratings (offset b_u and "
                  "residuals y_u); those predictions are not released to anybody else")
+        public = None
+        if self.features_ is not None:
+            public = (self.features_.describe() + "; each user fits their own weights q_u on them (ridge "
+                      f"{self.feature_reg:g}) from their own ratings, never released (joint DP)")
+            joint += "; with item_features, u's weights on the public item features too"
         if not self.private:
             return {"mechanism": f"noisy_gram/{self.estimator} at epsilon=inf (no noise)", "relation": None, "epsilon": math.inf,
-                    "delta": 0.0, "released": released, "analysis": "non-private"}
+                    "delta": 0.0, "released": released, "analysis": "non-private", "public_item_features": public}
         mus = {k: (v, 1) for k, v in self.mu_.items()}
         mean_eps = self.mean_epsilon_ or 0.0
         return {
@@ -457,6 +502,7 @@ class NoisyGram(BasePredictor):
             "learned_from_release": (f"estimator={self.estimator}: S is learned from (r~, g, G~) only (post-processing, "
                                      "zero extra privacy cost; no further access to the data)"),
             "joint_dp": joint,
+            "public_item_features": public,
             "analysis": (f"(eps, delta) = ({self.epsilon:g}, {self.delta:g}) under '{RELATION_TEXT[self.relation]}'. "
                          "Everything after the two releases is post-processing. " + joint),
             "not_private": "metrics.json's baselines (PCC/COS) and test metrics read the data without noise",
