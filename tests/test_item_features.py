@@ -70,12 +70,13 @@ def test_bad_metadata_files_give_one_readable_error(tmp_path):
 
 
 # ------------------------------------------------------------------ noisy_gram with public features
-def genre_world(n_users: int = 400, n_items: int = 60, per_user: int = 25, seed: int = 0) -> tuple[Ratings, Ratings, ItemFeatures]:
-    """Ratings driven by each user's taste for two public genres (plus noise), split into train/test."""
+def genre_world(n_users: int = 400, n_items: int = 60, per_user: int = 25, seed: int = 0,
+                n_genres: int = 2) -> tuple[Ratings, Ratings, ItemFeatures]:
+    """Ratings driven by each user's taste for ``n_genres`` public genres (plus noise), split into train/test."""
     g = torch.Generator().manual_seed(seed)
-    genre = torch.randint(0, 2, (n_items,), generator=g)
-    phi = torch.nn.functional.one_hot(genre, 2).float()
-    taste = torch.randn(n_users, 2, generator=g)
+    genre = torch.randint(0, n_genres, (n_items,), generator=g)
+    phi = torch.nn.functional.one_hot(genre, n_genres).float()
+    taste = torch.randn(n_users, n_genres, generator=g)
     users, items = [], []
     for u in range(n_users):
         pick = torch.randperm(n_items, generator=g)[:per_user]
@@ -84,7 +85,7 @@ def genre_world(n_users: int = 400, n_items: int = 60, per_user: int = 25, seed:
     users, items = torch.tensor(users), torch.tensor(items)
     values = (3.0 + 0.9 * (taste[users] * phi[items]).sum(1) + 0.3 * torch.randn(len(users), generator=g)).round().clamp(1, 5)
     test = torch.rand(len(users), generator=g) < 0.2
-    feats = ItemFeatures(phi, ["genre:a", "genre:b"], "synthetic")
+    feats = ItemFeatures(phi, [f"genre:{k}" for k in range(n_genres)], "synthetic")
     make = lambda m: Ratings(users[m], items[m], values[m], n_users, n_items, SCALE, meta={ITEM_FEATURES: feats})  # noqa: E731
     return make(~test), make(test), feats
 
@@ -158,3 +159,30 @@ def test_audit_canaries_carry_the_features_with_zero_rows_for_canary_items(kind)
     assert torch.equal(got[: train.n_items], feats.matrix) and not got[train.n_items:].any()
     model = NoisyGram(epsilon=1.0, relation=kind, estimator="knn", item_features=True).fit(cs.dataset(torch.ones(4, dtype=torch.bool)))
     assert torch.isfinite(model.personalise(cs.known()).predict(cs.target_user, cs.target_item)).all()
+
+
+def test_lowrank_dpsgd_with_public_features_keeps_its_accounting_and_gains_where_ratings_follow_them():
+    from dprec_torch.predictors.lowrank_dpsgd import LowRankDPSGD
+
+    train, test, _ = genre_world(n_genres=6)  # more taste directions than the d = 1 factor can learn
+    kw = dict(epsilon=5.0, dim=1, steps=30, sampling_ratio=0.5, clip=1.0, lr=1.0, seed=0)
+    plain, feat = LowRankDPSGD(**kw).fit(train), LowRankDPSGD(**kw, item_features=True).fit(train)
+    assert feat.noise_multiplier_ == plain.noise_multiplier_ and feat.mean_multiplier_ == plain.mean_multiplier_
+    rp, rf = plain.privacy_report(), feat.privacy_report()
+    assert rp["epsilon_accountant"] == rf["epsilon_accountant"] and rf["sensitivity"] == rp["sensitivity"]
+    assert rp["public_item_features"] is None and "costs no privacy" in rf["public_item_features"]
+    assert _rmse(feat, test) < _rmse(plain, test) - 0.03
+    bare = Ratings(train.users, train.items, train.values, train.n_users, train.n_items, SCALE)
+    with pytest.raises(DataError, match="item_features=true needs public item metadata"):
+        LowRankDPSGD(epsilon=1.0, item_features=True).fit(bare)
+    with pytest.raises(ConfigError, match="feature_reg"):
+        LowRankDPSGD(item_features=True, feature_reg=-1.0)
+
+
+def test_synthetic_data_carries_random_public_genres():
+    from dprec_torch.data.synthetic import load_synthetic
+
+    ds = load_synthetic(preset="tiny", fold=1)
+    feats = item_features_of(ds.folds[0].train, "test")
+    assert feats.matrix.shape[0] == ds.n_items and torch.equal(feats.matrix.sum(1), torch.ones(ds.n_items))
+    assert "independent of every rating" in feats.source

@@ -432,3 +432,16 @@ def test_fitted_object_holds_the_released_means_not_the_exact_ones():
     m = NoisyGram(epsilon=1.0).fit(train)
     assert torch.equal(m.fallback_.item_means_, m.item_avg_) and m.fallback_.global_mean == m.global_avg_
     assert not torch.allclose(m.item_avg_, train.item_means(), atol=1e-3)
+
+
+def test_symmetric_solve_matches_lu_on_definite_and_indefinite_systems():
+    """The pnbm surrogate's batched solve (Cholesky, eigen-solve fallback) gives LU's answer on both kinds of system."""
+    from dprec_torch.predictors.noisy_gram import symmetric_solve
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 5, 5, generator=g, dtype=torch.float64)
+    a = x + x.transpose(1, 2)
+    a[:3] += 12.0 * torch.eye(5, dtype=torch.float64)  # the first three positive definite, the rest indefinite
+    b = torch.randn(6, 5, generator=g, dtype=torch.float64)
+    assert torch.linalg.cholesky_ex(a)[1][3:].ne(0).all()
+    assert torch.allclose(symmetric_solve(a, b), torch.linalg.solve(a, b.unsqueeze(-1)).squeeze(-1), atol=1e-9)

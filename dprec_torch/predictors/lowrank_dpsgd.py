@@ -46,8 +46,10 @@ from typing import Any
 
 import torch
 
+from dprec_torch.data.item_features import item_features_of
 from dprec_torch.data.ratings import Ratings
 from dprec_torch.errors import ConfigError, DataError
+from dprec_torch.predictors.content import feature_weights
 from dprec_torch.predictors.base import BasePredictor, query_pairs
 from dprec_torch.predictors.dpals import user_residuals
 from dprec_torch.privacy.budget import check_epsilon_delta
@@ -172,6 +174,8 @@ class LowRankDPSGD(BasePredictor):
         mean_popularity_share: float = 0.1,
         count_weight: float | None = 0.5,
         accountant: str = "rdp",
+        item_features: bool = False,
+        feature_reg: float = 10.0,
         seed: int = 0,
         device: torch.device | str | None = None,
     ) -> None:
@@ -195,6 +199,9 @@ class LowRankDPSGD(BasePredictor):
         self.mean_popularity_alpha, self.mean_popularity_share = float(mean_popularity_alpha), float(mean_popularity_share)
         self.count_weight = None if count_weight is None else float(count_weight)
         item_stats_sensitivity("user", "gaussian", self.count_weight)  # validates gamma
+        if not feature_reg > 0:
+            raise ConfigError(f"lowrank_dpsgd: feature_reg={feature_reg} must be > 0 (the ridge of each user's feature weights)")
+        self.item_features, self.feature_reg = bool(item_features), float(feature_reg)
         self.accountant, self.seed = accountant, int(seed)
 
     @property
@@ -212,6 +219,7 @@ class LowRankDPSGD(BasePredictor):
             raise DataError("lowrank_dpsgd: the training set is empty; check the data split")
         train = self._prepare(train)
         dev, m, n_users = train.device, train.n_items, train.n_users
+        self.features_ = item_features_of(train, "lowrank_dpsgd") if self.item_features else None  # public metadata
         gen = make_generator(self.seed, dev)
         if self.private:
             mu_m = math.sqrt(self.mean_fraction) * rdp_total_mu(self.epsilon, self.delta, self.accountant)
@@ -225,7 +233,7 @@ class LowRankDPSGD(BasePredictor):
         self.means_release_ = rel
         self.item_avg_, self.global_avg_ = rel.means.to(dev), rel.global_mean
         install_private_fallback(self, self.item_avg_, self.global_avg_)
-        _, y = user_residuals(train, self.item_avg_, self.beta_p, self.clamp_r)
+        _, y = self._residuals(train)
         # float32 training (the clip and the noise are applied in the same precision; accounting is exact in sigma)
         y = y.float()
         u = (torch.randn(m, self.dim, generator=gen, device=gen.device, dtype=torch.float64) * self.init_scale).float().to(dev)
@@ -253,8 +261,18 @@ class LowRankDPSGD(BasePredictor):
         self._index_users(ratings.to(self.device))
         return self
 
-    def _index_users(self, train: Ratings) -> None:
+    def _residuals(self, train: Ratings) -> tuple[torch.Tensor, torch.Tensor]:
+        """b_u and the clamped residuals U learns from; with item features, what the user's own weights q_u on the
+        public features leave (a function of u's ratings and public data only, so the per-user clip still bounds u)."""
         offset, y = user_residuals(train, self.item_avg_, self.beta_p, self.clamp_r)
+        self.content_factors_ = None
+        if self.features_ is not None:
+            self.content_factors_, y = feature_weights(train, y, self.features_, self.feature_reg)
+            y = y.clamp(-self.clamp_r, self.clamp_r)
+        return offset, y
+
+    def _index_users(self, train: Ratings) -> None:
+        offset, y = self._residuals(train)
         self.user_offset_ = offset
         p, _ = user_aggregates(train.users, train.items, y.to(self.item_factors_.dtype), self.item_factors_, train.n_users)
         self.user_factors_ = p.float()
@@ -268,6 +286,8 @@ class LowRankDPSGD(BasePredictor):
             raise RuntimeError("LowRankDPSGD.predict called before fit()")
         uc, ic, ok_i, known = query_pairs(users, items, self.train_, self.user_counts_, self.device, "lowrank_dpsgd")
         term = (self.user_factors_[uc] * self.item_factors_[ic].float()).sum(1)
+        if self.content_factors_ is not None:
+            term = term + (self.content_factors_[uc].float() * self.features_.matrix.to(uc.device)[ic]).sum(1)
         base = torch.where(ok_i, self.item_avg_[ic], torch.full_like(term, self.global_avg_))
         return self.train_.scale.clip(torch.where(known, base + self.user_offset_[uc] + term, base))
 
@@ -276,9 +296,14 @@ class LowRankDPSGD(BasePredictor):
         released = "DP item means r~ and global mean g, and the item factors U of S = U U^T after T DP-SGD steps (item side)"
         joint = ("joint DP (billboard model): b_u and p_u are computed by each user from the released U and their own "
                  "ratings and never released; a prediction for u reads u's own ratings")
+        public = None
+        if self.features_ is not None:
+            public = (self.features_.describe() + "; each user fits their own weights q_u on them (ridge "
+                      f"{self.feature_reg:g}) from their own ratings, never released, and U learns from what they leave")
+            joint += "; with item_features, u's weights on the public item features too"
         if not self.private:
             return {"mechanism": "lowrank_dpsgd at epsilon=inf (no noise)", "relation": None, "epsilon": math.inf,
-                    "delta": 0.0, "released": released, "analysis": "non-private"}
+                    "delta": 0.0, "released": released, "analysis": "non-private", "public_item_features": public}
         acc = OpacusAccountant(self.accountant)
         acc.step(self.mean_multiplier_, 1.0)
         acc.step(self.noise_multiplier_, self.sampling_ratio, steps=self.steps)
@@ -301,6 +326,7 @@ class LowRankDPSGD(BasePredictor):
                            f"(multiplier {self.mean_multiplier_:.4g}, q = 1) and {self.steps} DP-SGD steps"),
             "released": released,
             "joint_dp": joint,
+            "public_item_features": public,
             "analysis": f"(eps, delta) = ({self.epsilon:g}, {self.delta:g}) under '{RELATION_TEXT['user']}'. " + joint,
             "not_private": "metrics.json's baselines (PCC/COS) and test metrics read the data without noise",
         }

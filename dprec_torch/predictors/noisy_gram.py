@@ -64,7 +64,7 @@ from dprec_torch.data.item_features import item_features_of
 from dprec_torch.data.ratings import Ratings, dense_rows
 from dprec_torch.errors import ConfigError, DataError
 from dprec_torch.predictors.base import BasePredictor, query_pairs
-from dprec_torch.predictors.dpals import solve_rows
+from dprec_torch.predictors.content import feature_weights
 from dprec_torch.privacy.budget import check_epsilon_delta
 from dprec_torch.privacy.gaussian_release import (
     NOISES,
@@ -409,9 +409,7 @@ class NoisyGram(BasePredictor):
         y = e - self.user_offset_[train.users]
         self.content_factors_ = None
         if self.features_ is not None:  # the user's own weights on the public features; f then reads what they leave
-            phi = self.features_.matrix.to(e.device)
-            self.content_factors_ = solve_rows(train.indicator_csr(), train.csr(y), phi, self.feature_reg)
-            y = y - (self.content_factors_[train.users] * phi[train.items]).sum(1)
+            self.content_factors_, y = feature_weights(train, y, self.features_, self.feature_reg)
         self.resid_csr_ = train.csr(y)
         self.mask_csr_ = train.indicator_csr()
         self.user_counts_ = train.user_counts()

@@ -166,17 +166,23 @@ def dpals_cases() -> list[SensitivityCase]:
 
 
 def lowrank_dpsgd_cases() -> list[SensitivityCase]:
+    from dprec_torch.data.item_features import random_item_features
     from dprec_torch.predictors.dpals import user_residuals
     from dprec_torch.predictors.lowrank_dpsgd import LowRankDPSGD, clipped_sum, per_user_gradients
 
     cases = [_item_stats_case("lowrank_dpsgd", "user", "gaussian", lambda g=g: LowRankDPSGD(count_weight=g), g) for g in (None, 0.5)]
     cases += _popularity_cases("lowrank_dpsgd", lambda rel, g=None: LowRankDPSGD(count_weight=g, mean_popularity_alpha=0.5), ("user",))
 
-    def step_case(clip: float, clamp_r: float, d: int, scale: float) -> SensitivityCase:
-        mech = LowRankDPSGD(clip=clip, clamp_r=clamp_r, dim=d, beta_p=2.0)
+    def step_case(clip: float, clamp_r: float, d: int, scale: float, features: bool = False) -> SensitivityCase:
+        mech = LowRankDPSGD(clip=clip, clamp_r=clamp_r, dim=d, beta_p=2.0, item_features=features)
 
         def step(data: Ratings, seed: int) -> torch.Tensor:
-            _, y = user_residuals(data, _public_means(data, seed), mech.beta_p, clamp_r)
+            if features:  # the fitted path: y after each user's own weights on public features (mech._residuals)
+                mech.item_avg_ = _public_means(data, seed)
+                mech.features_ = random_item_features(data.n_items, n_genres=3, seed=seed)
+                _, y = mech._residuals(data)
+            else:
+                _, y = user_residuals(data, _public_means(data, seed), mech.beta_p, clamp_r)
             u = _public_factors(data.n_items, d, seed, orthonormal=False) * scale
             rows, norms = per_user_gradients(data.users, data.items, y, u, data.n_users)
             return clipped_sum(data.users, data.items, rows, norms, clip, data.n_items).reshape(-1)
@@ -185,10 +191,12 @@ def lowrank_dpsgd_cases() -> list[SensitivityCase]:
             rows = _rows(data, "user", lambda sub: step(sub, seed)) if units and len(data) else None
             return Release(step(data, seed), rows, mech.release_sensitivities()["sgd_step"])
 
-        return SensitivityCase(name=f"lowrank_dpsgd step C={clip:g} Gr={clamp_r:g} d={d} scale={scale:g}", relation="user",
+        return SensitivityCase(name=f"lowrank_dpsgd step C={clip:g} Gr={clamp_r:g} d={d} scale={scale:g}"
+                                    + (" public item features" if features else ""), relation="user",
                                norm=2, sensitivity=clip, clip_bound=clip, release=release, max_items=8)
 
-    return cases + [step_case(1.0, 1.0, 2, 1.0), step_case(0.05, 2.0, 3, 3.0), step_case(10.0, 1.0, 1, 0.01)]
+    return cases + [step_case(1.0, 1.0, 2, 1.0), step_case(0.05, 2.0, 3, 3.0), step_case(10.0, 1.0, 1, 0.01),
+                    step_case(1.0, 1.0, 2, 1.0, True), step_case(0.05, 2.0, 3, 3.0, True)]
 
 
 def register() -> None:
