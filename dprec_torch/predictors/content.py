@@ -22,3 +22,15 @@ def feature_weights(train: Ratings, y: torch.Tensor, features: ItemFeatures, reg
     phi = features.matrix.to(y.device, y.dtype)
     q = solve_rows(train.indicator_csr().to(y.dtype), train.csr(y), phi, reg)
     return q, y - (q[train.users] * phi[train.items]).sum(1)
+
+
+#: what a privacy report's ``joint_dp`` line adds when a model reads public item features
+JOINT_DP_SUFFIX = "; with item_features, u's weights on the public item features too"
+
+
+def public_features_text(features: ItemFeatures | None, reg: float, how: str = "") -> str | None:
+    """The privacy report's ``public_item_features`` entry (None without features)."""
+    if features is None:
+        return None
+    return (features.describe() + f"; each user fits their own weights q_u on them (ridge {reg:g}) from their own "
+            "ratings, never released (joint DP)" + how)

@@ -49,7 +49,7 @@ import torch
 from dprec_torch.data.item_features import item_features_of
 from dprec_torch.data.ratings import Ratings
 from dprec_torch.errors import ConfigError, DataError
-from dprec_torch.predictors.content import feature_weights
+from dprec_torch.predictors.content import JOINT_DP_SUFFIX, feature_weights, public_features_text
 from dprec_torch.predictors.base import BasePredictor, query_pairs
 from dprec_torch.predictors.dpals import user_residuals
 from dprec_torch.privacy.budget import check_epsilon_delta
@@ -296,11 +296,8 @@ class LowRankDPSGD(BasePredictor):
         released = "DP item means r~ and global mean g, and the item factors U of S = U U^T after T DP-SGD steps (item side)"
         joint = ("joint DP (billboard model): b_u and p_u are computed by each user from the released U and their own "
                  "ratings and never released; a prediction for u reads u's own ratings")
-        public = None
-        if self.features_ is not None:
-            public = (self.features_.describe() + "; each user fits their own weights q_u on them (ridge "
-                      f"{self.feature_reg:g}) from their own ratings, never released, and U learns from what they leave")
-            joint += "; with item_features, u's weights on the public item features too"
+        public = public_features_text(self.features_, self.feature_reg, "; U learns from what they leave")
+        joint += JOINT_DP_SUFFIX if public else ""
         if not self.private:
             return {"mechanism": "lowrank_dpsgd at epsilon=inf (no noise)", "relation": None, "epsilon": math.inf,
                     "delta": 0.0, "released": released, "analysis": "non-private", "public_item_features": public}

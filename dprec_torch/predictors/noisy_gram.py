@@ -64,7 +64,7 @@ from dprec_torch.data.item_features import item_features_of
 from dprec_torch.data.ratings import Ratings, dense_rows
 from dprec_torch.errors import ConfigError, DataError
 from dprec_torch.predictors.base import BasePredictor, query_pairs
-from dprec_torch.predictors.content import feature_weights
+from dprec_torch.predictors.content import JOINT_DP_SUFFIX, feature_weights, public_features_text
 from dprec_torch.privacy.budget import check_epsilon_delta
 from dprec_torch.privacy.gaussian_release import (
     NOISES,
@@ -469,11 +469,8 @@ class NoisyGram(BasePredictor):
         released = "DP item means r~ and global mean g, and the noisy item Gram G~ (item-side statistics only)"
         joint = ("joint DP (billboard model): a prediction for user u also reads u's own ratings (offset b_u and "
                  "residuals y_u); those predictions are not released to anybody else")
-        public = None
-        if self.features_ is not None:
-            public = (self.features_.describe() + "; each user fits their own weights q_u on them (ridge "
-                      f"{self.feature_reg:g}) from their own ratings, never released (joint DP)")
-            joint += "; with item_features, u's weights on the public item features too"
+        public = public_features_text(self.features_, self.feature_reg)
+        joint += JOINT_DP_SUFFIX if public else ""
         if not self.private:
             return {"mechanism": f"noisy_gram/{self.estimator} at epsilon=inf (no noise)", "relation": None, "epsilon": math.inf,
                     "delta": 0.0, "released": released, "analysis": "non-private", "public_item_features": public}
