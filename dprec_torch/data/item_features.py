@@ -137,3 +137,9 @@ def random_item_features(n_items: int, n_genres: int = 5, seed: int = 0) -> Item
     genre = torch.randint(0, n_genres, (n_items,), generator=gen)
     return ItemFeatures(torch.nn.functional.one_hot(genre, n_genres).float(), [f"genre:{g}" for g in range(n_genres)],
                         f"random genres (seed {seed}; independent of every rating)")
+
+
+def attach_item_features(dataset, source: "ItemFeatures | MovieLensMetadata") -> None:
+    """Put ``source`` in every fold's train and test ``Ratings.meta`` (one object shared by all folds)."""
+    for f in dataset.folds:
+        f.train.meta[ITEM_FEATURES] = f.test.meta[ITEM_FEATURES] = source

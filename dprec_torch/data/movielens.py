@@ -36,7 +36,7 @@ import numpy as np
 
 from dprec_torch.data.preprocess import build_dataset
 from dprec_torch.data.ratings import Fold, RatingDataset, RatingScale
-from dprec_torch.data.item_features import ITEM_FEATURES, METADATA_FILES, MovieLensMetadata
+from dprec_torch.data.item_features import METADATA_FILES, MovieLensMetadata, attach_item_features
 from dprec_torch.data.readers import RawRatings, build_id_space, encode, read_ratings
 from dprec_torch.data.splits import holdout_folds, select_folds
 from dprec_torch.errors import ConfigError, DataError
@@ -198,7 +198,5 @@ def load_movielens(
         name, folds, user_ids.tolist(), item_ids.tolist(), MOVIELENS_SCALE, min_user_ratings, max_user_ratings, seed, report
     )
     if (folder / METADATA_FILES[name][0]).is_file():  # public catalogue metadata, read only if a model asks for it
-        source = MovieLensMetadata(str(folder), name, dataset.item_ids)
-        for f in dataset.folds:
-            f.train.meta[ITEM_FEATURES] = f.test.meta[ITEM_FEATURES] = source
+        attach_item_features(dataset, MovieLensMetadata(str(folder), name, dataset.item_ids))
     return dataset

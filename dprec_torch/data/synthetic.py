@@ -29,7 +29,7 @@ import math
 import numpy as np
 import torch
 
-from dprec_torch.data.item_features import ITEM_FEATURES, random_item_features
+from dprec_torch.data.item_features import attach_item_features, random_item_features
 from dprec_torch.data.preprocess import build_dataset
 from dprec_torch.data.ratings import RatingDataset, Ratings, RatingScale
 from dprec_torch.data.splits import check_test_fraction, holdout_folds, select_folds
@@ -231,7 +231,5 @@ def load_synthetic(
         name, folds, list(range(n_users)), list(range(n_items)), SYNTHETIC_SCALE, min_user_ratings, max_user_ratings, seed, report
     )
     # a synthetic catalogue: random public genres (their own seed, no rating enters them) for item_features=true
-    genres = random_item_features(dataset.n_items, seed=seed)
-    for f in dataset.folds:
-        f.train.meta[ITEM_FEATURES] = f.test.meta[ITEM_FEATURES] = genres
+    attach_item_features(dataset, random_item_features(dataset.n_items, seed=seed))
     return dataset

@@ -233,7 +233,7 @@ class LowRankDPSGD(BasePredictor):
         self.means_release_ = rel
         self.item_avg_, self.global_avg_ = rel.means.to(dev), rel.global_mean
         install_private_fallback(self, self.item_avg_, self.global_avg_)
-        _, y = self._residuals(train)
+        _, y, _ = self._residuals(train)
         # float32 training (the clip and the noise are applied in the same precision; accounting is exact in sigma)
         y = y.float()
         u = (torch.randn(m, self.dim, generator=gen, device=gen.device, dtype=torch.float64) * self.init_scale).float().to(dev)
@@ -261,18 +261,18 @@ class LowRankDPSGD(BasePredictor):
         self._index_users(ratings.to(self.device))
         return self
 
-    def _residuals(self, train: Ratings) -> tuple[torch.Tensor, torch.Tensor]:
-        """b_u and the clamped residuals U learns from; with item features, what the user's own weights q_u on the
-        public features leave (a function of u's ratings and public data only, so the per-user clip still bounds u)."""
+    def _residuals(self, train: Ratings) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """b_u, the clamped residuals U learns from and the weights q_u (None without item features): with features,
+        y is what the user's own weights on them leave (a function of u's ratings and public data only, so the
+        per-user clip still bounds u)."""
         offset, y = user_residuals(train, self.item_avg_, self.beta_p, self.clamp_r)
-        self.content_factors_ = None
-        if self.features_ is not None:
-            self.content_factors_, y = feature_weights(train, y, self.features_, self.feature_reg)
-            y = y.clamp(-self.clamp_r, self.clamp_r)
-        return offset, y
+        if self.features_ is None:
+            return offset, y, None
+        q, y = feature_weights(train, y, self.features_, self.feature_reg)
+        return offset, y.clamp(-self.clamp_r, self.clamp_r), q
 
     def _index_users(self, train: Ratings) -> None:
-        offset, y = self._residuals(train)
+        offset, y, self.content_factors_ = self._residuals(train)
         self.user_offset_ = offset
         p, _ = user_aggregates(train.users, train.items, y.to(self.item_factors_.dtype), self.item_factors_, train.n_users)
         self.user_factors_ = p.float()

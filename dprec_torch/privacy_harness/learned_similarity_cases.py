@@ -180,7 +180,7 @@ def lowrank_dpsgd_cases() -> list[SensitivityCase]:
             if features:  # the fitted path: y after each user's own weights on public features (mech._residuals)
                 mech.item_avg_ = _public_means(data, seed)
                 mech.features_ = random_item_features(data.n_items, n_genres=3, seed=seed)
-                _, y = mech._residuals(data)
+                _, y, _ = mech._residuals(data)
             else:
                 _, y = user_residuals(data, _public_means(data, seed), mech.beta_p, clamp_r)
             u = _public_factors(data.n_items, d, seed, orthonormal=False) * scale
