@@ -1,8 +1,18 @@
-"""One seed drives torch, numpy and Python's RNG; RNG states round-trip through checkpoints."""
+"""One seed drives torch, numpy and Python's RNG; RNG states round-trip through checkpoints.
+
+Two kinds of randomness (issue 24, 1). ``seed`` drives what a privacy argument does not need secret:
+initialisation, splits, the tau cap's per-user hash key (a per-user function is bounded for any fixed
+key). The randomness a proof needs -- noise draws, Poisson sampling, per-user sampling keys of a private
+release -- comes from :func:`noise_generator`: 63 bits of the OS entropy source (``secrets``, Opacus's
+``secure_mode`` convention), never written to the config, metrics, logs or TensorBoard; only the
+checkpoint holds its generator state. ``noise_seed=<int>`` makes such a run reproducible, and its
+privacy report then says the epsilon holds only while that seed stays secret.
+"""
 
 from __future__ import annotations
 
 import random
+import secrets
 from typing import Any
 
 import numpy as np
@@ -21,6 +31,38 @@ def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Gener
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     return gen
+
+
+#: offsets of the derived noise streams when ``noise_seed`` is explicit (stream 0 = the mechanism's noise)
+NOISE_STREAM, SAMPLER_STREAM = 0, 1
+
+
+def secret_seed() -> int:
+    """63 bits from the OS entropy source: a noise seed nobody can read back from the run directory."""
+    return secrets.randbits(63)
+
+
+def noise_seed_or_secret(noise_seed: int | None, stream: int = NOISE_STREAM) -> int:
+    """``noise_seed + stream`` when the seed is explicit (reproducible), else a fresh :func:`secret_seed`."""
+    return secret_seed() if noise_seed is None else int(noise_seed) + int(stream)
+
+
+def noise_generator(noise_seed: int | None, device: torch.device | str = "cpu", stream: int = NOISE_STREAM) -> torch.Generator:
+    """The generator of randomness a privacy proof needs: secret unless ``noise_seed`` is given (see module doc)."""
+    return make_generator(noise_seed_or_secret(noise_seed, stream), device)
+
+
+def randomness_report(secret: bool) -> dict[str, Any]:
+    """What the privacy report says about the noise's randomness (``privacy.randomness``)."""
+    if secret:
+        return {"noise_seed": "secret",
+                "statement": "noise, Poisson sampling and per-user sampling keys come from 63 bits of the OS entropy "
+                             "source, recorded nowhere but the (private) checkpoint's generator state; floating-point "
+                             "inverse-CDF samplers from torch's generators (no snapping, not a CSPRNG stream)"}
+    return {"noise_seed": "explicit",
+            "statement": "noise_seed was set explicitly (it is in the resolved config): the run is reproducible, and "
+                         "its epsilon holds only while that seed stays secret; for anyone who reads the config, "
+                         "epsilon is infinite"}
 
 
 def rng_state() -> dict[str, Any]:

@@ -43,7 +43,7 @@ def build(mechanism: str, model: str, eps: str = "4"):
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose(config_name="config", overrides=[
             "data=synthetic", "device=cpu", f"mechanism={mechanism}", f"model={model}", f"epsilon={eps}",
-            "mechanism.epochs=2", "seed=3"])
+            "mechanism.epochs=2", "seed=3", "noise_seed=3"])
     validate(cfg)
     from dprec_torch.data.synthetic import load_synthetic
 

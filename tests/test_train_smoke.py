@@ -53,7 +53,7 @@ def test_nonprivate_pnbm_beats_item_mean(tmp_path):
 
 @pytest.mark.parametrize("mechanism", ["dpsgd", "dpsgd_paper"])  # dpsgd_paper: DPSGDLaplace, whose accountant was lost
 def test_resume_matches_uninterrupted_run(tmp_path, monkeypatch, mechanism):
-    args = [f"mechanism={mechanism}", "epsilon=2", "mechanism.epochs=3", "mechanism.sampling_ratio=0.5"]
+    args = [f"mechanism={mechanism}", "epsilon=2", "mechanism.epochs=3", "mechanism.sampling_ratio=0.5", "noise_seed=0"]
     full = run(tmp_path / "full", *args)
 
     original = trainer_mod.Trainer._epoch_metrics
@@ -77,9 +77,9 @@ def test_resume_matches_uninterrupted_run(tmp_path, monkeypatch, mechanism):
 
 def test_seed_reproducible_and_seed_sensitive(tmp_path):
     args = ["mechanism=dpsgd", "epsilon=1", "mechanism.epochs=1"]
-    a = run(tmp_path / "a", *args, "seed=1")
-    b = run(tmp_path / "b", *args, "seed=1")
-    c = run(tmp_path / "c", *args, "seed=2")
+    a = run(tmp_path / "a", *args, "seed=1", "noise_seed=1")
+    b = run(tmp_path / "b", *args, "seed=1", "noise_seed=1")
+    c = run(tmp_path / "c", *args, "seed=2", "noise_seed=2")
     assert a["test_rmse"] == b["test_rmse"] and a["test_rmse"] != c["test_rmse"]
 
 

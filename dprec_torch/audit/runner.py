@@ -86,6 +86,7 @@ def train_once(cfg: DictConfig, train: Ratings, probe: Ratings, seed: int) -> tu
     c = cfg.copy()
     OmegaConf.set_struct(c, False)
     c.seed = int(seed)
+    c.noise_seed = int(seed)  # the audit's trials are reproducible; its adversary never reads the seed
     seed_everything(int(seed))
     s = setup_training(c, Fold(1, train, probe), torch.device("cpu"))
     Trainer(s.model, s.optimizer, s.sampler, s.epochs).fit(s.fold)

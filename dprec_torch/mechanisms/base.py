@@ -32,7 +32,7 @@ from torch.optim import Optimizer
 from dprec_torch.mechanisms.context import TrainingContext
 from dprec_torch.privacy.accountants import Accountant
 from dprec_torch.privacy.pnbm_clipping import clip_factors
-from dprec_torch.seeding import make_generator
+from dprec_torch.seeding import noise_generator
 
 
 class MechanismOptimizer(Optimizer):
@@ -47,10 +47,11 @@ class MechanismOptimizer(Optimizer):
     #: the run's facts (set by every mechanism's ``__init__``); None = a bare optimizer with summed gradients
     context: TrainingContext | None = None
 
-    def __init__(self, params: Iterable[torch.Tensor], defaults: dict[str, Any], seed: int = 0) -> None:
+    def __init__(self, params: Iterable[torch.Tensor], defaults: dict[str, Any], seed: int | None = None) -> None:
         super().__init__(params, defaults)
         device = self.param_groups[0]["params"][0].device
-        self.generator = make_generator(int(seed), device)
+        # the noise proof's randomness: secret (OS entropy) unless an explicit noise seed is given (seeding.py)
+        self.generator = noise_generator(seed, device)
         self.state["mechanism"] = {"t": 0, "noise_scale": 0.0, "grad_norm": 0.0, "residual_bound": float("inf")}
 
     # ----------------------------------------------------------------- template

@@ -62,7 +62,7 @@ class DPSGDLaplace(MapSGD):
         weight_decay: float = 0.005,
         beta: float = 10.0,
         sampling_ratio: float = 1.0,
-        seed: int = 0,
+        seed: int | None = None,
     ) -> None:
         epsilon = check_epsilon(epsilon, "mechanism")
         if context.entry_bound is None:

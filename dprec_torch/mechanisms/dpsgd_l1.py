@@ -114,7 +114,7 @@ class ClippedLaplaceDPSGD(MapSGD):
         init: str = "constant",
         init_value: float = 1.0,
         chunk_pairs: int | None = None,
-        seed: int = 0,
+        seed: int | None = None,
         model: Any = None,
     ) -> None:
         epsilon, clip_norm, q = check_epsilon(epsilon, "mechanism"), float(clip_norm), float(sampling_ratio)

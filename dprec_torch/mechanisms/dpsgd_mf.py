@@ -53,7 +53,7 @@ class DPSGDMF(MapSGD):
         weight_decay: float = 0.005,
         beta: float = 1.0,
         sampling_ratio: float = 1.0,
-        seed: int = 0,
+        seed: int | None = None,
         e_max: float | None = None,
         delta: float = 0.0,
     ) -> None:

@@ -63,7 +63,7 @@ from dprec_torch.data.ratings import Ratings, dense_rows
 from dprec_torch.errors import ConfigError, DataError
 from dprec_torch.interfaces import FittedPredictor, HasScoreRange, Predictor, Scorer
 from dprec_torch.privacy.budget import check_epsilon
-from dprec_torch.seeding import make_generator
+from dprec_torch.seeding import noise_generator
 
 log = logging.getLogger(__name__)
 
@@ -245,7 +245,7 @@ class ExponentialTopK:
     """
 
     def __init__(
-        self, epsilon: float, seed: int = 0, sampler: str = "auto", sensitivity: float | None = None,
+        self, epsilon: float, seed: int | None = None, sampler: str = "auto", sensitivity: float | None = None,
         n1: int = 2, n2: int = 3, n_iter: int = 5000, dt: float | None = None, max_exact_items: int = 200_000,
     ) -> None:
         self.epsilon = check_epsilon(epsilon, "exponential_topk")
@@ -258,7 +258,7 @@ class ExponentialTopK:
                 raise ConfigError(f"exponential_topk {key}={val} must be an integer >= 1")
         if dt is not None and not dt > 0:
             raise ConfigError(f"exponential_topk dt={dt} must be > 0 (or null for 1/U_s)")
-        self.seed = int(seed)
+        self.seed = None if seed is None else int(seed)  # None: secret noise (seeding.py)
         self.sampler = sampler
         self.sensitivity = None if sensitivity is None else float(sensitivity)
         self.n1, self.n2, self.n_iter = int(n1), int(n2), int(n_iter)
@@ -331,7 +331,7 @@ class ExponentialTopKRecommender:
 
     def _gen(self, device: torch.device) -> torch.Generator:
         if self.generator_ is None:
-            self.generator_ = make_generator(self.mech.seed, device)
+            self.generator_ = noise_generator(self.mech.seed, device)
         return self.generator_
 
     def recommend(self, users: torch.Tensor, n: int) -> torch.Tensor:

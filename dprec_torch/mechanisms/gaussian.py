@@ -69,7 +69,7 @@ class GaussianDPSGD(MechanismOptimizer):
         lr: float = 0.01,
         weight_decay: float = 0.0,
         sampling_ratio: float = 0.01,
-        seed: int = 0,
+        seed: int | None = None,
     ) -> None:
         epsilon, delta, clip_norm = check_epsilon(epsilon, "mechanism"), float(delta), float(clip_norm)
         if unit not in UNITS:

@@ -57,7 +57,7 @@ class GaussianPNBM(GaussianDPSGD):
         init: str = "constant",
         init_value: float = 1.0,
         unit: str = "user",
-        seed: int = 0,
+        seed: int | None = None,
         model: Any = None,
     ) -> None:
         epsilon, delta = float(epsilon), float(delta)

@@ -32,7 +32,7 @@ from dprec_torch.interfaces import (FittedPredictor, HasOutputSensitivity, HasRa
                                     Scorer, SupportsRawPredict)
 from dprec_torch.predictors.slope_one import top_n_unrated
 from dprec_torch.privacy.budget import check_epsilon
-from dprec_torch.seeding import make_generator
+from dprec_torch.seeding import noise_generator
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +47,9 @@ def laplace_noise(shape: tuple[int, ...], scale: float, generator: torch.Generat
 class LaplaceOutput:
     """Config object for ``mechanism=laplace_output``; :meth:`wrap` returns the private predictor."""
 
-    def __init__(self, epsilon: float, seed: int = 0) -> None:
+    def __init__(self, epsilon: float, seed: int | None = None) -> None:
         self.epsilon = check_epsilon(epsilon, "laplace_output")
-        self.seed = int(seed)
+        self.seed = None if seed is None else int(seed)  # None: secret noise (seeding.py)
 
     def wrap(self, predictor: Any) -> "LaplaceOutputPredictor":
         if not isinstance(predictor, HasOutputSensitivity):
@@ -63,10 +63,10 @@ class LaplaceOutput:
 class LaplaceOutputPredictor:
     """A fitted predictor whose every released value carries ``Lap(Delta f / epsilon)`` noise."""
 
-    def __init__(self, predictor: Any, epsilon: float, seed: int = 0) -> None:
+    def __init__(self, predictor: Any, epsilon: float, seed: int | None = None) -> None:
         self.predictor = predictor
         self.epsilon = check_epsilon(epsilon, "laplace_output")
-        self.seed = int(seed)
+        self.seed = None if seed is None else int(seed)  # None: secret noise (seeding.py)
         fitted = isinstance(predictor, FittedPredictor)  # declares name and task
         self.name = f"{predictor.name if fitted else type(predictor).__name__}+laplace_output"
         self.task = predictor.task if fitted else "rating"
@@ -105,7 +105,7 @@ class LaplaceOutputPredictor:
         if self.noise_scale == 0.0:
             return values
         if self.generator_ is None:
-            self.generator_ = make_generator(self.seed, values.device)
+            self.generator_ = noise_generator(self.seed, values.device)
         return values + laplace_noise(tuple(values.shape), self.noise_scale, self.generator_, values.device)
 
     # ------------------------------------------------------------ releases

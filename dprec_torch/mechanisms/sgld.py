@@ -13,7 +13,11 @@ and the prior does not depend on the data. SGLD with noise N(0, rho eta_t) inste
 samples the posterior raised to 1/rho: the epsilon of an exact sample is eps_s/rho. SGLD after
 finitely many steps only APPROXIMATES that sample, so the released parameters are
 (eps, (1 + e^eps) delta)-DP with delta the total-variation distance of the chain's law from the
-target posterior, which nobody quantifies here: delta is reported as unquantified, never as 0.
+target posterior, which nobody quantifies here. That delta is not small: after 20 steps at q = 1 the
+chain's per-coordinate variance is 1.12x the target's, so over ~20K coordinates the two laws are
+essentially disjoint (delta ~ 1, issue 24, 4). No epsilon is therefore defended: every form reports
+``epsilon: null`` and puts the exact-sample figure beside it as ``epsilon_if_exact_sample`` (labelled);
+the ledger books the missing delta as "not established", never as 0.
 
 The bound B (``likelihood_bound``):
   * ``paper``: B = phi^2 tau, phi = r_max - r_min (Wang & Tang). It holds when |e_ui| <= phi, i.e. for
@@ -27,8 +31,7 @@ Two forms (conf/mechanism/):
   * ``mechanism=sgld`` (default; provable): rho = 1, ``likelihood_bound: model``, no data-dependent H,
     and for PNBM the item means r_bar are released first by the Laplace mechanism
     (:mod:`dprec_torch.privacy.item_means`, eps_0 = ``mean_fraction`` x eps, user level); the sample
-    gets eps_s = eps - eps_0, so the reported epsilon eps_0 + eps_s IS the typed epsilon (delta
-    unquantified). ``prior_kappa`` keeps the stationary law's prior precision kappa = (eps_s/4B) lambda
+    gets eps_s = eps - eps_0, so eps_0 + eps_s, the typed epsilon, is what an EXACT sample would cost. ``prior_kappa`` keeps the stationary law's prior precision kappa = (eps_s/4B) lambda
     fixed across epsilons (lambda = kappa 4B / eps_s), and ``prior_mean`` centres the prior at the
     data-independent start S_0 = s_0 (1 - I) of ``init: constant``.
   * ``mechanism=sgld_paper`` (paper-faithful): rho = 0.004 (the paper's code), B = phi^2 tau, H, a
@@ -93,7 +96,7 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
         burn_in_epochs: int = 0,
         average_samples: bool = False,
         init_scale: float = 1.0,
-        seed: int = 0,
+        seed: int | None = None,
         likelihood_bound: str = "paper",
         prior_correction: bool = True,
         prior_kappa: float | None = None,
@@ -228,9 +231,9 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
         return math.inf if s is None else self.mean_epsilon + s
 
     def epsilon_spent(self) -> float:
-        """The whole release's epsilon (item means + one sample); the SAME at every epoch: it is the epsilon
-        of the current sample of S, not a running total."""
-        return self.delivered_epsilon()
+        """inf: no epsilon is defended while the chain's delta is not established (``delivered_epsilon`` is what
+        an exact sample would cost)."""
+        return math.inf
 
     def releases_exact_statistics(self) -> bool:
         """True when the model also releases non-private training statistics (PNBM's exact item means)."""
@@ -243,7 +246,8 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
         sample = self.sample_epsilon_delivered()
         eps_sample = None if sample is None else sample * m
         exact_means = self.releases_exact_statistics()
-        eps = None if (exact_means or eps_sample is None) else self.mean_epsilon + eps_sample
+        # what an EXACT posterior sample would cost; the chain's delta is unknown (~1), so nothing is defended
+        eps_exact = None if (exact_means or eps_sample is None) else self.mean_epsilon + eps_sample
         provable = self.bound_mode == "model" and not exact_means
         form = ("provable form: rho = %g, B = e_max^2 tau from the model's error bound" % self.rho if provable
                 else "paper-faithful form (Wang & Tang Alg. 2)")
@@ -266,9 +270,10 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
         return {
             "mechanism": f"sgld (scaled-posterior sampling by SGLD, Wang & Tang Alg. 2; {form})",
             "relation": "user",
-            "guarantee": ("user-level (eps, (1 + e^eps) delta)-DP: an EXACT sample of the scaled posterior is eps-DP "
-                          "(Wang et al. 2015); SGLD only approximates it, and delta (the chain's distance from the "
-                          "posterior) is UNQUANTIFIED"),
+            "guarantee": ("none defended: an EXACT sample of the scaled posterior would be user-level eps-DP "
+                          "(Wang et al. 2015), but SGLD only approximates it, giving (eps, (1 + e^eps) delta) with delta "
+                          "the chain's total-variation distance from the posterior, which is not established (after "
+                          "finitely many steps it can be ~1)"),
             "sensitivity": {"log_likelihood_bound_B": self.B_true if self.B_true is not None else None,
                             "B_in_update": self.B, "error_bound_e_max": self.e_max,
                             "formula": "B = e_max^2 tau (paper: phi^2 tau, phi = r_max - r_min)", "tau": self.tau},
@@ -284,15 +289,18 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
             "epsilon_item_means": self.mean_epsilon,
             "epsilon_sample": self.sample_epsilon,
             "epsilon_for_sample_only": eps_sample,
-            "epsilon": eps,
+            "epsilon_if_exact_sample": eps_exact,
+            "epsilon": None,
             "delta": None,
-            "delta_note": "unquantified: SGLD is only asymptotically exact (never reported as 0)",
+            "delta_note": ("not established: the chain's distance from the scaled posterior is not bounded (never "
+                           "reported as 0), so epsilon is null; epsilon_if_exact_sample is what an exact sample would cost"),
             "item_means": self.mean_release.report() if self.mean_release is not None else None,
             "accountant": ("basic composition of the DP item means (eps_0) and one exact posterior sample "
                            "(eps_s/rho x B_true/B); m averaged samples compose to m times the sample's epsilon"),
             "analysis": (
                 "Sampling the posterior scaled by eps_s/(4B) is eps_s-DP at user level when every user's "
                 "log-likelihood is bounded by B; " + " ".join(notes)
-                + (f" Released model: epsilon = {eps:.4g} (user level), delta unquantified." if eps is not None else "")
+                + (f" An exact sample would give epsilon = {eps_exact:.4g} (user level); the chain's delta is not "
+                   "established, so NO epsilon is defended for the released model." if eps_exact is not None else "")
             ),
         }

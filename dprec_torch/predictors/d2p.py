@@ -53,7 +53,7 @@ from dprec_torch.data.ratings import Ratings, RatingScale
 from dprec_torch.errors import ConfigError, DataError
 from dprec_torch.privacy.budget import check_epsilon
 from dprec_torch.predictors.base import BasePredictor
-from dprec_torch.seeding import make_generator
+from dprec_torch.seeding import noise_generator
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +166,7 @@ class D2P(BasePredictor):
         p: Selector probability. p_star: Profiler probability (``None`` = calibrate from epsilon).
         lam: distance threshold lambda. neighbor_groups: ``None`` (all sharing groups) or top-K (Def. 4).
         mode: ``"user"`` (D2P) or ``"item"`` (i-D2P). k: neighbours (users, or items per item).
-        like_fraction: like threshold as a fraction of the rating span. seed: noise generator seed.
+        like_fraction: like threshold as a fraction of the rating span. seed: noise seed (None: secret, drawn from the OS entropy source).
     """
 
     name = "d2p"
@@ -182,7 +182,7 @@ class D2P(BasePredictor):
         k: int = 50,
         neighbor_groups: int | None = None,
         like_fraction: float = 0.75,
-        seed: int = 0,
+        seed: int | None = None,
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__(device)
@@ -199,7 +199,7 @@ class D2P(BasePredictor):
             raise ConfigError(f"d2p: like_fraction={like_fraction} must lie in [0, 1]")
         self.p, self.p_star, self.lam, self.mode = float(p), None if p_star is None else float(p_star), float(lam), mode
         self.k, self.neighbor_groups = int(k), None if neighbor_groups is None else int(neighbor_groups)
-        self.like_fraction, self.seed = float(like_fraction), int(seed)
+        self.like_fraction, self.seed = float(like_fraction), None if seed is None else int(seed)  # None: secret noise (seeding.py)
         self.p_star_used_: float | None = None  # learned in fit: the Profiler's p* actually used
 
     # ---------------------------------------------------------------- fit
@@ -235,7 +235,7 @@ class D2P(BasePredictor):
         self.p_used_, self.p_star_used_ = self._resolve(n_elem, self.g_min_)
         self.epsilon_eq12_ = epsilon_eq12(self.p_used_, self.p_star_used_, n_elem, self.g_min_)
         self.epsilon_prop1_ = epsilon_prop1(substitution_matrix(groups, self.p_used_, self.p_star_used_)) if self.p_star_used_ < 1 else float("inf")
-        gen = make_generator(self.seed, train.device)
+        gen = noise_generator(self.seed, train.device)
         new_elem = alter_ego(prof, elem, groups, self.p_used_, self.p_star_used_, gen) if self.p_star_used_ < 1 else elem
         keys = torch.unique(prof * n_elem + new_elem)  # a substituted duplicate is one like
         alt_prof, alt_elem = keys // n_elem, keys % n_elem

@@ -60,7 +60,7 @@ from dprec_torch.privacy.gaussian_release import (
     split_mu,
     total_mu,
 )
-from dprec_torch.seeding import make_generator
+from dprec_torch.seeding import noise_generator, noise_seed_or_secret
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +151,7 @@ class DPALS(BasePredictor):
         mean_popularity_alpha, mean_popularity_share: its popularity re-weighting (Gaussian only, inside the same mu).
         count_weight: gamma of the item statistics (null: the default; :mod:`dprec_torch.privacy.gaussian_release`).
         init_fraction: share of the Gaussian budget (mu^2) spent on the power iteration. beta_p: user-offset damping.
-        init_scale: RMS entry of the initial item factors. seed: noise and sampling seed.
+        init_scale: RMS entry of the initial item factors. seed: noise and sampling seed (None: secret, drawn from the OS entropy source).
     """
 
     name = "dpals"
@@ -180,7 +180,7 @@ class DPALS(BasePredictor):
         init_fraction: float = 0.2,
         beta_p: float = 5.0,
         init_scale: float = 0.3,
-        seed: int = 0,
+        seed: int | None = None,
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__(device)
@@ -206,7 +206,8 @@ class DPALS(BasePredictor):
         self.mean_fraction, self.mean_noise, self.mean_prior_std = float(mean_fraction), mean_noise, float(mean_prior_std)
         check_popularity(mean_popularity_alpha, mean_popularity_share, mean_noise)
         self.mean_popularity_alpha, self.mean_popularity_share = float(mean_popularity_alpha), float(mean_popularity_share)
-        self.init_fraction, self.beta_p, self.init_scale, self.seed = float(init_fraction), float(beta_p), float(init_scale), int(seed)
+        self.init_fraction, self.beta_p, self.init_scale = float(init_fraction), float(beta_p), float(init_scale)
+        self.seed = None if seed is None else int(seed)  # None: secret noise (seeding.py)
         self.count_weight = None if count_weight is None else float(count_weight)
         item_stats_sensitivity(relation, mean_noise, self.count_weight)  # validates gamma (ConfigError)
 
@@ -246,7 +247,7 @@ class DPALS(BasePredictor):
             raise DataError("dpals: the training set is empty; check the data split")
         train = self._prepare(train)
         dev, n_i, d = train.device, train.n_items, self.dim
-        gen = make_generator(self.seed, dev)
+        gen = noise_generator(self.seed, dev)
         self._plan()
         # step 0: item means, offsets, residuals, per-user sample
         budget = self.mean_epsilon_ if self.mean_noise == "laplace" else self.mu_["item_stats"]
@@ -256,7 +257,7 @@ class DPALS(BasePredictor):
         self.item_avg_, self.global_avg_ = rel.means.to(dev), rel.global_mean
         install_private_fallback(self, self.item_avg_, self.global_avg_)
         self.user_offset_, y = user_residuals(train, self.item_avg_, self.beta_p, self.clamp_r)
-        keep = per_user_sample(train.users, train.items, self.max_ratings_per_user, self.seed)
+        keep = per_user_sample(train.users, train.items, self.max_ratings_per_user, noise_seed_or_secret(self.seed))
         mask = train.csr(torch.ones_like(y))
         resid = train.csr(y)
         m_cap = self.max_ratings_per_user

@@ -61,7 +61,7 @@ from dprec_torch.privacy.gaussian_release import (
     release_item_means,
 )
 from dprec_torch.privacy.opacus_accounting import ACCOUNTANT_TEXT, ACCOUNTANTS, OpacusAccountant
-from dprec_torch.seeding import make_generator
+from dprec_torch.seeding import noise_generator
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ class LowRankDPSGD(BasePredictor):
         momentum: the SGD step (heavy ball). clamp_r: Gamma_r. beta_p: user-offset damping. init_scale: RMS entry of the random U_0 (seeded,
         data-independent). mean_fraction: share of mu^2 for the item means. mean_prior_std, count_weight,
         mean_popularity_alpha/share (:func:`release_item_means`'s popularity re-weighting, inside the same mu): their
-        release options. accountant: ``rdp`` or ``prv`` (Opacus). seed: noise, sampling and init seed.
+        release options. accountant: ``rdp`` or ``prv`` (Opacus). seed: noise, sampling and init seed (None: secret, drawn from the OS entropy source).
     """
 
     name = "lowrank_dpsgd"
@@ -176,7 +176,7 @@ class LowRankDPSGD(BasePredictor):
         accountant: str = "rdp",
         item_features: bool = False,
         feature_reg: float = 10.0,
-        seed: int = 0,
+        seed: int | None = None,
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__(device)
@@ -202,7 +202,7 @@ class LowRankDPSGD(BasePredictor):
         if not feature_reg > 0:
             raise ConfigError(f"lowrank_dpsgd: feature_reg={feature_reg} must be > 0 (the ridge of each user's feature weights)")
         self.item_features, self.feature_reg = bool(item_features), float(feature_reg)
-        self.accountant, self.seed = accountant, int(seed)
+        self.accountant, self.seed = accountant, None if seed is None else int(seed)  # None: secret noise (seeding.py)
 
     @property
     def private(self) -> bool:
@@ -220,7 +220,7 @@ class LowRankDPSGD(BasePredictor):
         train = self._prepare(train)
         dev, m, n_users = train.device, train.n_items, train.n_users
         self.features_ = item_features_of(train, "lowrank_dpsgd") if self.item_features else None  # public metadata
-        gen = make_generator(self.seed, dev)
+        gen = noise_generator(self.seed, dev)
         if self.private:
             mu_m = math.sqrt(self.mean_fraction) * rdp_total_mu(self.epsilon, self.delta, self.accountant)
             self.mean_multiplier_ = 1.0 / mu_m

@@ -56,7 +56,7 @@ from dprec_torch.data.ratings import Ratings
 from dprec_torch.errors import ConfigError, DataError
 from dprec_torch.predictors.base import BasePredictor
 from dprec_torch.privacy.budget import check_epsilon_delta
-from dprec_torch.seeding import make_generator
+from dprec_torch.seeding import noise_generator
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +159,7 @@ class McSherryMironov(BasePredictor):
         calibration: ``"analytic"`` (Balle & Wang) or ``"classic"`` (the slide's formula; eps_cov < 1).
         variance_floor: tau / sigma added to the noisy variances before normalising (step 6).
         knn_shrinkage: lambda / (sigma / Delta_2) added to the kNN weight sum (step 6; 0 = plain weighted average).
-        seed: seeds the explicit noise generator.
+        seed: seeds the noise generator (None: secret, drawn from the OS entropy source).
     """
 
     name = "mcsherry"
@@ -177,7 +177,7 @@ class McSherryMironov(BasePredictor):
         calibration: str = "analytic",
         variance_floor: float = 10.0,
         knn_shrinkage: float = 3.0,
-        seed: int = 0,
+        seed: int | None = None,
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__(device)
@@ -194,7 +194,7 @@ class McSherryMironov(BasePredictor):
         self.k, self.clamp_b, self.beta_m, self.beta_p = int(k), float(clamp_b), float(beta_m), float(beta_p)
         if not (variance_floor >= 0 and knn_shrinkage >= 0):
             raise ConfigError(f"mcsherry: variance_floor={variance_floor} and knn_shrinkage={knn_shrinkage} must be >= 0")
-        self.budget, self.calibration, self.seed = budget, calibration, int(seed)
+        self.budget, self.calibration, self.seed = budget, calibration, None if seed is None else int(seed)  # None: secret noise (seeding.py)
         self.variance_floor, self.knn_shrinkage = float(variance_floor), float(knn_shrinkage)
         # learned in fit: each release's sensitivity, the covariance's L2 sensitivity and its Gaussian sigma
         self.sensitivities_: dict[str, float] | None = None
@@ -220,7 +220,7 @@ class McSherryMironov(BasePredictor):
             raise DataError("mcsherry: the training set is empty; check the data split")
         train = self._prepare(train)
         dev = train.device
-        gen = make_generator(self.seed, dev)
+        gen = noise_generator(self.seed, dev)
         scale = train.scale
         if self.private and bool(((train.values < scale.lo) | (train.values > scale.hi)).any()):
             # every sensitivity below assumes lo <= r <= hi

@@ -79,7 +79,7 @@ from dprec_torch.privacy.gaussian_release import (
     split_mu,
     total_mu,
 )
-from dprec_torch.seeding import make_generator
+from dprec_torch.seeding import noise_generator
 
 log = logging.getLogger(__name__)
 
@@ -199,7 +199,7 @@ class NoisyGram(BasePredictor):
         reg: ridge lambda (ease, lowrank). rank, eig_threshold, prior_power: low-rank options.
         support: keep the Gram on the ``support`` items with the largest DP counts (null: all items); a smaller
             support lowers the noise edge 2 s sqrt(N) and drops noise-only pairs (post-processing of step 1).
-        seed: seeds the noise generator.
+        seed: seeds the noise generator (None: secret, drawn from the OS entropy source).
     """
 
     name = "noisy_gram"
@@ -232,7 +232,7 @@ class NoisyGram(BasePredictor):
         item_features: bool = False,
         feature_reg: float = 10.0,
         block: int = 1024,
-        seed: int = 0,
+        seed: int | None = None,
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__(device)
@@ -268,7 +268,7 @@ class NoisyGram(BasePredictor):
         if not feature_reg > 0:
             raise ConfigError(f"noisy_gram: feature_reg={feature_reg} must be > 0 (the ridge of each user's feature weights)")
         self.item_features, self.feature_reg = bool(item_features), float(feature_reg)
-        self.block, self.seed = int(block), int(seed)
+        self.block, self.seed = int(block), None if seed is None else int(seed)  # None: secret noise (seeding.py)
 
     @property
     def private(self) -> bool:
@@ -288,7 +288,7 @@ class NoisyGram(BasePredictor):
         dev, m = train.device, train.n_items
         # public catalogue metadata (no rating enters it): read first, so a missing file fails before any release
         self.features_ = item_features_of(train, "noisy_gram") if self.item_features else None
-        gen = make_generator(self.seed, dev)
+        gen = noise_generator(self.seed, dev)
         if not self.private:
             self.mean_epsilon_ = None
             self.mu_ = {"item_stats": math.inf, "gram": math.inf}
@@ -358,7 +358,7 @@ class NoisyGram(BasePredictor):
             self.item_matrix_ = w.float().contiguous()
             self.ease_shift_ = shift
             return
-        evals, evecs = top_eigen(g, self.rank, edge, make_generator(self.seed + 1, g.device))
+        evals, evecs = top_eigen(g, self.rank, edge, noise_generator(self.seed, g.device, stream=1))
         keep = int(((evals > self.eig_threshold * edge) & (evals > 0)).sum())
         keep = max(1, min(self.rank, keep))
         # a spike theta shows up at lambda = theta + (edge/2)^2 / theta (BBP): invert for the denoised strength

@@ -54,7 +54,7 @@ from dprec_torch.data.ratings import Ratings
 from dprec_torch.errors import ConfigError, DataError
 from dprec_torch.privacy.budget import check_epsilon
 from dprec_torch.predictors.base import BasePredictor
-from dprec_torch.seeding import make_generator
+from dprec_torch.seeding import noise_generator
 
 log = logging.getLogger(__name__)
 
@@ -218,7 +218,7 @@ class PNCF(BasePredictor):
         w: truncation parameter; ``None`` uses ``max(s_k, 0)`` per query (Sun's experiments: 0.01).
         perturb_scale: ``"alg1"`` = ``Lap(2k RS_i/eps)`` (Alg. 1 line 3), ``"section_b"`` = ``Lap(2 RS_i/eps)``.
         shrinkage: support shrinkage of the similarity (0 = plain PCC as in the paper).
-        seed: seeds the explicit generator of selection and noise (drawn afresh for every query answered).
+        seed: seeds the generator of selection and noise (None: secret, from the OS entropy source) (drawn afresh for every query answered).
     """
 
     name = "pncf"
@@ -235,7 +235,7 @@ class PNCF(BasePredictor):
         w: float | None = None,
         perturb_scale: str = "alg1",
         shrinkage: float = 0.0,
-        seed: int = 0,
+        seed: int | None = None,
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__(device)
@@ -255,7 +255,7 @@ class PNCF(BasePredictor):
         self.k, self.mode, self.perturb, self.perturb_scale = int(k), mode, perturb, perturb_scale
         self.w = None if w is None else float(w)
         self.shrinkage = float(shrinkage)
-        self.seed = int(seed)
+        self.seed = None if seed is None else int(seed)  # None: secret noise (seeding.py)
         self.rs_: torch.Tensor | None = None  # learned in fit: RS_i per entity
 
     @property
@@ -275,7 +275,7 @@ class PNCF(BasePredictor):
             raise DataError("pncf: the training set is empty; check the data split")
         train = self._prepare(train)
         ent, oth, n_ent, n_oth = self._orient(train)
-        self.gen_ = make_generator(self.seed, train.device)
+        self.gen_ = noise_generator(self.seed, train.device)
         self.means_ = train.item_means() if self.mode == "item" else train.user_means()
         dev = train.values - self.means_[ent]
         num, sq, support = pcc_statistics(ent, oth, dev, n_ent, n_oth)

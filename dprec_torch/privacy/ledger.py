@@ -21,7 +21,9 @@ What one run charges (:func:`charged_epsilon`):
 Units: a user-level eps_k gives 2 eps_k at rating level (a changed rating is a changed profile); a
 rating-level guarantee gives nothing at user level, and any other relation (e.g. one entry of a
 score matrix) gives nothing about the training data. A run whose epsilon is ``None`` (not
-established) or ``inf`` makes the total ``inf``.
+established) or ``inf`` makes the total ``inf``. A finite epsilon whose ``delta`` is ``None`` or absent
+(e.g. SGLD's chain, whose distance from the posterior nobody bounds) has an UNESTABLISHED delta, never 0:
+the run's delta is NaN and the totals it enters are (inf, NaN), printed "not established".
 
 Validation runs (data name ending in ``+validation``, :mod:`dprec_torch.data.validation`) train
 on a subset of the same people, so they are charged to the same ledger entry. Several runs of the
@@ -82,6 +84,8 @@ class LedgerEntry:
     def total(self, relation: str) -> tuple[float, float]:
         """(sum eps, sum delta) at ``relation`` level (user or rating) by basic composition."""
         eps, delta = 0.0, sum(r.delta for r in self.runs)
+        if math.isnan(delta):  # a delta nobody established: no (eps, delta) pair is defended
+            return math.inf, math.nan
         for r in self.runs:
             if not math.isfinite(r.epsilon) or r.relation is None:
                 return math.inf, delta
@@ -161,6 +165,19 @@ def charged_epsilon(privacy: dict[str, Any]) -> float:
     return eps
 
 
+def run_delta(privacy: dict[str, Any]) -> float:
+    """The report's delta; NaN when a finite epsilon comes without one (not established, never booked as 0)."""
+    delta = privacy.get("delta")
+    if delta is not None:
+        return float(delta)
+    eps = privacy.get("epsilon")
+    return 0.0 if eps is None or not math.isfinite(_epsilon(eps)) else math.nan
+
+
+def _delta_text(delta: float) -> str:
+    return "not established" if math.isnan(delta) else f"{delta:.3g}"
+
+
 def read_run(path: Path) -> LedgerRun | None:
     """One ``metrics.json`` as a ledger line (None for files without a privacy record)."""
     try:
@@ -182,7 +199,7 @@ def read_run(path: Path) -> LedgerRun | None:
                for f in fold_records] or [per_model]
     rel = priv.get("relation")
     rel = rel.split()[0] if isinstance(rel, str) and rel else None
-    delta = float(priv.get("delta") or 0.0) * len(charges)
+    delta = run_delta(priv) * len(charges)
     nominal = m.get("epsilon")
     nominal = None if nominal is None else _epsilon(nominal)
     return LedgerRun(str(path), base, folds, str(m.get("mechanism")), rel, float(sum(charges)), delta, validation,
@@ -223,7 +240,7 @@ def format_ledger(report: dict[str, Any]) -> str:
     for e in report["entries"]:
         lines.append(f"{e['data']:<14} {','.join(map(str, e['folds'])):<10} {e['runs']:>5} {e['validation_runs']:>4} "
                      f"{e.get('models', e['runs']):>6} {e['epsilon_user_level']:>10.4g} {e['epsilon_rating_level']:>12.4g} "
-                     f"{e['delta']:>9.3g}")
+                     f"{_delta_text(e['delta']):>9}")
         for t in e.get("tuning", []):
             nominal = "?" if t["epsilon_nominal"] is None else f"{t['epsilon_nominal']:g}"
             lines.append(f"  tuning {t['method']} eps={nominal}: {t['statement']}")
@@ -251,7 +268,7 @@ def merge_legacy(report: dict[str, Any]) -> dict[str, Any]:
                 runs, per_model, run_folds = len(folds), _epsilon(r.get("epsilon")), folds
             rel = r.get("relation")
             entry.runs.append(LedgerRun(r["path"], old["data"], run_folds, str(r.get("mechanism")), rel, per_model * runs,
-                                        float(r.get("delta") or 0.0) * runs, bool(r.get("validation")),
+                                        (math.nan if r.get("delta") is None else float(r["delta"])) * runs, bool(r.get("validation")),
                                         r.get("test_rmse"), models=runs, epsilon_per_model=per_model))
         tuning.setdefault(old["data"], []).extend(old.get("tuning", []))
         warnings.setdefault(old["data"], [])

@@ -75,7 +75,7 @@ def stage1_commands(cfg: DictConfig, m: DictConfig | dict, out: Path) -> list[li
     """``train.py -m`` command lines of stage 1 for one method (one per epsilon with optuna)."""
     grid, _ = grid_file(cfg, m)
     common = [f"model={m['model']}", f"mechanism={m['mechanism']}", f"data={cfg.dataset}-val",
-              f"data.dataset.fold={int(cfg.tune_fold)}", f"seed={int(cfg.seed)}", f"+grid={grid}",
+              f"data.dataset.fold={int(cfg.tune_fold)}", f"seed={int(cfg.seed)}", f"noise_seed={int(cfg.seed)}", f"+grid={grid}",
               *[f"data.dataset.{o}" for o in cfg.data_overrides], *cfg.stage1_overrides, *cfg.overrides,
               *launcher_overrides(cfg)]
     if cfg.grid_root:
@@ -95,7 +95,7 @@ def stage1_commands(cfg: DictConfig, m: DictConfig | dict, out: Path) -> list[li
 
 def stage2_command(cfg: DictConfig, m: DictConfig | dict, names: list[str], out: Path) -> list[str]:
     """One ``train.py -m`` over the chosen configurations (``+selected=...``) of one method on every fold."""
-    return [f"model={m['model']}", f"mechanism={m['mechanism']}", f"data={cfg.dataset}", f"seed={int(cfg.seed)}",
+    return [f"model={m['model']}", f"mechanism={m['mechanism']}", f"data={cfg.dataset}", f"seed={int(cfg.seed)}", f"noise_seed={int(cfg.seed)}",
             f"hydra.searchpath=[file://{(out / 'stage2_configs').resolve()}]", f"+selected={','.join(names)}",
             *[f"data.{o}" for o in cfg.data_overrides], *cfg.stage2_overrides, *cfg.overrides, *launcher_overrides(cfg),
             f"hydra.sweep.dir={out / 'stage2' / method_name(m)}"]
