@@ -3,6 +3,7 @@
     import dprec_torch
     run = dprec_torch.train(["data=synthetic", "mechanism=dpsgd", "epsilon=2"])   # = python train.py ...
     run.metrics["test_rmse"], run.privacy["epsilon"]
+    print(run.table())                                   # the model beside non-private PCC/COS (and DP means at its epsilon)
     run.predict([0, 1], [10, 20]); run.recommend(0, n=5)
     again = dprec_torch.load_run(run.dir)        # the released model, restored from its checkpoints
 
@@ -11,15 +12,20 @@
   :func:`load_run` of it -- so a :class:`Run` from ``train`` and one from ``load_run`` are the same thing.
 * :func:`load_run` never re-fits: each fold's model is RESTORED from ``checkpoint_fold<k>.pt``
   (``model.restore``: S / the factors, the item means -- the DP release where the mechanism made one --
-  and the fallback all come from the checkpoint; :func:`dprec_torch.training.evaluate.restore_fold`).
+  and the fallback all come from the checkpoint; :func:`dprec_torch.training.evaluate.restore_fold`), and
+  each fitted predictor (``noisy_gram``, ``dpals``, ``lowrank_dpsgd``, ``pcc``, ``slope_one``, ...) from its
+  release ``release_fold<k>.pt`` (:mod:`dprec_torch.predictors.release`: the item side as released; each
+  user's own part -- offset, factors, history -- recomputed from that user's ratings in the run's training
+  split, as the privacy report's ``release`` entry says; :func:`dprec_torch.training.evaluate.restore_predictor`).
 * Ids are the RAW ids of the data files (MovieLens user 1 is ``1``; synthetic data's raw ids are
   0..n-1), never the contiguous indices the models use inside. In :meth:`Run.predict` an id the
   data never had gets the model's documented fallback (item mean, then global mean); in
   :meth:`Run.recommend` an unknown user is an error.
 
-What ``load_run`` cannot do: fitted predictors (``model=pcc|cos|slope_one|pncf|...``, trained by ``fit``, not
-by a mechanism) have no checkpoint, so their runs give ``metrics`` and ``privacy`` but refuse ``predict``
-and ``recommend`` (re-fitting would be a different release, and for a private predictor new noise).
+A run fitted before releases were written has no ``release_fold<k>.pt``: its :class:`Run` gives ``metrics``
+and ``privacy`` but refuses ``predict`` and ``recommend`` (re-fitting would be a different release, and for a
+private predictor new noise). Under an output mechanism (``laplace_output``, ``exponential_topk``) and for PNCF
+every answer draws fresh noise, as the mechanism prescribes (secret, or from the explicit ``noise_seed``).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 import torch
@@ -40,11 +46,19 @@ from dprec_torch.config import CONF_DIR, check_command_line, instantiate_node
 from dprec_torch.data.ratings import Fold, RatingDataset
 from dprec_torch.device import resolve_device
 from dprec_torch.errors import ConfigError, DataError
-from dprec_torch.training.evaluate import restore_fold
+from dprec_torch.training.evaluate import restore_fold, restore_predictor
 from dprec_torch.evaluation.cross_validate import score_predictor
-from dprec_torch.interfaces import TrainableModel
+from dprec_torch.interfaces import Recommender
 
 __all__ = ["Run", "compose_config", "load_run", "train"]
+
+
+@runtime_checkable
+class PredictsRatings(Protocol):
+    """What :meth:`Run.predict` needs of a restored model (every trained model, every rating predictor; not D2P or
+    ``exponential_topk``, which only recommend)."""
+
+    def predict(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor: ...
 
 
 # ----------------------------------------------------------------------------------------- config
@@ -92,9 +106,10 @@ class Run:
     Attributes:
         dir: the run dir.
         config: the resolved config the run was trained under (``config_resolved.json``).
-        metrics: ``metrics.json`` (``test_rmse``, ``test_mae``, per-fold records, ``privacy``, ...).
+        metrics: ``metrics.json`` (``test_rmse``, ``test_mae``, per-fold records, ``privacy``, ``baselines``, ...).
         dataset: the data as loaded (raw-id maps, folds).
-        models: fold index -> the restored model; empty for a fitted-predictor run (see the module doc).
+        models: fold index -> the restored model (a trained ``nn.Module`` or a fitted predictor); empty for a
+            fitted-predictor run from before releases were written (see the module doc).
         folds: fold index -> the fold as loaded (train/test ratings, contiguous indices).
         device: where the models and folds live.
     """
@@ -103,7 +118,7 @@ class Run:
     config: DictConfig
     metrics: dict[str, Any]
     dataset: RatingDataset
-    models: dict[int, TrainableModel] = field(default_factory=dict)
+    models: dict[int, Any] = field(default_factory=dict)
     folds: dict[int, Fold] = field(default_factory=dict)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
@@ -116,12 +131,34 @@ class Run:
         """The mechanism's privacy report (relation, sensitivity, noise, accountant and the defended ``epsilon``)."""
         return self.metrics["privacy"]
 
-    def model(self, fold: int | None = None) -> TrainableModel:
+    @property
+    def baselines(self) -> dict[str, dict[str, float]]:
+        """The references scored beside the model on the same test folds and k (``metrics.json["baselines"]``,
+        name -> ``rmse``/``mae``/...): non-private PCC and COS, and for a finite epsilon DP item means + user
+        offset at that epsilon, a separate release; :attr:`baseline_labels` says which is which. Empty for a
+        run trained with ``compare_baselines=false``. Test metrics, which epsilon does not cover."""
+        return self.metrics.get("baselines", {})
+
+    @property
+    def baseline_labels(self) -> dict[str, str]:
+        """Reference name -> how tables label it (``"PCC (non-private reference)"``, ...)."""
+        from dprec_torch.evaluation.baselines import reference_label
+
+        return {name: reference_label(name, self.metrics.get("baseline_info")) for name in self.baselines}
+
+    def table(self) -> str:
+        """The comparison table ``train.py`` prints at its end: the model's test RMSE/MAE, then each labelled reference."""
+        from dprec_torch.training.run import comparison_table
+
+        return comparison_table(self.metrics)
+
+    def model(self, fold: int | None = None) -> Any:
         """The released model of ``fold`` (default: the run's first fold)."""
         if not self.models:
             raise ConfigError(
-                f"run {self.dir} fitted model={self.config.model.get('name')}, a predictor train.py keeps no checkpoint "
-                "of: it cannot be queried without re-fitting (load_run never re-fits); its metrics and privacy are here")
+                f"run {self.dir} fitted model={self.config.model.get('name')} before releases were written (no "
+                "release_fold<k>.pt): it cannot be queried without re-fitting (load_run never re-fits); its metrics "
+                "and privacy are here")
         key = next(iter(self.models)) if fold is None else int(fold)
         if key not in self.models:
             raise ConfigError(f"run {self.dir} has folds {sorted(self.models)}, not {fold}")
@@ -144,6 +181,9 @@ class Run:
         training ratings (PNBM's Eq. (2)): the guarantee is joint DP, as the privacy report says.
         """
         model = self.model(fold)
+        if not isinstance(model, PredictsRatings):
+            raise ConfigError(f"model={self.config.model.get('name')} only recommends (it predicts no ratings): "
+                              "use run.recommend(user, n)")
         u, i = np.broadcast_arrays(_ids(users), _ids(items))
         out = model.predict(self._users(u.ravel().tolist()), self._items(i.ravel().tolist()))
         return out.detach().float().cpu()
@@ -152,7 +192,9 @@ class Run:
         """The ``n`` items with the highest predicted rating for ``user`` (a RAW id), best first, as RAW item ids.
 
         ``exclude_seen`` drops the items the user rated in the fold's training data. Ties go to the item
-        listed first in the data. Post-processing of the released model and the user's own ratings.
+        listed first in the data. Post-processing of the released model and the user's own ratings. A model that
+        ranks by its own rule (``task`` topn or both: Slope One, McSherry-Mironov, PNCF, D2P, an output mechanism)
+        gives its own top-n list, as the run's top-N metrics scored it; it ranks unseen items only.
         """
         if int(n) != n or n < 1:
             raise ConfigError(f"recommend n={n} must be an integer >= 1")
@@ -162,6 +204,14 @@ class Run:
                             f"{self.dataset.user_ids[0]!r})")
         model, dev = self.model(fold), self.device
         u = self._user_index[user]
+        if isinstance(model, Recommender) and model.task in ("topn", "both"):
+            if not exclude_seen:
+                raise ConfigError(f"model={self.config.model.get('name')} ranks the items a user has not rated: "
+                                  "use exclude_seen=True")
+            top = model.recommend(torch.tensor([u], dtype=torch.long, device=dev), int(n))[0].tolist()
+            return [self.dataset.item_ids[k] for k in top if k >= 0]
+        if not isinstance(model, PredictsRatings):
+            raise ConfigError(f"model={self.config.model.get('name')} has neither recommend nor predict")
         n_items = len(self.dataset.item_ids)
         items = torch.arange(n_items, device=dev)
         scores = model.predict(torch.full((n_items,), u, dtype=torch.long, device=dev), items).detach().double()
@@ -174,10 +224,17 @@ class Run:
         return [self.dataset.item_ids[k] for k in order.tolist()]
 
     def evaluate(self) -> dict[str, float]:
-        """Re-score every restored model on its test fold: ``test_rmse`` / ``test_mae`` averaged over folds as
-        ``metrics.json`` does (equal to the run's own figures: the model is the one released)."""
-        per_fold = [score_predictor(self.model(k), self.folds[k]) for k in self.models]
-        return {f"test_{m}": float(np.mean([f[m] for f in per_fold])) for m in ("rmse", "mae")}
+        """Re-score every restored model on its test fold: ``test_rmse`` / ``test_mae`` (and a recommender's top-N
+        metrics, with the run's ``eval.topn``) averaged over folds as ``metrics.json`` does (equal to the run's own
+        figures: the model is the one released; an output mechanism or PNCF draws fresh noise per answer)."""
+        from dprec_torch.training.evaluate import score_restored
+        from dprec_torch.training.run import is_trainable
+
+        trainable = is_trainable(self.config.model)
+        per_fold = [score_predictor(self.model(k), self.folds[k]) if trainable else score_restored(self.config, self.model(k), self.folds[k])
+                    for k in (self.models or [None])]
+        keys = [m for m in per_fold[0] if m in ("rmse", "mae") or "@" in m or m == "coverage"]
+        return {f"test_{m}": float(np.mean([f[m] for f in per_fold])) for m in keys}
 
 
 # ----------------------------------------------------------------------------------------- entry points
@@ -186,7 +243,9 @@ def load_run(run_dir: str | Path, device: str | None = None) -> Run:
 
     Reads ``config_resolved.json`` and ``metrics.json``, reloads the data the config names, and restores
     every fold's model from ``checkpoint_fold<k>.pt`` on ``device`` (default: the run's own ``device``),
-    re-fitting nothing. A fitted-predictor run has no checkpoints: its :class:`Run` has no models.
+    re-fitting nothing; every fitted predictor from its release ``release_fold<k>.pt`` (the item side as released,
+    each user's own part recomputed from their ratings in the fold's training split). A fitted-predictor run from
+    before releases were written has none: its :class:`Run` has no models.
     """
     from dprec_torch.training.run import is_trainable
 
@@ -199,13 +258,17 @@ def load_run(run_dir: str | Path, device: str | None = None) -> Run:
     cfg = OmegaConf.create(json.loads(cfg_path.read_text()))
     metrics = json.loads(metrics_path.read_text())
     dev = resolve_device(device or cfg.get("device", "auto"))
+    from dprec_torch.predictors.release import release_path
+
     dataset = instantiate_node(cfg.data)
-    models: dict[int, TrainableModel] = {}
+    models: dict[int, Any] = {}
     folds: dict[int, Fold] = {}
     for fold in dataset.folds:
         folds[fold.index] = fold.to(dev)  # as loaded: recommend's "seen" items are all of u's training ratings
         if is_trainable(cfg.model):
             models[fold.index] = restore_fold(cfg, fold, run_dir, dev)[1]
+        elif release_path(run_dir, fold.index).is_file():  # fitted on the fold as loaded (fit_fold)
+            models[fold.index] = restore_predictor(cfg, folds[fold.index], run_dir, dev)
     return Run(run_dir, cfg, metrics, dataset, models, folds, dev)
 
 

@@ -114,7 +114,7 @@ def instantiate_node(node: DictConfig, **kwargs: Any) -> Any:
 class Domain:
     """A number's type and valid range; ``null``/``also`` name the non-numeric values allowed."""
 
-    kind: type  # int or float
+    kind: type  # int, float or bool
     lo: float = -math.inf
     hi: float = math.inf
     lo_open: bool = False
@@ -124,6 +124,9 @@ class Domain:
     note: str = ""
 
     def __str__(self) -> str:
+        if self.kind is bool:
+            extras = [*(["null"] if self.null else []), *self.also]
+            return "true or false" + "".join(f" or {e}" for e in extras) + (f" ({self.note})" if self.note else "")
         if self.kind is int:
             if math.isinf(self.hi):
                 text = f"an integer >= {self.lo:g}"
@@ -140,8 +143,8 @@ class Domain:
             return self.null
         if isinstance(value, str) and value in self.also:
             return True
-        if isinstance(value, bool):
-            return False
+        if isinstance(value, bool) or self.kind is bool:  # a bool is no number; "maybe" is no bool
+            return isinstance(value, bool) and self.kind is bool
         if self.kind is int:
             if not isinstance(value, int):
                 return False
@@ -159,6 +162,8 @@ class Domain:
 
     def invalid_example(self) -> Any:
         """A value outside the domain of the same type where one exists, else a non-number."""
+        if self.kind is bool:
+            return "maybe"
         if self.kind is int:
             return int(self.lo) - 1 if math.isfinite(self.lo) else "abc"
         if math.isfinite(self.hi):
@@ -178,6 +183,11 @@ def number(interval: str, null: bool = False, note: str = "") -> Domain:
     return Domain(float, float(lo_s), float(hi_s), interval.strip()[0] == "(", interval.strip()[-1] == ")", null=null, note=note)
 
 
+def boolean(null: bool = False, note: str = "") -> Domain:
+    """``true`` or ``false`` only: ``maybe`` or ``1`` is an error, not truthy."""
+    return Domain(bool, null=null, note=note)
+
+
 ANY_REAL = number("(-inf, inf)")
 
 #: Top-level keys of config.yaml / evaluate.yaml / audit.yaml.
@@ -185,6 +195,7 @@ TOP_DOMAINS: dict[str, Domain] = {
     "epsilon": number("(0, inf]", note="inf = non-private"),
     "delta": number("[0, 1)"),
     "seed": integer(0),
+    "noise_seed": integer(0, null=True, note="null = secret noise from the OS entropy source"),
     "baseline_k": integer(1, null=True, note="null = 900 on ML-100K, 1300 on ML-1M"),
     "eval.topn": integer(1),
     "eval.relevance_threshold": ANY_REAL,
@@ -194,6 +205,9 @@ TOP_DOMAINS: dict[str, Domain] = {
     "audit.guess_fraction": number("(0, 0.5]"),
     "audit.alpha": number("(0, 1)"),
     "audit.probe_ratings": integer(1),
+    "resume": boolean(),
+    "compare_baselines": boolean(),
+    "tensorboard": boolean(),
 }
 
 #: Key -> domain, shared by every target that takes the key (its meaning is the same everywhere).
@@ -201,8 +215,9 @@ DOMAINS: dict[str, Domain] = {
     # privacy and seeds
     "epsilon": number("(0, inf]", note="inf = non-private"),
     "delta": number("[0, 1)"),
-    "seed": integer(0),
+    "seed": integer(0, null=True, note="a mechanism's noise seed: null = secret (OS entropy)"),
     "support_seed": integer(0),
+    "item_features": Domain(bool, also=("auto",), note="auto = on when the dataset has a public catalogue attached"),
     # data
     "fold": integer(1, also=("all",)),
     "n_folds": integer(1),
@@ -337,6 +352,16 @@ def _leaves(node: dict, prefix: str = "") -> Iterator[tuple[str, Any]]:
             yield f"{prefix}{key}", value
 
 
+def _bool_domain(param: inspect.Parameter | None) -> Domain | None:
+    """:func:`boolean` for a parameter annotated ``bool`` (or ``bool | None``), else None."""
+    annotation = None if param is None else param.annotation
+    if annotation in (bool, "bool"):
+        return boolean()
+    if annotation in ("bool | None", "None | bool", "Optional[bool]"):
+        return boolean(null=True)
+    return None
+
+
 def check_node(kind: str, node: DictConfig, path: str | None = None) -> None:
     """Unknown keys, missing required keys and out-of-domain numbers of one ``_target_`` node."""
     path = path or kind
@@ -381,7 +406,7 @@ def check_node(kind: str, node: DictConfig, path: str | None = None) -> None:
         if isinstance(value, dict):  # a nested _target_ node (data.dataset of a validation split)
             check_node(kind, node[key], f"{path}.{key}")
             continue
-        dom = domain_of(target, key)
+        dom = domain_of(target, key) or _bool_domain(declared.get(key))
         if dom is not None and not dom.accepts(value):
             raise _fail_value(f"{path}.{key}", value, dom)
 
@@ -403,6 +428,110 @@ def check_config(cfg: DictConfig) -> None:
         if kind not in cfg or not isinstance(cfg[kind], DictConfig):
             raise ConfigError(f"the config has no {kind} node: choose {kind}=<name> (see conf/{kind}/)")
         check_node(kind, cfg[kind])
+    check_relation_preprocessing(cfg)
+
+
+# ----------------------------------------------------------------- relation vs per-user preprocessing
+#: The relation of targets whose class attribute does not state the one their epsilon defends (None: none defended).
+#: laplace_output is absent: its Delta f is the output range (cosine_implicit) or a substitution bound (slope_one),
+#: which per-user preprocessing cannot exceed (tests/test_issue24_harness.py).
+TARGET_RELATIONS: dict[str, str | None] = {
+    "dprec_torch.mechanisms.dpsgd.DPSGDLaplace": None,  # Alg. 1 as printed: the paper's figure only
+    "dprec_torch.mechanisms.dpsgd_mf.DPSGDMF": "rating_value",  # one rating's value changes; who rated what is public
+    "dprec_torch.mechanisms.exponential_topk.ExponentialTopK": "score_entry",
+    "dprec_torch.predictors.mcsherry.McSherryMironov": "rating",
+}
+#: Relations whose neighbours differ in one rating added, removed (or changed): a per-user step (a min-count
+#: filter, a tau cap) turns that one rating into many, so their sensitivity does not survive it (issue 24, 3).
+RATING_LEVEL = frozenset({"rating"})
+
+
+def node_relation(node: DictConfig) -> str | None:
+    """The neighbouring relation a node's ``_target_`` is configured to defend (None: it states none).
+
+    :data:`TARGET_RELATIONS`; else the node's ``relation`` where the target takes one (absent: its default);
+    else the class's ``relation`` (a :class:`~dprec_torch.interfaces.TrainingMechanism` attribute); else, where
+    that is None, the node's ``unit`` (Gaussian DP-SGD defends add/remove one unit). The configured value always
+    wins over the class default."""
+    target = node.get("_target_") if isinstance(node, DictConfig) else None
+    if not target:
+        return None
+    if target in TARGET_RELATIONS:
+        return TARGET_RELATIONS[target]
+    declared = declared_parameters(target)
+    if "relation" in declared:
+        return str(node.get("relation", declared["relation"].default))
+    fixed = getattr(get_object(target), "relation", None)  # config.py sits below interfaces: no isinstance here
+    if fixed is None and "unit" in declared:
+        return str(node.get("unit", declared["unit"].default))
+    return fixed if isinstance(fixed, str) else None
+
+
+def claimed_relations(cfg: DictConfig) -> list[tuple[str, str, DictConfig]]:
+    """``(kind, relation, node)`` of every model/mechanism node that states a finite epsilon under a relation."""
+    out = []
+    for kind in ("mechanism", "model"):
+        node = cfg.get(kind)
+        rel = node_relation(node)
+        if rel is None or "epsilon" not in declared_parameters(node._target_):
+            continue  # e.g. mechanism=none, model=pnbm: nothing claimed here
+        eps = node.get("epsilon", cfg.get("epsilon"))
+        if eps is not None and math.isfinite(float(eps)):
+            out.append((kind, rel, node))
+    return out
+
+
+def per_user_steps(cfg: DictConfig) -> list[tuple[str, str]]:
+    """``(key=value, fix)`` of every per-user preprocessing step the run applies before its mechanism."""
+    steps = []
+    nodes = [("data", cfg.data)]
+    inner = cfg.data.get("dataset")
+    if isinstance(inner, DictConfig):  # data=<name>-val: the loader node inside the validation wrapper
+        nodes.append(("data.dataset", inner))
+    for path, node in nodes:
+        low = node.get("min_user_ratings")
+        if low is not None and int(low) > 1:  # 0 and 1 keep every present user
+            steps.append((f"{path}.min_user_ratings={low}", f"{path}.min_user_ratings=0"))
+        if node.get("max_user_ratings") is not None:
+            steps.append((f"{path}.max_user_ratings={node.max_user_ratings}", f"{path}.max_user_ratings=null"))
+    mech = cfg.mechanism
+    if mech.get("_partial_") and mech.get("max_user_ratings") is not None:  # the runner's cap (training mechanisms)
+        steps.append((f"mechanism.max_user_ratings={mech.max_user_ratings}", "mechanism.max_user_ratings=null"))
+    return steps
+
+
+def _user_level_fix(kind: str, node: DictConfig) -> str:
+    declared = declared_parameters(node._target_)
+    key = "relation" if "relation" in declared else "unit" if "unit" in declared else None
+    return f"{kind}.{key}=user" if key else "a user-level mechanism"
+
+
+def check_relation_preprocessing(cfg: DictConfig) -> None:
+    """No rating-level epsilon after a per-user step: removing one rating of a user at the min-count threshold
+    removes all of them, and under a tau cap it lets another rating in (issue 24, 3). Non-private runs and
+    user-level relations are unaffected (the cap keeps each user's profile a function of that user alone)."""
+    steps = per_user_steps(cfg)
+    if not steps:
+        return
+    for kind, rel, node in claimed_relations(cfg):
+        if rel in RATING_LEVEL:
+            step, fix = steps[0]
+            raise ConfigError(f"{kind}={node.get('name', node._target_)} defends relation={rel} (one rating), but {step} "
+                              f"acts per user, so one rating can move many and the epsilon does not hold: set {fix} "
+                              f"or {_user_level_fix(kind, node)}")
+
+
+def check_privacy_units(cfg: DictConfig, n_ratings: int, n_users: int) -> None:
+    """delta < 1 / (number of privacy units): ratings at rating level, users at user level. A larger delta
+    allows a mechanism that publishes one unit's data outright, so its epsilon defends nothing."""
+    for kind, rel, node in claimed_relations(cfg):
+        if "delta" not in declared_parameters(node._target_):
+            continue  # a pure-epsilon mechanism: delta is not part of its claim
+        delta = float(node.get("delta", cfg.get("delta", 0.0)) or 0.0)
+        units, what = (n_users, "users") if rel == "user" else (n_ratings, "ratings")
+        if delta > 0 and delta * max(units, 1) >= 1:
+            raise ConfigError(f"{kind}.delta={delta:g} is not below 1/{units} (relation={rel}: {units} {what} to "
+                              f"protect), so epsilon defends nothing: set delta below {1 / max(units, 1):.2g}")
 
 
 # ------------------------------------------------------------------------ dataset-dependent defaults
@@ -443,7 +572,7 @@ def check_study(cfg: DictConfig) -> None:
         for m in cfg.study.methods:
             for eps in cfg.study.epsilons:
                 overrides = [f"model={m.model}", f"mechanism={m.mechanism}", f"data={cfg.dataset}", f"epsilon={eps}",
-                             f"seed={cfg.seed}", *[f"data.{o}" for o in cfg.data_overrides], *cfg.stage2_overrides,
+                             f"seed={cfg.seed}", f"noise_seed={cfg.seed}", *[f"data.{o}" for o in cfg.data_overrides], *cfg.stage2_overrides,
                              *cfg.overrides]
                 try:
                     run_cfg = compose(config_name="config", overrides=overrides)

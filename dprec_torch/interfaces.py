@@ -39,7 +39,8 @@ if TYPE_CHECKING:  # typing only: the accountants module is above this one
 
 __all__ = [
     "ClipsTrainingPredictions", "DeclaresFallback", "DeclaresGradientReduction", "DeclaresPrivacyCaveat", "HasMeanFallback",
-    "ReadsUserHistory", "FactorModel", "PenalisesVisits", "FittedPredictor", "HasItemMeans", "HasOutputSensitivity", "HasRatingScale",
+    "HasTrainingTargets",
+    "ReadsUserHistory", "FactorModel", "PenalisesVisits", "CountsBatchVisits", "FittedPredictor", "HasItemMeans", "HasOutputSensitivity", "HasRatingScale",
     "HasScoreRange", "ItemSimilarityModel", "MeanFallback", "OutputMechanism", "PerturbsResiduals", "Predictor", "Recommender",
     "ReportsFallback", "ReportsPrivacy", "ReportsSensitivity", "Scorer", "SupportsPerExampleNorms",
     "SupportsPriorPrecision", "SupportsProjection", "SupportsRawPredict", "TrainableModel", "TrainingMechanism",
@@ -162,6 +163,14 @@ class PenalisesVisits(Protocol, metaclass=_AttributeProtocolMeta):
 
 
 @runtime_checkable
+class CountsBatchVisits(Protocol, metaclass=_AttributeProtocolMeta):
+    """A model that states, per parameter row, how strongly one batch's targets pull on it (MF: how many targets
+    read the row; non-private ``mechanism.per_rating_step`` caps each row's step with it, mechanisms/sgd.py)."""
+
+    def batch_visits(self, batch: Any) -> list[tuple[torch.Tensor, torch.Tensor]]: ...
+
+
+@runtime_checkable
 class SupportsPerExampleNorms(Protocol, metaclass=_AttributeProtocolMeta):
     """A model that computes per-example (``unit`` = rating | user) L2 gradient norms without
     materialising the gradients (Gaussian DP-SGD clips with them)."""
@@ -226,6 +235,14 @@ class ReadsTargetsOnly(Protocol, metaclass=_AttributeProtocolMeta):
     an O(#ratings of the batch's users) CSR build per step (models/batching.py)."""
 
     reads_history: bool
+
+
+@runtime_checkable
+class HasTrainingTargets(Protocol, metaclass=_AttributeProtocolMeta):
+    """A model whose loss compares its training prediction with a transformed target, not the raw rating (low-rank
+    PNBM: the clamped residual r_bar_i + b_u + y_ui): the Trainer's residual is ``batch_predict - training_targets``."""
+
+    def training_targets(self, batch: Any) -> torch.Tensor: ...
 
 
 @runtime_checkable

@@ -42,14 +42,18 @@ def secret_seed() -> int:
     return secrets.randbits(63)
 
 
-def noise_seed_or_secret(noise_seed: int | None, stream: int = NOISE_STREAM) -> int:
-    """``noise_seed + stream`` when the seed is explicit (reproducible), else a fresh :func:`secret_seed`."""
-    return secret_seed() if noise_seed is None else int(noise_seed) + int(stream)
+def noise_seed_or_secret(noise_seed: int | None, stream: int = NOISE_STREAM, private: bool = True) -> int:
+    """``noise_seed + stream`` when the seed is explicit (reproducible), else a fresh :func:`secret_seed`;
+    a non-private fit (``private=False``: epsilon = inf) has nothing to hide and uses ``0 + stream``."""
+    if noise_seed is None:
+        return secret_seed() if private else int(stream)
+    return int(noise_seed) + int(stream)
 
 
-def noise_generator(noise_seed: int | None, device: torch.device | str = "cpu", stream: int = NOISE_STREAM) -> torch.Generator:
+def noise_generator(noise_seed: int | None, device: torch.device | str = "cpu", stream: int = NOISE_STREAM,
+                    private: bool = True) -> torch.Generator:
     """The generator of randomness a privacy proof needs: secret unless ``noise_seed`` is given (see module doc)."""
-    return make_generator(noise_seed_or_secret(noise_seed, stream), device)
+    return make_generator(noise_seed_or_secret(noise_seed, stream, private), device)
 
 
 def randomness_report(secret: bool) -> dict[str, Any]:

@@ -92,11 +92,14 @@ def test_predict_maps_raw_ids_to_indices_and_unknown_ids_to_the_fallback():
     assert run.privacy == {"epsilon": None}
 
 
-def test_a_fitted_predictor_run_has_metrics_but_refuses_queries(tmp_path):
+def test_a_fitted_predictor_run_is_restored_from_its_release(tmp_path):
+    """Fitted predictors are restored from release_fold<k>.pt (tests/test_releases.py covers every model)."""
     run = dprec_torch.train([*BASE, "model=pcc", "mechanism=none", "model.k=20", f"output_dir={tmp_path}"])
-    assert run.metrics["test_rmse"] > 0 and run.models == {}
+    assert run.metrics["test_rmse"] > 0 and set(run.models) == {1}
+    assert run.evaluate()["test_rmse"] == run.metrics["test_rmse"]
+    (tmp_path / "release_fold1.pt").unlink()  # a run fitted before releases were written
     with pytest.raises(ConfigError, match="re-fit"):
-        run.predict([0], [0])
+        dprec_torch.load_run(tmp_path).predict([0], [0])
 
 
 def test_bad_override_is_one_config_error_line():

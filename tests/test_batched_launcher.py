@@ -17,7 +17,7 @@ from tests.helpers import CONF_DIR
 
 ROOT = Path(CONF_DIR).parent
 TINY = ["data=synthetic", "device=cpu", "mechanism.epochs=1", "mechanism.sampling_ratio=0.2", "baseline_k=50",
-        "log_private_diagnostics=true"]  # baselines for the private jobs too (off by default for a finite epsilon)
+        "log_private_diagnostics=true", "noise_seed=0"]  # explicit noise seed: batched and per-process jobs draw the same noise
 # 8 jobs, 2 groups (the data config holds seed: ${seed}); a private and a non-private mechanism in each group
 SWEEP = ["mechanism=none,gaussian", "epsilon=1,5", "seed=0,1"]
 TIMING = ("fit_seconds", "seconds_per_epoch", "train_seconds", "epoch_seconds", "seconds_per_epoch_after_first")

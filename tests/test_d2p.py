@@ -166,6 +166,6 @@ def test_bad_config_and_data_raise_readable_errors() -> None:
 
 
 def test_yaml_instantiates_with_top_level_keys() -> None:
-    cfg = OmegaConf.merge(OmegaConf.create({"epsilon": float("inf"), "seed": 4, "delta": 1e-6}), OmegaConf.load(CONF))
+    cfg = OmegaConf.merge(OmegaConf.create({"epsilon": float("inf"), "seed": 4, "noise_seed": 4, "delta": 1e-6}), OmegaConf.load(CONF))
     model = instantiate_node(cfg.model)  # the path train.py takes (drops the bookkeeping `name`)
     assert isinstance(model, D2P) and model.task == "topn" and model.seed == 4

@@ -162,3 +162,15 @@ def test_a_real_fold_all_run_is_charged_five_models(tmp_path):
     assert len(m["folds"]) == 5 and all(f["privacy_epsilon"] == pytest.approx(1.0) for f in m["folds"])
     (e,) = ledger_report(tmp_path)["entries"]
     assert e["models"] == 5 and e["epsilon_user_level"] == pytest.approx(5.0)
+
+
+def test_a_missing_delta_is_not_established_never_zero(tmp_path):
+    """Issue 24, 4: SGLD's report has a finite exact-sample figure and delta None; old code booked delta = 0."""
+    write_run(tmp_path, "pure", eps=1.0, delta=0.0)
+    write_run(tmp_path, "chain", eps=2.0, delta=None)
+    (e,) = ledger_report(tmp_path)["entries"]
+    assert math.isnan(e["delta"]) and math.isinf(e["epsilon_user_level"])
+    assert "not established" in format_ledger(ledger_report(tmp_path))
+    (tmp_path / "chain" / "metrics.json").unlink()
+    (e,) = ledger_report(tmp_path)["entries"]
+    assert e["delta"] == 0.0 and e["epsilon_user_level"] == pytest.approx(1.0)

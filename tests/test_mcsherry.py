@@ -205,7 +205,7 @@ def test_bad_config_and_data_raise_readable_errors() -> None:
 
 
 def test_yaml_instantiates_with_top_level_keys() -> None:
-    cfg = OmegaConf.merge(OmegaConf.create({"epsilon": 2.0, "seed": 1, "delta": 1e-7}), OmegaConf.load(CONF))
+    cfg = OmegaConf.merge(OmegaConf.create({"epsilon": 2.0, "seed": 1, "noise_seed": 1, "delta": 1e-7}), OmegaConf.load(CONF))
     model = instantiate_node(cfg.model)  # the path train.py takes (drops the bookkeeping `name`)
     assert isinstance(model, McSherryMironov) and model.delta == 1e-7 and model.epsilon == 2.0
     assert sum(model.budget.values()) == pytest.approx(1.0)

@@ -216,7 +216,7 @@ def test_bad_config_and_data_raise_readable_errors() -> None:
 
 
 def test_yaml_instantiates_with_top_level_keys() -> None:
-    cfg = OmegaConf.merge(OmegaConf.create({"epsilon": 0.5, "seed": 7, "delta": 1e-6}), OmegaConf.load(CONF))
+    cfg = OmegaConf.merge(OmegaConf.create({"epsilon": 0.5, "seed": 7, "noise_seed": 7, "delta": 1e-6}), OmegaConf.load(CONF))
     model = instantiate_node(cfg.model)  # the path train.py takes (drops the bookkeeping `name`)
     assert isinstance(model, PNCF) and model.epsilon == 0.5 and model.seed == 7
     assert OmegaConf.load(CONF).defaults[0] == {"override /mechanism": "builtin"}

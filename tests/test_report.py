@@ -34,7 +34,7 @@ def test_report_matches_runs(tmp_path):
         assert len(mine) == 2
         assert float(r["rmse_mean"]) == pytest.approx(np.mean(mine))
     md = (sweep / "report.md").read_text()
-    assert "PCC (non-private)" in md and "dpsgd-pnbm" in md
+    assert "PCC (non-private reference)" in md and "dpsgd-pnbm" in md
     assert "Privacy ledger" in md and (sweep / "ledger.json").exists()
     assert (sweep / "rmse_vs_epsilon_synthetic.png").stat().st_size > 1000
 

@@ -7,6 +7,9 @@ ratings -- and checks on what the mechanism's own code releases that
   (a) every materialised per-unit clipped contribution has norm <= c, and they sum to the release;
   (b) removing one unit (or changing one rating's value, when the relation covers it) moves the released
       pre-noise aggregate by at most the sensitivity the mechanism object states.
+Neighbours (issue 24, 6): a removed user is also tried with the id map REBUILT as the loader would (contiguous
+ids shift; every dataset carries raw-id keys in ``meta`` as ``build_dataset`` stores them), and a changed rating
+is tried at every value of the scale, not only the extreme.
 Then: every mechanism class is registered or declared non-private.
 """
 
@@ -23,6 +26,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import dprec_torch
+from dprec_torch.data.preprocess import ITEM_KEYS, USER_KEYS, stable_id_keys
 from dprec_torch.data.ratings import Ratings, RatingScale
 from dprec_torch.mechanisms.base import MechanismOptimizer
 from dprec_torch.privacy_harness import registry
@@ -30,6 +34,8 @@ from dprec_torch.privacy_harness.registry import SensitivityCase
 
 SCALE = RatingScale(1, 5)
 VALUES = (1.0, 5.0, 3.0, 1.0, 5.0, 2.0, 4.5)  # extremes twice as likely; ties are frequent
+SCALE_VALUES = (1.0, 2.0, 3.0, 4.0, 5.0)  # a changed rating is tried at each of them
+REBUILT = "ids rebuilt"  # a neighbour whose id map the loader rebuilt (contiguous user ids shift)
 TOL = 1e-5
 NON_FINITE = (float("nan"), float("inf"), -float("inf"))  # a score entry may be any float
 
@@ -60,12 +66,27 @@ def edge_datasets(draw, max_items: int, tau: int | None) -> Ratings:
         users += [u] * size
         items += its
         values += vals
+    # raw ids, keyed as build_dataset keys them (the tau cap and per-user samples read these, not the contiguous ids)
+    raw_users = draw(st.lists(st.integers(0, 10**6), min_size=n_users, max_size=n_users, unique=True))
+    meta = {USER_KEYS: stable_id_keys(raw_users), ITEM_KEYS: stable_id_keys([f"item-{j}" for j in range(m)])}
     return Ratings(torch.tensor(users, dtype=torch.long), torch.tensor(items, dtype=torch.long),
-                   torch.tensor(values, dtype=torch.float32), n_users, m, SCALE)
+                   torch.tensor(values, dtype=torch.float32), n_users, m, SCALE, meta)
 
 
 def without(data: Ratings, keep: torch.Tensor) -> Ratings:
-    return Ratings(data.users[keep], data.items[keep], data.values[keep], data.n_users, data.n_items, data.scale)
+    return Ratings(data.users[keep], data.items[keep], data.values[keep], data.n_users, data.n_items, data.scale,
+                   dict(data.meta))
+
+
+def rebuilt(data: Ratings, user: int) -> Ratings:
+    """``data`` without ``user``, its id map rebuilt as the loader would: later users shift down by one."""
+    keep = data.users != user
+    meta = dict(data.meta)
+    if USER_KEYS in meta:
+        meta[USER_KEYS] = torch.cat([meta[USER_KEYS][:user], meta[USER_KEYS][user + 1:]])
+    users = data.users[keep]
+    return Ratings(users - (users > user).long(), data.items[keep], data.values[keep], data.n_users - 1, data.n_items,
+                   data.scale, meta)
 
 
 def changed(data: Ratings, index: int, value: float | None = None) -> Ratings:
@@ -73,7 +94,7 @@ def changed(data: Ratings, index: int, value: float | None = None) -> Ratings:
     if value is None:
         value = SCALE.lo if float(v[index]) > (SCALE.lo + SCALE.hi) / 2 else SCALE.hi  # the largest change
     v[index] = value
-    return Ratings(data.users, data.items, v, data.n_users, data.n_items, data.scale)
+    return Ratings(data.users, data.items, v, data.n_users, data.n_items, data.scale, dict(data.meta))
 
 
 def neighbours(case: SensitivityCase, data: Ratings, draw) -> list[tuple[str, Ratings]]:
@@ -83,13 +104,20 @@ def neighbours(case: SensitivityCase, data: Ratings, draw) -> list[tuple[str, Ra
     if case.relation == "user":
         for u in draw(st.lists(st.integers(0, data.n_users - 1), min_size=1, max_size=2, unique=True)):
             out.append((f"remove user {u}", without(data, data.users != u)))
+            if data.n_users > 1:
+                out.append((f"remove user {u}, {REBUILT}", rebuilt(data, u)))
     elif n:
         picks = draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=2, unique=True))
         for k in picks:
             if case.relation == "rating":
                 out.append((f"remove rating {k}", without(data, torch.arange(n) != k)))
+                u = int(data.users[k])
+                if int((data.users == u).sum()) == 1 and data.n_users > 1:  # the user's last rating: u leaves the id map
+                    out.append((f"remove rating {k} (user {u}'s last), {REBUILT}", rebuilt(data, u)))
             if case.relation == "rating_value" or case.also_change:
-                out.append((f"change rating {k}", changed(data, k)))
+                for value in SCALE_VALUES:
+                    if value != float(data.values[k]):
+                        out.append((f"change rating {k} to {value:g}", changed(data, k, value)))
             if case.relation == "score_entry":  # the case maps rating k to one score entry: any new value, or the default
                 for value in (draw(st.sampled_from(VALUES + (3.0,))), SCALE.lo, SCALE.hi, *NON_FINITE):
                     out.append((f"set entry of rating {k} to {value}", changed(data, k, value)))
@@ -115,6 +143,8 @@ def check_case(case: SensitivityCase, data: Ratings, seed: int, draw) -> bool:
         rel = case.release(other, seed, False)
         if rel is None:
             continue
+        if REBUILT in what and rel.total.shape != base.total.shape:
+            continue  # the release has a row per user (MF's user factors): no entry-wise comparison exists
         moved = float(p_norm(rel.total - base.total, case.norm))
         assert moved <= bound * (1 + TOL) + 1e-6, \
             f"{case.name}: {what} moved the release by {moved:.6g} > the stated sensitivity {bound}"

@@ -161,7 +161,7 @@ def test_yaml_instantiates() -> None:
     from dprec_torch.training.run import instantiate_node
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=["model=slope_one", "mechanism=laplace_output", "epsilon=2", "seed=5"])
+        cfg = compose(config_name="config", overrides=["model=slope_one", "mechanism=laplace_output", "epsilon=2", "seed=5", "noise_seed=5"])
     model, mech = instantiate_node(cfg.model), instantiate_node(cfg.mechanism)
     assert isinstance(model, SlopeOne) and (model.T, model.phi_m) == (20, 10)
     assert mech.epsilon == 2.0 and mech.seed == 5

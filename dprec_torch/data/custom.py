@@ -6,6 +6,14 @@ fold named ``given``. Separator, header, duplicates and file format rules are
 those of :func:`dprec_torch.data.readers.read_ratings` (ML-1M's ``::`` files and
 MovieLens-latest CSVs with a header and half-star ratings both read as is).
 
+Item universe (issue 25, item 4). With ``data.catalog_path`` (MovieLens's ``movies.dat`` or ``u.item`` format, or a
+CSV ``item_id,title,genres,year`` with that header: :func:`~dprec_torch.data.item_features.read_catalog`) items are
+indexed by the public catalogue -- every catalogued item, rated or not, in catalogue order, as the MovieLens loader
+does -- and the catalogue's genres and years are attached as public item features (``model.item_features=auto``
+turns them on). A malformed catalogue, a rating of an item it does not list, and ids of another kind or another
+dataset are each one readable :class:`DataError`. Without a catalogue the index holds the rated items (treated
+as public, as the privacy scope says) and no item features are attached.
+
 The rating scale is ``data.rating_scale=[lo,hi]`` when given (ratings outside it
 are an error); otherwise ``[min, max]`` of all loaded ratings. Ids are mapped to
 one contiguous space built from every loaded file; ``RatingDataset.user_ids[k]``
@@ -20,15 +28,21 @@ reports a finite epsilon on an inferred scale.
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from dprec_torch.data.item_features import Catalog, CatalogFeatures, attach_item_features, read_catalog
 from dprec_torch.data.preprocess import build_dataset
-from dprec_torch.data.ratings import Fold, RatingDataset
-from dprec_torch.data.readers import build_id_space, encode, infer_scale, parse_scale, read_ratings
+from dprec_torch.data.ratings import ITEM_UNIVERSE, Fold, RatingDataset
+from dprec_torch.data.readers import RawRatings, build_id_space, catalog_id_space, encode, infer_scale, parse_scale, read_ratings
 from dprec_torch.data.splits import check_test_fraction, holdout_folds, select_folds
-from dprec_torch.errors import ConfigError
+from dprec_torch.errors import ConfigError, DataError
+
+log = logging.getLogger(__name__)
 
 #: ``Ratings.meta`` / ``RatingDataset.report`` key: ``declared`` (data.rating_scale) or ``inferred`` (data min/max)
 SCALE_SOURCE = "scale_source"
@@ -49,8 +63,11 @@ def load_custom(
     max_user_ratings: int | None = None,
     seed: int = 0,
     name: str = "custom",
+    catalog_path: str | None = None,
+    catalog_format: str = "auto",
 ) -> RatingDataset:
-    """Load a user-supplied ratings file (or train/test pair) with train-side preprocessing."""
+    """Load a user-supplied ratings file (or train/test pair) with train-side preprocessing; with ``catalog_path``,
+    items are indexed by that public catalogue, whose genres and years become the public item features."""
     if path and (train_path or test_path):
         raise ConfigError("give either data.path or data.train_path + data.test_path, not both")
     if not path and not (train_path and test_path):
@@ -69,8 +86,14 @@ def load_custom(
         raws = [read_ratings(Path(p).expanduser(), **opts) for p in (train_path, test_path)]
     source = "declared" if scale is not None else "inferred"
     scale = scale or infer_scale(*raws)
-    user_ids, item_ids = build_id_space(*raws)
-    encoded = [encode(r, user_ids, item_ids, scale) for r in raws]
+    catalog = read_catalog(Path(catalog_path).expanduser(), catalog_format) if catalog_path else None
+    if catalog is None:
+        user_ids, item_ids = build_id_space(*raws)
+    else:
+        check_catalog_ids(catalog, raws)
+        user_ids, item_ids = catalog_id_space(catalog.item_ids, *raws, catalog=str(catalog.path))
+    ref = "the dataset" if catalog is None else f"the dataset (users) / the catalogue {catalog.path} (items)"
+    encoded = [encode(r, user_ids, item_ids, scale, ref) for r in raws]
     if path:
         folds = holdout_folds(encoded[0], wanted, test_fraction, seed)
     else:
@@ -81,12 +104,36 @@ def load_custom(
         "duplicates_dropped": sum(r.duplicates_dropped for r in raws),
         SCALE_SOURCE: source,
     }
+    if catalog is not None:
+        report[ITEM_UNIVERSE] = catalog.universe().describe()
+        report["catalog"] = str(catalog.path)
     dataset = build_dataset(
         name, folds, user_ids.tolist(), item_ids.tolist(), scale, min_user_ratings, max_user_ratings, seed, report
     )
     for f in dataset.folds:
         f.train.meta[SCALE_SOURCE] = f.test.meta[SCALE_SOURCE] = source
+    if catalog is not None:  # public catalogue metadata: the item universe, and features built only if a model asks
+        universe = catalog.universe()
+        for f in dataset.folds:  # what the privacy scope reads (privacy.scope.privacy_scope)
+            f.train.meta[ITEM_UNIVERSE] = f.test.meta[ITEM_UNIVERSE] = universe
+        attach_item_features(dataset, CatalogFeatures(catalog, dataset.item_ids))
+        log.info("%s: items indexed by %s (%s format); its genres and years are the public item features",
+                 name, universe.describe(), catalog.format)
     return dataset
+
+
+def check_catalog_ids(catalog: Catalog, raws: list[RawRatings]) -> None:
+    """One readable line when the ratings' item ids and the catalogue's do not match at all (another dataset, or
+    another id scheme). A few unlisted items are :func:`catalog_id_space`'s error (it names ``file:line``)."""
+    for raw in raws:
+        if not len(raw) or (raw.items.dtype.kind in "iu") != (catalog.item_ids.dtype.kind in "iu"):
+            continue  # catalog_id_space names a numeric/text mismatch
+        rated = np.unique(raw.items)
+        if not np.isin(rated, catalog.item_ids).any():
+            raise DataError(f"{catalog.path}: none of the {rated.shape[0]:,} item ids rated in {raw.path} is in the "
+                            f"catalogue (ratings: {', '.join(map(str, rated[:3].tolist()))}, ...; catalogue: "
+                            f"{', '.join(map(str, catalog.item_ids[:3].tolist()))}, ...): the ids do not match; use the "
+                            "catalogue of the same dataset")
 
 
 def _finite(value: Any) -> bool:

@@ -1,25 +1,33 @@
-"""Public item metadata (genres, release decade) as item features.
+"""The public item catalogue (item universe, titles, genres, release year) and item features built from it.
 
 MovieLens ships each movie's genres and title with its release year (ML-1M ``movies.dat``, ML-100K ``u.item``).
 That metadata describes the catalogue, not any user: no rating enters it, so a model that reads it spends no
-privacy budget on it. :func:`movielens_item_features` turns it into one row per contiguous item index:
+privacy budget on it. :func:`read_catalog` reads such a file (path -> ordered item ids, titles, genres, years);
+the MovieLens loader indexes items by it (every catalogued item, rated or not, in catalogue order), and
+:func:`catalog_item_features` turns it into one row per contiguous item index:
 
     phi_i = (genre_g / sqrt(#genres of i) for each genre g, one-hot release decade: <1930, 1930s, ..., >=2000)
 
 so every row has the same scale (genre part of norm 1, decade part of norm 1). The loader attaches the matrix to
-``Ratings.meta[ITEM_FEATURES]`` when the metadata file is present; predictors with ``item_features=true`` read it
-there (:class:`dprec_torch.predictors.noisy_gram.NoisyGram`).
+``Ratings.meta[ITEM_FEATURES]`` when the metadata file is present (``data=custom``: ``data.catalog_path``, in
+MovieLens's ``movies.dat`` / ``u.item`` formats or a CSV with the header ``item_id,title,genres,year``); predictors
+with ``item_features=true`` (or ``auto``: on when a catalogue is attached) read it there
+(:class:`dprec_torch.predictors.noisy_gram.NoisyGram`).
 """
 
 from __future__ import annotations
 
+import csv
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from dprec_torch.errors import DataError
+from dprec_torch.data.ratings import ItemUniverse
+from dprec_torch.errors import ConfigError, DataError
 
 #: key of the public item features in ``Ratings.meta``
 ITEM_FEATURES = "item_features"
@@ -51,32 +59,180 @@ def decade_index(year: int | None) -> int:
     return min(max((year - 1920) // 10, 0), len(DECADES) - 1)
 
 
-def _parse(path: Path, name: str) -> dict[int, tuple[list[str], int | None]]:
-    """raw movie id -> (genres, year or None), with one readable error per malformed line."""
-    sep = METADATA_FILES[name][1]
-    out: dict[int, tuple[list[str], int | None]] = {}
-    with open(path, encoding="latin-1") as fh:
-        for no, line in enumerate(fh, 1):
-            line = line.rstrip("\r\n")
-            if not line:
+def _movies_dat_record(parts: list[str]) -> tuple[int, str, tuple[str, ...], int | None]:
+    """``MovieID::Title (Year)::Genre|Genre`` (ML-1M)."""
+    raw_id, title, genres = int(parts[0]), parts[1], tuple(parts[2].split("|"))
+    found = _YEAR.findall(title)
+    return raw_id, title, genres, int(found[-1]) if found else None
+
+
+def _u_item_record(parts: list[str]) -> tuple[int, str, tuple[str, ...], int | None]:
+    """``id|title|release date|video date|url|19 genre flags`` (ML-100K); the year is the release date's."""
+    raw_id, title, date = int(parts[0]), parts[1], parts[2]
+    flags = [int(f) for f in parts[5:5 + len(ML100K_GENRES)]]
+    if len(flags) != len(ML100K_GENRES):
+        raise ValueError("too few genre flags")
+    found = _YEAR.findall(date)
+    return raw_id, title, tuple(g for g, f in zip(ML100K_GENRES, flags) if f), int(found[-1]) if found else None
+
+
+def _csv_record(parts: list[str]) -> tuple[str, str, tuple[str, ...], int | None]:
+    """``item_id,title,genres,year`` (:data:`CSV_HEADER`): genres ``|``-separated (may be empty), year an integer or
+    empty. The id stays text here; :func:`read_catalog` makes the ids integers when every one is."""
+    if len(parts) != len(CSV_HEADER):
+        raise ValueError(f"{len(parts)} fields, expected {len(CSV_HEADER)} ({','.join(CSV_HEADER)}; quote a title that "
+                         "holds a comma)")
+    raw_id, title, genres, year = (p.strip() for p in parts)
+    if not raw_id:
+        raise ValueError("the item id is empty")
+    if year and not _INTEGER.fullmatch(year):
+        raise ValueError(f"year {year!r} is not an integer (leave it empty when unknown)")
+    return raw_id, title, tuple(g.strip() for g in genres.split("|") if g.strip()), int(year) if year else None
+
+
+#: the header of a CSV catalogue (``data.catalog_path`` of ``data=custom``; docs/usage.md)
+CSV_HEADER = ("item_id", "title", "genres", "year")
+_INTEGER = re.compile(r"[+-]?\d+")
+#: catalogue formats: name -> (field separator, record parser); MovieLens's two formats are named after their files
+CATALOG_FORMATS = {"movies.dat": ("::", _movies_dat_record), "u.item": ("|", _u_item_record), "csv": (",", _csv_record)}
+#: what one line of each format describes, and how to repair a malformed one
+_RECORD = {"movies.dat": "movie record", "u.item": "movie record", "csv": "catalogue record"}
+_FIX = {"movies.dat": "replace the file with the original from the dataset's zip",
+        "u.item": "replace the file with the original from the dataset's zip",
+        "csv": "each line after the header is item_id,title,genres,year (genres |-separated; docs/usage.md)"}
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """A public item catalogue: every item's raw id in file order, with its title, genres and release year.
+
+    It describes the items, not any user (no rating enters it), so an item index built from it
+    (:meth:`universe`) and features built from it (:func:`catalog_item_features`) cost no privacy.
+    """
+
+    path: Path
+    item_ids: np.ndarray  # raw ids, distinct, in file order: int64, or text (a CSV whose ids are not all integers)
+    titles: tuple[str, ...]
+    genres: tuple[tuple[str, ...], ...]
+    years: tuple[int | None, ...]  # None where the file gives no year
+    format: str = "movies.dat"
+
+    def __len__(self) -> int:
+        return int(self.item_ids.shape[0])
+
+    def universe(self) -> ItemUniverse:
+        """The item universe this catalogue defines (for ``Ratings.meta`` and the dataset record)."""
+        return ItemUniverse(len(self), str(self.path))
+
+
+def catalog_format(path: Path, fmt: str | None = None) -> str:
+    """``fmt`` when given (not ``auto``), else from the file's name: ``movies.dat``, ``u.item``, or ``*.csv``."""
+    if fmt not in (None, "auto"):
+        if fmt not in CATALOG_FORMATS:
+            raise DataError(f"{path}: unknown catalogue format {fmt!r}: known formats are {', '.join(CATALOG_FORMATS)} "
+                            "(data.catalog_format; auto = from the file's name)")
+        return fmt
+    if path.name in CATALOG_FORMATS:
+        return path.name
+    if path.suffix.lower() == ".csv":
+        return "csv"
+    raise ConfigError(f"{path}: cannot tell the catalogue's format from its name: set data.catalog_format to "
+                      f"{', '.join(CATALOG_FORMATS)}")
+
+
+def _records(path: Path, fmt: str) -> Iterator[tuple[int, list[str]]]:
+    """(line number, fields) of every non-blank line; a CSV's header is checked and skipped."""
+    if fmt != "csv":
+        with open(path, encoding="latin-1") as fh:  # the MovieLens files' encoding
+            for no, line in enumerate(fh, 1):
+                line = line.rstrip("\r\n")
+                if line.strip():
+                    yield no, line.split(CATALOG_FORMATS[fmt][0])
+        return
+    with open(path, encoding="utf-8-sig", newline="") as fh:
+        reader = csv.reader(fh)
+        header = True
+        for fields in reader:
+            if not any(f.strip() for f in fields):
                 continue
-            parts = line.split(sep)
+            if header:
+                if tuple(f.strip().lower() for f in fields) != CSV_HEADER:
+                    raise DataError(f"{path}, line {reader.line_num}: a CSV catalogue starts with the header "
+                                    f"{','.join(CSV_HEADER)} (found {','.join(fields)[:80]!r})")
+                header = False
+                continue
+            yield reader.line_num, fields
+
+
+def read_catalog(path: str | Path, fmt: str | None = None) -> Catalog:
+    """Read a catalogue file: ``fmt`` is ``movies.dat``, ``u.item`` or ``csv`` (None or ``auto``: the file's name
+    decides, :func:`catalog_format`).
+
+    MovieLens's formats are Latin-1 text, one item per non-blank line; a CSV is UTF-8 with the header
+    :data:`CSV_HEADER`, and its ids are integers when every one is, else text. A malformed line, an id listed twice
+    or an unreadable file is one readable :class:`DataError` naming ``file, line N``.
+    """
+    path = Path(path)
+    fmt = catalog_format(path, fmt)
+    if not path.is_file():
+        raise DataError(f"{path}: catalogue file not found")
+    parse = CATALOG_FORMATS[fmt][1]
+    lines: list[int] = []
+    ids: list = []
+    titles: list[str] = []
+    genres: list[tuple[str, ...]] = []
+    years: list[int | None] = []
+    try:
+        for no, fields in _records(path, fmt):
             try:
-                if name == "ml-1m":
-                    raw_id, title, genres = int(parts[0]), parts[1], parts[2].split("|")
-                    found = _YEAR.findall(title)
-                else:
-                    raw_id, date = int(parts[0]), parts[2]
-                    flags = [int(f) for f in parts[5:5 + len(ML100K_GENRES)]]
-                    if len(flags) != len(ML100K_GENRES):
-                        raise ValueError("too few genre flags")
-                    genres = [g for g, f in zip(ML100K_GENRES, flags) if f]
-                    found = _YEAR.findall(date)
+                raw_id, title, gs, year = parse(fields)
             except (IndexError, ValueError) as err:
-                raise DataError(f"{path}, line {no}: not a {name} movie record ({err}); replace the file with the "
-                                "original from the dataset's zip") from None
-            out[raw_id] = (genres, int(found[-1]) if found else None)
-    return out
+                raise DataError(f"{path}, line {no}: not a {fmt} {_RECORD[fmt]} ({err}); {_FIX[fmt]}") from None
+            lines.append(no)
+            ids.append(raw_id)
+            titles.append(title)
+            genres.append(gs)
+            years.append(year)
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); save the catalogue as UTF-8") from None
+    if not ids:
+        raise DataError(f"{path}: the catalogue lists no items")
+    if fmt == "csv":  # integer ids when every id is one (as a ratings file's), else text
+        ids = [int(i) for i in ids] if all(_INTEGER.fullmatch(i) for i in ids) else ids
+    first_line: dict = {}
+    for no, raw_id in zip(lines, ids):
+        if raw_id in first_line:
+            raise DataError(f"{path}, line {no}: item id {raw_id} is listed twice (first on line "
+                            f"{first_line[raw_id]}); a catalogue lists each item once")
+        first_line[raw_id] = no
+    item_ids = np.asarray(ids, dtype=np.int64) if isinstance(ids[0], int) else np.asarray(ids, dtype=str)
+    return Catalog(path, item_ids, tuple(titles), tuple(genres), tuple(years), fmt)
+
+
+def _id_key(raw) -> int | str:
+    """A raw id as a dict key: text stays text, any integer type becomes ``int``."""
+    return raw if isinstance(raw, str) else int(raw)
+
+
+def catalog_item_features(catalog: Catalog, item_ids: list) -> ItemFeatures:
+    """The features of every item in ``item_ids`` (raw ids, in contiguous-index order) from ``catalog``.
+
+    The genre columns are every genre the catalogue names (sorted), whichever items are asked for."""
+    position = {_id_key(raw): k for k, raw in enumerate(catalog.item_ids.tolist())}
+    missing = [i for i in item_ids if _id_key(i) not in position]
+    if missing:
+        raise DataError(f"{catalog.path} has no record for {len(missing)} rated movie(s) (first: {missing[0]}); "
+                        "replace it with the original file")
+    names = sorted({g for gs in catalog.genres for g in gs})
+    column = {g: k for k, g in enumerate(names)}
+    mat = torch.zeros(len(item_ids), len(names) + len(DECADES))
+    for k, raw in enumerate(item_ids):
+        p = position[_id_key(raw)]
+        gs = catalog.genres[p]
+        for g in gs:
+            mat[k, column[g]] = 1.0 / len(gs) ** 0.5
+        mat[k, len(names) + decade_index(catalog.years[p])] = 1.0
+    return ItemFeatures(mat, [f"genre:{g}" for g in names] + [f"decade:{d}" for d in DECADES], str(catalog.path))
 
 
 def movielens_item_features(folder: str | Path, name: str, item_ids: list) -> ItemFeatures:
@@ -87,34 +243,39 @@ def movielens_item_features(folder: str | Path, name: str, item_ids: list) -> It
     if not path.is_file():
         raise DataError(f"{path} is missing: item_features=true reads the movies' genres and years from it; "
                         f"copy it from the {name} zip next to the ratings (or set item_features=false)")
-    meta = _parse(path, name)
-    missing = [i for i in item_ids if int(i) not in meta]
-    if missing:
-        raise DataError(f"{path} has no record for {len(missing)} rated movie(s) (first: {missing[0]}); replace it with "
-                        "the original file")
-    genres = sorted({g for gs, _ in meta.values() for g in gs})
-    mat = torch.zeros(len(item_ids), len(genres) + len(DECADES))
-    for k, raw in enumerate(item_ids):
-        gs, year = meta[int(raw)]
-        for g in gs:
-            mat[k, genres.index(g)] = 1.0 / len(gs) ** 0.5
-        mat[k, len(genres) + decade_index(year)] = 1.0
-    return ItemFeatures(mat, [f"genre:{g}" for g in genres] + [f"decade:{d}" for d in DECADES], str(path))
+    return catalog_item_features(read_catalog(path, METADATA_FILES[name][0]), item_ids)
 
 
 @dataclass
 class MovieLensMetadata:
-    """Where a loaded MovieLens dataset's metadata lives; parsed on first use (a run that never asks for item
-    features never reads, or fails on, the file)."""
+    """A loaded MovieLens dataset's metadata; the feature matrix is built on first use (a run that never asks for
+    item features never builds it)."""
 
     folder: str
     name: str
+    item_ids: list
+    catalog: Catalog | None = None  # already read by the loader (it defines the item universe): not read again
+    _cache: ItemFeatures | None = None
+
+    def load(self) -> ItemFeatures:
+        if self._cache is None:
+            self._cache = (movielens_item_features(self.folder, self.name, self.item_ids) if self.catalog is None
+                           else catalog_item_features(self.catalog, self.item_ids))
+        return self._cache
+
+
+@dataclass
+class CatalogFeatures:
+    """The features of a catalogue attached to a loaded dataset (``data=custom data.catalog_path=...``); the matrix
+    is built on first use (a run that never asks for item features never builds it)."""
+
+    catalog: Catalog
     item_ids: list
     _cache: ItemFeatures | None = None
 
     def load(self) -> ItemFeatures:
         if self._cache is None:
-            self._cache = movielens_item_features(self.folder, self.name, self.item_ids)
+            self._cache = catalog_item_features(self.catalog, self.item_ids)
         return self._cache
 
 
@@ -123,8 +284,9 @@ def item_features_of(ratings, who: str) -> ItemFeatures:
     entry = ratings.meta.get(ITEM_FEATURES)
     if entry is None:
         raise DataError(f"{who}: item_features=true needs public item metadata, and this dataset has none attached "
-                        f"(MovieLens: {', '.join(f for f, _ in METADATA_FILES.values())} beside the ratings); set item_features=false")
-    feats = entry.load() if isinstance(entry, MovieLensMetadata) else entry
+                        f"(MovieLens: {', '.join(f for f, _ in METADATA_FILES.values())} beside the ratings; data=custom: "
+                        "data.catalog_path); set item_features=false or auto")
+    feats = entry.load() if isinstance(entry, (MovieLensMetadata, CatalogFeatures)) else entry
     if not isinstance(feats, ItemFeatures) or feats.matrix.shape[0] != ratings.n_items:
         raise DataError(f"{who}: the attached item features do not cover the dataset's {ratings.n_items} items")
     return feats
@@ -139,7 +301,7 @@ def random_item_features(n_items: int, n_genres: int = 5, seed: int = 0) -> Item
                         f"random genres (seed {seed}; independent of every rating)")
 
 
-def attach_item_features(dataset, source: "ItemFeatures | MovieLensMetadata") -> None:
+def attach_item_features(dataset, source: "ItemFeatures | MovieLensMetadata | CatalogFeatures") -> None:
     """Put ``source`` in every fold's train and test ``Ratings.meta`` (one object shared by all folds)."""
     for f in dataset.folds:
         f.train.meta[ITEM_FEATURES] = f.test.meta[ITEM_FEATURES] = source

@@ -9,12 +9,24 @@ cache, validated, and only then renamed into place, so a killed download never
 leaves a half-written dataset behind.
 
 Every load validates the documented counts (ML-100K: 100,000 ratings, 943 users,
-1,682 items; ML-1M: 1,000,209 ratings, 6,040 users, 3,706 rated items), so a
-truncated or edited copy fails loudly instead of producing wrong numbers.
+1,682 items, all rated; ML-1M: 1,000,209 ratings, 6,040 users, 3,706 rated of
+3,883 catalogued movies), so a truncated or edited copy fails loudly instead of
+producing wrong numbers.
+
+Item universe (privacy issue 24, item 5): items are indexed by the public catalogue
+(``movies.dat``, ``u.item``; :func:`~dprec_torch.data.item_features.read_catalog`):
+every catalogued movie gets an index, rated or not, in catalogue order, so the
+index reads no rating (an index of the rated items would reveal which movies
+someone rated, test split included). A rating of a movie the catalogue does not
+list is an error. Without the catalogue file beside the ratings the index falls
+back to the rated items, with a warning, and the dataset record and privacy scope
+say that this universe is treated as public. ML-100K rates all 1,682 catalogued
+items and its ids are 1..1682 in both orders, so its index is unchanged.
 
 Folds: ML-100K uses the official ``u1..u5`` ``.base``/``.test`` files; ML-1M a
 seeded 90/10 hold-out repeated ``n_folds`` times (:mod:`splits`). Both share one
-id space built from the whole ratings file. The rating scale is 1..5.
+id space: the catalogue's items and the users of the whole ratings file. The
+rating scale is 1..5.
 MovieLens data is licensed: never copy it into the repository.
 """
 
@@ -35,9 +47,9 @@ from urllib.request import urlopen
 import numpy as np
 
 from dprec_torch.data.preprocess import build_dataset
-from dprec_torch.data.ratings import Fold, RatingDataset, RatingScale
-from dprec_torch.data.item_features import METADATA_FILES, MovieLensMetadata, attach_item_features
-from dprec_torch.data.readers import RawRatings, build_id_space, encode, read_ratings
+from dprec_torch.data.ratings import ITEM_UNIVERSE, Fold, ItemUniverse, RatingDataset, RatingScale
+from dprec_torch.data.item_features import METADATA_FILES, Catalog, MovieLensMetadata, attach_item_features, read_catalog
+from dprec_torch.data.readers import RawRatings, build_id_space, catalog_id_space, encode, read_ratings
 from dprec_torch.data.splits import holdout_folds, select_folds
 from dprec_torch.errors import ConfigError, DataError
 
@@ -49,6 +61,9 @@ MOVIELENS_SCALE = RatingScale(1.0, 5.0)
 
 @dataclass(frozen=True)
 class MovieLensSpec:
+    """A MovieLens release's documented counts. ``n_items`` is the item universe (the catalogue's size);
+    ``n_rated_items`` the items with a rating, when fewer (None: every item is rated)."""
+
     name: str
     url: str
     ratings_file: str
@@ -56,6 +71,11 @@ class MovieLensSpec:
     n_ratings: int
     n_users: int
     n_items: int
+    n_rated_items: int | None = None
+
+    @property
+    def rated_items(self) -> int:
+        return self.n_items if self.n_rated_items is None else self.n_rated_items
 
 
 SPECS: dict[str, MovieLensSpec] = {
@@ -63,7 +83,8 @@ SPECS: dict[str, MovieLensSpec] = {
         "ml-100k", "https://files.grouplens.org/datasets/movielens/ml-100k.zip", "u.data", "\t", 100_000, 943, 1_682
     ),
     "ml-1m": MovieLensSpec(
-        "ml-1m", "https://files.grouplens.org/datasets/movielens/ml-1m.zip", "ratings.dat", "::", 1_000_209, 6_040, 3_706
+        "ml-1m", "https://files.grouplens.org/datasets/movielens/ml-1m.zip", "ratings.dat", "::", 1_000_209, 6_040, 3_883,
+        3_706,
     ),
 }
 
@@ -150,16 +171,36 @@ def download_movielens(name: str, searched: list[str] | None = None) -> Path:
 def validate_counts(
     raw: RawRatings, spec: MovieLensSpec, fix: str = "the copy is incomplete or modified: replace it (or delete it to re-download)"
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Check the documented numbers of ratings, users and rated items; returns the sorted raw ids."""
+    """Check the documented numbers of ratings, users and rated items; returns the sorted raw ids (rated items)."""
     user_ids, item_ids = build_id_space(raw)
     got = (len(raw), int(user_ids.shape[0]), int(item_ids.shape[0]))
-    want = (spec.n_ratings, spec.n_users, spec.n_items)
+    want = (spec.n_ratings, spec.n_users, spec.rated_items)
     if got != want:
         raise DataError(
             f"{raw.path}: {got[0]:,} ratings, {got[1]:,} users, {got[2]:,} items, but {spec.name} has "
             f"{want[0]:,}/{want[1]:,}/{want[2]:,}; {fix}"
         )
     return user_ids, item_ids
+
+
+def catalog_file(name: str) -> str:
+    """The file name of ``name``'s public catalogue (``movies.dat``, ``u.item``)."""
+    return METADATA_FILES[name][0]
+
+
+def read_movielens_catalog(folder: Path, spec: MovieLensSpec) -> Catalog | None:
+    """``folder``'s catalogue, checked against the documented count, or None (with a warning) when absent."""
+    path = folder / catalog_file(spec.name)
+    if not path.is_file():
+        log.warning("%s: no %s beside %s, so items are indexed by the rated items (treated as public); copy %s "
+                    "from the %s zip to index them by the public catalogue", folder, path.name, spec.ratings_file,
+                    path.name, spec.name)
+        return None
+    catalog = read_catalog(path)
+    if len(catalog) != spec.n_items:
+        raise DataError(f"{path}: {len(catalog):,} items, but {spec.name}'s catalogue has {spec.n_items:,}; the file "
+                        "is incomplete or modified: replace it with the original from the zip")
+    return catalog
 
 
 def load_movielens(
@@ -180,8 +221,13 @@ def load_movielens(
     folder = locate_movielens(name, data_dir)
     raw = read_ratings(folder / spec.ratings_file, sep=spec.sep, header=False, rating_scale=MOVIELENS_SCALE, duplicates="error")
     user_ids, item_ids = validate_counts(raw, spec)
+    catalog = read_movielens_catalog(folder, spec)
+    if catalog is not None:
+        user_ids, item_ids = catalog_id_space(catalog.item_ids, raw, catalog=str(catalog.path))
+    universe = ItemUniverse(int(item_ids.shape[0])) if catalog is None else catalog.universe()
     if name == "ml-100k":
-        ref = f"{folder / spec.ratings_file}"
+        ref = f"{folder / spec.ratings_file}" if catalog is None else \
+            f"{folder / spec.ratings_file} (users) / the catalogue {catalog.path} (items)"
         folds = []
         for k in wanted:  # at most 5 official folds
             parts = [
@@ -193,10 +239,13 @@ def load_movielens(
     else:
         whole = encode(raw, user_ids, item_ids, MOVIELENS_SCALE)
         folds = holdout_folds(whole, wanted, test_fraction, seed)
-    report = {"source": str(folder), "n_ratings": len(raw), "duplicates_dropped": 0}
+    report = {"source": str(folder), "n_ratings": len(raw), "duplicates_dropped": 0, ITEM_UNIVERSE: universe.describe()}
     dataset = build_dataset(
         name, folds, user_ids.tolist(), item_ids.tolist(), MOVIELENS_SCALE, min_user_ratings, max_user_ratings, seed, report
     )
-    if (folder / METADATA_FILES[name][0]).is_file():  # public catalogue metadata, read only if a model asks for it
-        attach_item_features(dataset, MovieLensMetadata(str(folder), name, dataset.item_ids))
+    for f in dataset.folds:  # what the privacy scope reads (privacy.scope.privacy_scope)
+        f.train.meta[ITEM_UNIVERSE] = f.test.meta[ITEM_UNIVERSE] = universe
+    if catalog is not None:  # public catalogue metadata: features built only if a model asks for them
+        attach_item_features(dataset, MovieLensMetadata(str(folder), name, dataset.item_ids, catalog))
+    log.info("%s: items indexed by %s", name, universe.describe())
     return dataset

@@ -7,6 +7,7 @@ produced on demand on whatever device the ratings live on.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import PurePath
 
 import torch
 
@@ -26,6 +27,42 @@ class RatingScale:
     def clip(self, x: torch.Tensor) -> torch.Tensor:
         """Clip predictions to the scale."""
         return x.clamp(self.lo, self.hi)
+
+
+#: key of the :class:`ItemUniverse` in ``Ratings.meta`` (set by loaders that know where their items come from)
+ITEM_UNIVERSE = "item_universe"
+
+
+@dataclass(frozen=True)
+class ItemUniverse:
+    """Where the contiguous item index ``0..n_items-1`` comes from (privacy issue 24, item 5).
+
+    ``catalog`` is the path of a public catalogue (MovieLens ``movies.dat`` / ``u.item``): every catalogued item
+    has an index whether or not anyone rated it, so the index reads no rating. ``None``: the index holds the
+    items rated in the data files (train and test), which a release reveals; it is then *treated* as public.
+    """
+
+    n_items: int
+    catalog: str | None = None
+
+    def describe(self) -> str:
+        """One line for the dataset record, e.g. ``catalogue movies.dat (3883 items)``."""
+        if self.catalog is not None:
+            return f"catalogue {PurePath(self.catalog).name} ({self.n_items} items)"
+        return f"rated items ({self.n_items} items, treated as public)"
+
+    def scope(self) -> list[str]:
+        """What the privacy scope states about the item universe and the user count."""
+        users = ("the number of users: the user index holds every user with a rating (train and test), and its "
+                 "size is treated as public, not protected by epsilon")
+        if self.catalog is not None:
+            items = (f"the item universe: the public catalogue {PurePath(self.catalog).name} ({self.n_items} items, every one "
+                     "indexed whether rated or not, in catalogue order); no rating enters it, so it costs no privacy")
+        else:
+            items = (f"the item universe: the {self.n_items} items rated anywhere in the data (train and test), "
+                     "treated as public: the released rows reveal which items someone rated; no public catalogue "
+                     "was given to index items by")
+        return [items, users]
 
 
 @dataclass
@@ -171,6 +208,7 @@ class RatingDataset:
             "n_ratings": self.report.get("n_ratings"),
             "n_users": self.n_users,
             "n_items": self.n_items,
+            "item_universe": self.report.get(ITEM_UNIVERSE) or ItemUniverse(self.n_items).describe(),
             "scale": [self.scale.lo, self.scale.hi],
             "folds": {f.name or str(f.index): {"train": len(f.train), "test": len(f.test)} for f in self.folds},
             "preprocessing": self.report.get("preprocessing"),

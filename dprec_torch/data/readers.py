@@ -444,14 +444,40 @@ def build_id_space(*raws: RawRatings) -> tuple[np.ndarray, np.ndarray]:
     return user_ids, item_ids
 
 
-def _index_of(raw_ids: np.ndarray, space: np.ndarray, what: str, raw: RawRatings, reference: str) -> np.ndarray:
-    idx = np.searchsorted(space, raw_ids)
-    ok = idx < space.shape[0]
-    ok[ok] = space[idx[ok]] == raw_ids[ok]
+def catalog_id_space(catalog_ids: np.ndarray, *raws: RawRatings, catalog: str) -> tuple[np.ndarray, np.ndarray]:
+    """The id space of ratings indexed by a public catalogue: users as in :func:`build_id_space` (sorted unique
+    raw ids), items = ``catalog_ids`` in catalogue order, rated or not.
+
+    A rating of an item the catalogue does not list is one :class:`DataError` naming ``file:line`` and the
+    catalogue (``catalog``: its path, for the message).
+    """
+    user_ids, _ = build_id_space(*raws)
+    catalog_ids = np.asarray(catalog_ids)
+    reference = f"the catalogue {catalog} ({catalog_ids.shape[0]:,} items)"
+    for raw in raws:
+        if len(raw) and (raw.items.dtype.kind in "iu") != (catalog_ids.dtype.kind in "iu"):
+            raise DataError(f"{raw.path}: item ids are {'numeric' if raw.items.dtype.kind in 'iu' else 'text'} but "
+                            f"{reference} lists {'numeric' if catalog_ids.dtype.kind in 'iu' else 'text'} ids")
+        _index_of(raw.items, catalog_ids, "item", raw, reference, "a rating must name a catalogued item; check that "
+                  "the ratings and the catalogue come from the same dataset")
+    return user_ids, catalog_ids
+
+
+def _index_of(raw_ids: np.ndarray, space: np.ndarray, what: str, raw: RawRatings, reference: str,
+              fix: str = "") -> np.ndarray:
+    """Position of every raw id in ``space`` (distinct ids, any order: a catalogue's order is kept)."""
+    ascending = space.shape[0] < 2 or bool(np.all(space[1:] > space[:-1]))
+    order = None if ascending else np.argsort(space, kind="stable")
+    look = space if order is None else space[order]
+    idx = np.searchsorted(look, raw_ids)
+    ok = idx < look.shape[0]
+    ok[ok] = look[idx[ok]] == raw_ids[ok]
     if not ok.all():
-        k = int(np.argmin(ok))
-        raise DataError(f"{raw.path}:{raw.lines[k]}: {what} id {raw_ids[k]} does not appear in {reference}")
-    return idx.astype(np.int64)
+        k, bad = int(np.argmin(ok)), int((~ok).sum())
+        more = f" ({bad:,} of the file's ratings name {what} ids outside it)" if bad > 1 else ""
+        raise DataError(f"{raw.path}:{raw.lines[k]}: {what} id {raw_ids[k]} does not appear in {reference}{more}"
+                        + (f"; {fix}" if fix else ""))
+    return (idx if order is None else order[idx]).astype(np.int64)
 
 
 def encode(

@@ -30,6 +30,13 @@ update must not destroy. Gradient norms come from :mod:`dprec_torch.privacy.pnbm
 (per-user pair enumeration, never an M x M matrix per user). Prediction for user u also reads u's
 own training ratings: the guarantee protects u against anyone who sees the model (S, r_bar) and
 other users' predictions, not against someone who sees u's own predictions (joint DP).
+
+The low-rank PNBM (``model.similarity=lowrank``, S = U U^T): step 2 clips each sampled user's whole gradient of U to
+L1 norm c (the explicit per-user rows of :mod:`dprec_torch.models.pnbm_lowrank`), step 3 puts Lap(c/eps_s) on each of
+the M d entries of U's summed gradient, which is then divided by the expected batch size q N (the model's
+``gradient_reduction = "mean"``) before step 4 (use ``beta=1``). The item means are the Laplace form of
+:mod:`dprec_torch.mechanisms.lowrank_pnbm`'s release (pure eps_0 = ``mean_fraction`` x eps, L1 sensitivity 1,
+``mean_prior_std``, ``count_weight``); the composition is the one above (g = 1, user level only).
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from dprec_torch.errors import ConfigError
 from dprec_torch.interfaces import FactorModel, ItemSimilarityModel
 from dprec_torch.mechanisms.base import add_laplace_noise_
 from dprec_torch.mechanisms.context import TrainingContext
+from dprec_torch.mechanisms.lowrank_pnbm import MeanOptions, clip_lowrank, is_lowrank, means_report, release_means
 from dprec_torch.mechanisms.sgd import MapSGD
 from dprec_torch.privacy.accountants import PureDPAccountant
 from dprec_torch.privacy.analysis import analyse_dpsgd_l1, composed_epsilon, dpsgd_l1_group_factor, laplace_step_epsilon
@@ -116,6 +124,8 @@ class ClippedLaplaceDPSGD(MapSGD):
         chunk_pairs: int | None = None,
         seed: int | None = None,
         model: Any = None,
+        mean_prior_std: float = 0.5,
+        count_weight: float | None = 0.5,
     ) -> None:
         epsilon, clip_norm, q = check_epsilon(epsilon, "mechanism"), float(clip_norm), float(sampling_ratio)
         if not clip_norm > 0 or math.isinf(clip_norm):
@@ -134,6 +144,10 @@ class ClippedLaplaceDPSGD(MapSGD):
         super().__init__(params, context, lr=lr, weight_decay=weight_decay, beta=beta, seed=seed)
         model = model if model is not None else bound_model(context)
         self.pnbm = is_pnbm(model)
+        self.lowrank = is_lowrank(model)
+        if self.lowrank and (unit != "user" or relation != "user"):
+            raise ConfigError("mechanism=dpsgd on the low-rank PNBM clips per user at user level: set mechanism.unit=user "
+                              "mechanism.relation=user")
         if self.pnbm and unit != "user":
             raise ConfigError("mechanism=dpsgd_l1 with PNBM needs unit=user: a rating r_uj enters the gradient of every "
                               "other rating of u through the history, so only a user's whole contribution can be clipped")
@@ -162,6 +176,15 @@ class ClippedLaplaceDPSGD(MapSGD):
                 with torch.no_grad():
                     model.S.fill_(float(init_value))
                     model.S.fill_diagonal_(0.0)
+        if self.lowrank:
+            if math.isfinite(epsilon) and not float(mean_fraction) > 0:
+                raise ConfigError("mechanism.mean_fraction=0 would keep the exact (non-private) item means")
+            if math.isfinite(epsilon):
+                self.mean_epsilon = float(mean_fraction) * epsilon
+                self.mean_release = release_means(model, self.mean_epsilon, "laplace",
+                                                  MeanOptions(float(mean_prior_std), 0.0, 0.1,
+                                                              None if count_weight is None else float(count_weight)),
+                                                  self.generator)
         self.step_epsilon = (math.inf if math.isinf(epsilon)
                              else laplace_step_epsilon(epsilon, steps, q, self.mean_epsilon, self.group))
         self.accountant = PureDPAccountant()
@@ -190,6 +213,8 @@ class ClippedLaplaceDPSGD(MapSGD):
         if self.unit == "user" and batch.n_targets != batch.ind.values().numel():
             raise ConfigError("mechanism=dpsgd_l1 unit=user needs user-level batches (every rating of each sampled user); "
                               "the runner must sample users (mechanism.unit=user)")
+        if self.lowrank:
+            return clip_lowrank(self, residuals, batch, model, p=1)
         if self.pnbm and recentre_batch_(batch, model):  # a batch cached before the DP means were installed
             residuals = (model.batch_predict(batch) - batch.values).detach()
         norms = self.unit_norms(residuals, batch, model)
@@ -239,13 +264,14 @@ class ClippedLaplaceDPSGD(MapSGD):
             steps_taken=self.accountant.steps,
             noise_scale=self.noise_scale,
             accountant="pure-DP: exact Poisson amplification ln(1 + q(e^eps_s - 1)) + basic composition",
-            item_means=self.mean_release.report() if self.mean_release is not None else None,
+            item_means=(None if self.mean_release is None else means_report(self.mean_release, "laplace", self.mean_epsilon)
+                        if self.lowrank else self.mean_release.report()),
             analysis=(
                 f"Each {self.unit}'s whole gradient is clipped to L1 norm c={self.clip_norm:g}; Lap(c/eps_s) with "
                 f"eps_s={self.step_epsilon:.4g} on every entry; Poisson rate q={q:g} over {self.unit}s; "
                 f"{steps} steps" + (f" + item means eps_0={self.mean_epsilon:.4g}" if self.mean_release else "")
                 + f" compose to eps={self.planned_epsilon():.4g} ({self.defended_relation} level)."
-                + (" Predictions for u also read u's own ratings (joint DP)." if self.pnbm else
+                + (" Predictions for u also read u's own ratings (joint DP)." if self.pnbm or self.lowrank else
                    " MF with fallback=mean predicts unknown users/items from NON-private means (use fallback=model).")
             ),
         )

@@ -62,6 +62,7 @@ import torch
 from dprec_torch.data.ratings import Ratings, dense_rows
 from dprec_torch.errors import ConfigError, DataError
 from dprec_torch.interfaces import FittedPredictor, HasScoreRange, Predictor, Scorer
+from dprec_torch.predictors.release import ReleasesState
 from dprec_torch.privacy.budget import check_epsilon
 from dprec_torch.seeding import noise_generator
 
@@ -292,6 +293,30 @@ class ExponentialTopKRecommender:
 
     def fit(self, train: Ratings) -> "ExponentialTopKRecommender":
         self.predictor.fit(train)
+        self._bind(train)
+        self.draws_ = torch.zeros(train.n_users, dtype=torch.long)
+        return self
+
+    def released_state(self) -> dict[str, Any]:
+        """The curator's state: the wrapped scorer's fitted state (not covered by epsilon: keep it private) and the
+        sets released so far per user (the accountant). Never the sampler's generator."""
+        if not isinstance(self.predictor, ReleasesState):
+            raise ConfigError(f"exponential_topk: {type(self.predictor).__name__} cannot be written as a release")
+        return {"predictor": self.predictor.released_state(), "draws": self.draws_, "n_sets": int(self.n_sets_)}
+
+    def restore(self, train: Ratings, state: dict[str, Any]) -> "ExponentialTopKRecommender":
+        """The wrapped scorer from ``state["predictor"]`` and the per-user count of released sets (the epsilon keeps
+        composing); every later set is sampled afresh."""
+        if not isinstance(self.predictor, ReleasesState):
+            raise ConfigError(f"exponential_topk: {type(self.predictor).__name__} cannot be restored from a release")
+        self.predictor.restore(train, state["predictor"])
+        self._bind(train)
+        self.draws_, self.n_sets_ = state["draws"].cpu().long(), int(state["n_sets"])
+        self.generator_ = None
+        return self
+
+    def _bind(self, train: Ratings) -> None:
+        """The item count, the rated items (never recommended) and the score range's Delta (public: the scale)."""
         self.n_items = train.n_items
         self.indicator_ = train.indicator_csr()
         if isinstance(self.predictor, HasScoreRange):
@@ -309,8 +334,6 @@ class ExponentialTopKRecommender:
             # one clipped score entry moves f(S) by up to the range width: a smaller Delta overstates epsilon
             raise ConfigError(f"exponential_topk: sensitivity={self.sensitivity_:g} is below the width {width:g} of the "
                               f"score range {self.range_}; use sensitivity=null (= the width) or a value >= {width:g}")
-        self.draws_ = torch.zeros(train.n_users, dtype=torch.long)
-        return self
 
     @property
     def sampler(self) -> str:

@@ -15,6 +15,16 @@ needs for the guarantee to cover the released model:
   the user's mean centred rating).
 
 Relation: add/remove one user (Poisson over users). Predictions for u also read u's own ratings.
+
+The low-rank form (``model.similarity=lowrank``, S = U U^T, :mod:`dprec_torch.models.pnbm_lowrank`): each sampled
+user's whole gradient of U is clipped to Frobenius norm C (the explicit per-user rows), N(0, (sigma C)^2) goes on
+each of the M d entries of U's summed gradient, which is then divided by the expected batch size q N (the model's
+``gradient_reduction = "mean"``), and U <- U - lr (G~ / (q N) + (weight_decay / N) U). The item means are the Gaussian
+release of :mod:`dprec_torch.mechanisms.lowrank_pnbm` (``mean_prior_std``, ``mean_popularity_*``, ``count_weight``;
+share ``mean_fraction`` of mu^2), one entry (1 / mu_m, q = 1, 1 step) of the same Opacus accountant; sigma is the
+smallest that meets eps for [means, T steps]. ``init``, ``init_value``, ``mean_global_fraction`` and
+``mean_shrinkage`` are the full form's and are not read. These are the equations, clip, noise, step and accountant
+of the former ``lowrank_dpsgd`` predictor (without momentum).
 """
 
 from __future__ import annotations
@@ -28,6 +38,8 @@ from dprec_torch.errors import ConfigError
 from dprec_torch.mechanisms.context import TrainingContext
 from dprec_torch.mechanisms.dpsgd_l1 import INITS, bound_model, is_pnbm, recentre_batch_
 from dprec_torch.mechanisms.gaussian import GaussianDPSGD
+from dprec_torch.mechanisms.lowrank_pnbm import (MeanOptions, clip_lowrank, gaussian_mean_multiplier, history_epsilon, is_lowrank,
+                                                 means_report, release_means)
 from dprec_torch.privacy.analysis import calibrate_sigma, gaussian_epsilon
 from dprec_torch.privacy.item_means import dp_item_means, install_item_means
 from dprec_torch.privacy.pnbm_clipping import per_user_grad_norms, zero_diagonal_
@@ -59,6 +71,10 @@ class GaussianPNBM(GaussianDPSGD):
         unit: str = "user",
         seed: int | None = None,
         model: Any = None,
+        mean_prior_std: float = 0.5,
+        mean_popularity_alpha: float = 0.0,
+        mean_popularity_share: float = 0.1,
+        count_weight: float | None = 0.5,
     ) -> None:
         epsilon, delta = float(epsilon), float(delta)
         if unit != "user":
@@ -68,26 +84,36 @@ class GaussianPNBM(GaussianDPSGD):
         if not 0 < float(mean_fraction) < 1:
             raise ConfigError(f"mechanism.mean_fraction must be in (0, 1), got {mean_fraction}")
         model = model if model is not None else bound_model(context)
-        if not is_pnbm(model):
+        self.lowrank = is_lowrank(model)
+        if not (is_pnbm(model) or self.lowrank):
             raise ConfigError(f"GaussianPNBM trains PNBM only, got {type(model).__name__}")
         q, steps = min(1.0, float(sampling_ratio)), int(context.total_steps)
+        self.mean_releases = 1 if self.lowrank else MEAN_RELEASES
+        self.mean_options = MeanOptions(float(mean_prior_std), float(mean_popularity_alpha), float(mean_popularity_share),
+                                        None if count_weight is None else float(count_weight)) if self.lowrank else None
         self.mean_sigma, sigma = 0.0, None
         if math.isfinite(epsilon):
             if not 0 < delta < 1:
                 raise ConfigError(f"mechanism=gaussian needs delta in (0, 1), got {delta}")
-            self.mean_sigma = calibrate_sigma(float(mean_fraction) * epsilon, delta, 1.0, MEAN_RELEASES, accountant)
-            sigma = calibrate_sigma(epsilon, delta, q, steps, accountant, prior=[(self.mean_sigma, 1.0, MEAN_RELEASES)])
+            if self.lowrank:
+                self.mean_sigma = gaussian_mean_multiplier(epsilon, delta, float(mean_fraction), accountant)
+            else:
+                self.mean_sigma = calibrate_sigma(float(mean_fraction) * epsilon, delta, 1.0, MEAN_RELEASES, accountant)
+            sigma = calibrate_sigma(epsilon, delta, q, steps, accountant, prior=[(self.mean_sigma, 1.0, self.mean_releases)])
         super().__init__(params, context, epsilon, delta=delta, unit="user", clip_norm=clip_norm, noise_multiplier=sigma,
                          accountant=accountant, lr=lr, weight_decay=weight_decay, sampling_ratio=q, seed=seed)
         self.model_ref = model
         self.mean_release = None
-        if self.mean_sigma > 0:
+        if self.mean_sigma > 0 and self.lowrank:
+            self.mean_release = release_means(model, 1.0 / self.mean_sigma, "gaussian", self.mean_options, self.generator)
+            self.accountant.step(self.mean_sigma, 1.0, steps=1)
+        elif self.mean_sigma > 0:
             self.mean_release = dp_item_means(model.history, relation="user", noise="gaussian",
                                               noise_multiplier=self.mean_sigma, global_fraction=float(mean_global_fraction),
                                               shrinkage=float(mean_shrinkage), generator=self.generator)
             install_item_means(model, self.mean_release)
             self.accountant.step(self.mean_sigma, 1.0, steps=MEAN_RELEASES)
-        if init == "constant":
+        if init == "constant" and not self.lowrank:
             with torch.no_grad():
                 model.S.fill_(float(init_value))
                 model.S.fill_diagonal_(0.0)
@@ -98,6 +124,8 @@ class GaussianPNBM(GaussianDPSGD):
             raise ConfigError("mechanism=gaussian needs the batch and the model to clip per user")
         if batch.n_targets != batch.ind.values().numel():
             raise ConfigError("mechanism=gaussian with PNBM needs user-level batches (every rating of each sampled user)")
+        if self.lowrank:
+            return clip_lowrank(self, residuals, batch, model)
         if self.mean_release is not None and recentre_batch_(batch, model):
             residuals = (model.batch_predict(batch) - batch.values).detach()
         return self.clip_by_norm(residuals, per_user_grad_norms(model, batch, residuals, p=2), batch.rows)
@@ -106,19 +134,37 @@ class GaussianPNBM(GaussianDPSGD):
         """diag(G) := 0, then the parent's N(0, (sigma c)^2) on every entry and the accountant step."""
         for group in self.param_groups:
             for p in group["params"]:
-                if p.grad is not None and p.dim() == 2 and p.shape[0] == p.shape[1]:
+                if not self.lowrank and p.grad is not None and p.dim() == 2 and p.shape[0] == p.shape[1]:
                     zero_diagonal_(p.grad)
         super().add_noise()
 
     def planned_epsilon(self) -> float:
-        hist = [(self.mean_sigma, 1.0, MEAN_RELEASES)] if self.mean_sigma > 0 else []
+        hist = [(self.mean_sigma, 1.0, self.mean_releases)] if self.mean_sigma > 0 else []
         if self.noise_multiplier <= 0:
             return math.inf
+        if self.lowrank:  # memoised (asked every epoch)
+            return history_epsilon((*hist, (self.noise_multiplier, self.sampling_ratio, self.context.total_steps)),
+                                   self.delta, self.accountant_name)
         return gaussian_epsilon(hist + [(self.noise_multiplier, self.sampling_ratio, self.context.total_steps)],
                                 self.delta, self.accountant_name)
 
+    def epsilon_spent(self) -> float:
+        if self.lowrank:  # the same accountant's figure, memoised per history
+            return history_epsilon(tuple(tuple(h) for h in self.accountant.history), self.delta, self.accountant_name)
+        return super().epsilon_spent()
+
     def privacy_report(self) -> dict[str, Any]:
         report = super().privacy_report()
+        if self.lowrank:
+            report["mechanism"] = ("gaussian DP-SGD for the low-rank PNBM S = U U^T (per-user Frobenius clipping of "
+                                   "dL_u/dU, DP item means)")
+            report["item_means"] = (means_report(self.mean_release, "gaussian", 1.0 / self.mean_sigma)
+                                    if self.mean_release is not None else None)
+            report["analysis"] += (f" Item means: one Gaussian release with noise multiplier {self.mean_sigma:.4g} (L2 "
+                                   "sensitivity 1) in the same accountant. The noisy sum is divided by the expected batch "
+                                   "size q N (N = the number of user ids, treated as public). b_u and p_u are computed by "
+                                   "each user from the released U and r_bar and their own ratings (joint DP).")
+            return report
         report["mechanism"] = "gaussian DP-SGD for PNBM (per-user L2 clipping of G_u, DP item means)"
         report["item_means"] = self.mean_release.report() if self.mean_release is not None else None
         report["analysis"] += (f" Item means: 2 Gaussian releases with sigma_0={self.mean_sigma:.4g} in the same accountant."

@@ -30,6 +30,7 @@ from dprec_torch.data.ratings import Ratings
 from dprec_torch.errors import ConfigError
 from dprec_torch.interfaces import (FittedPredictor, HasOutputSensitivity, HasRatingScale, HasScoreRange, ReportsSensitivity,
                                     Scorer, SupportsRawPredict)
+from dprec_torch.predictors.release import ReleasesState
 from dprec_torch.predictors.slope_one import top_n_unrated
 from dprec_torch.privacy.budget import check_epsilon
 from dprec_torch.seeding import noise_generator
@@ -82,6 +83,24 @@ class LaplaceOutputPredictor:
                 "laplace_output: the model's Delta f is infinite (Slope One with phi_m=0); set model.phi_m >= 1"
             )
         log.info("laplace_output: Delta f = %.4g, epsilon = %g, noise scale b = %.4g", delta_f, self.epsilon, self.noise_scale)
+        return self
+
+    # -------------------------------------------------------------- release
+    def released_state(self) -> dict[str, Any]:
+        """The curator's state: the wrapped predictor's fitted state (not covered by epsilon: keep it private) and the
+        count of values released so far (the accountant). Never the noise generator."""
+        if not isinstance(self.predictor, ReleasesState):
+            raise ConfigError(f"laplace_output: {type(self.predictor).__name__} cannot be written as a release")
+        return {"predictor": self.predictor.released_state(), "n_released": int(self.n_released_)}
+
+    def restore(self, train: Ratings, state: dict[str, Any]) -> "LaplaceOutputPredictor":
+        """The wrapped predictor from ``state["predictor"]`` and the count of released values (so the reported epsilon
+        keeps composing); every later answer draws fresh noise (secret, or from the explicit seed's start)."""
+        if not isinstance(self.predictor, ReleasesState):
+            raise ConfigError(f"laplace_output: {type(self.predictor).__name__} cannot be restored from a release")
+        self.predictor.restore(train, state["predictor"])
+        self.n_released_ = int(state["n_released"])
+        self.generator_ = None
         return self
 
     @property

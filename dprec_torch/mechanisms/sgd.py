@@ -7,7 +7,7 @@ from typing import Any, Iterable
 import torch
 
 from dprec_torch.errors import ConfigError
-from dprec_torch.interfaces import PenalisesVisits
+from dprec_torch.interfaces import CountsBatchVisits, PenalisesVisits
 from dprec_torch.mechanisms.base import MechanismOptimizer
 from dprec_torch.mechanisms.context import TrainingContext
 
@@ -27,6 +27,17 @@ class MapSGD(MechanismOptimizer):
     ``visit_penalty`` (MF), before the division by B. It exists only here, in the non-private mechanism: the
     penalty's gradient reveals which ratings exist and is not linear in the residuals, so the residual-scaling
     clip of the private mechanisms would not bound it.
+    ``per_rating_step`` (default False): ``lr`` is the step of each sampled rating, not the step on the batch
+    mean: the applied step is lr x B (B = the expected batch size q n the template divides G by), so a step is
+    lr (sum_batch e_ui d r_hat_ui/d theta + q lambda theta) -- sequential SGD-MF's per-rating step gamma
+    (Koren et al. 2009; Berlioz et al. 2015), taken for a whole batch at once. A row (b_u, p_u, b_i, q_i) then
+    moves by lr x the sum over ITS OWN sampled ratings, whatever the number of other users and items: one
+    ``lr`` means the same on ML-100K and ML-1M (docs/mf.md). A batch takes its visits to a row at once, not one
+    after the other, so each row's step is capped at the Newton step of its bias over them: the row's gradient is
+    divided by max(1, lr k_row), k_row = the model's ``batch_visits`` (MF: the targets that read the row; s^2 |batch|
+    for the global bias g, which every rating reads). The cap leaves every row whose batch visits lr k <= 1
+    (per-rating steps, as above) and keeps mu and the most-rated items stable at any dataset size. It needs a
+    model that counts its visits (MF); PNBM's summed step already is per rating.
     Neighbouring relation: none (non-private).
     """
 
@@ -41,6 +52,7 @@ class MapSGD(MechanismOptimizer):
         beta: float = 10.0,
         lr_decay: float = 1.0,
         rating_reg: float = 0.0,
+        per_rating_step: bool = False,
         seed: int = 0,
     ) -> None:
         params = list(params)
@@ -48,6 +60,10 @@ class MapSGD(MechanismOptimizer):
         self.context = context
         self.lr_decay = float(lr_decay)
         self.rating_reg = float(rating_reg)
+        self.per_rating_step = bool(per_rating_step)
+        self._visits: dict[int, torch.Tensor] = {}  # this step's k per parameter (id), from clip_residuals
+        if self.per_rating_step:
+            self._check_visit_counts(None if context is None else context.model)
         if self.rating_reg:
             self._check_visit_penalty(None if context is None else context.model)
         with torch.no_grad():
@@ -55,7 +71,10 @@ class MapSGD(MechanismOptimizer):
                 p.mul_(float(beta))  # Alg. 1 line 1
 
     def current_lr(self, lr: float) -> float:
-        """lr x lr_decay^epoch; the epoch comes from the saved step counter ``t``, so a resume continues the schedule."""
+        """lr x lr_decay^epoch (x B with ``per_rating_step``); the epoch comes from the saved step counter ``t``,
+        so a resume continues the schedule."""
+        if self.per_rating_step:
+            lr = lr * self.grad_divisor  # the template divided G by B: lr x B x (G / B) = lr x G
         if self.lr_decay == 1.0:
             return lr
         per_epoch = max(1, int(self.context.steps_per_epoch)) if self.context is not None else 1
@@ -67,9 +86,19 @@ class MapSGD(MechanismOptimizer):
             raise ConfigError(f"mechanism.rating_reg needs a model with per-rating parameters (model=mf), "
                               f"got {type(model).__name__}; set mechanism.rating_reg=0")
 
+    @staticmethod
+    def _check_visit_counts(model: Any) -> None:
+        if model is not None and not isinstance(model, CountsBatchVisits):
+            raise ConfigError(f"mechanism.per_rating_step needs a model that counts its batch visits (model=mf), "
+                              f"got {type(model).__name__}; set mechanism.per_rating_step=false")
+
     def clip_residuals(self, residuals: torch.Tensor, batch: Any = None, model: Any = None) -> torch.Tensor:
         """No clipping; with ``rating_reg`` > 0, accumulate lambda_r x the model's per-visit penalty gradient first
-        (the trainer's surrogate backward then adds the data gradient to the same ``p.grad``)."""
+        (the trainer's surrogate backward then adds the data gradient to the same ``p.grad``); with
+        ``per_rating_step``, read the batch's visits per row for the cap in :meth:`apply_update`."""
+        if self.per_rating_step:
+            self._check_visit_counts(model)
+            self._visits = {id(p): k for p, k in model.batch_visits(batch)}
         if self.rating_reg:
             self._check_visit_penalty(model)
             with torch.enable_grad():
@@ -77,8 +106,10 @@ class MapSGD(MechanismOptimizer):
         return residuals
 
     def apply_update(self) -> None:
-        """Alg. 1 line 7: p <- p - eta_t (beta G + lambda p)."""
+        """Alg. 1 line 7: p <- p - eta_t (beta G + lambda p); with ``per_rating_step``, row r's bracket is divided by
+        max(1, (eta_t / B) k_r) (the per-rating step eta_t / B times the row's batch visits k_r)."""
         for group in self.param_groups:
+            lr = self.current_lr(group["lr"])
             for p in group["params"]:
                 if p.grad is not None:  # in place on the gradient buffer: no M x M temporaries
                     g = p.grad
@@ -86,4 +117,7 @@ class MapSGD(MechanismOptimizer):
                         g.mul_(group["beta"])
                     if group["weight_decay"]:  # decay_divisor = 1 for PNBM (the paper's lambda)
                         g.add_(p, alpha=group["weight_decay"] / self.decay_divisor)
-                    p.add_(g, alpha=-self.current_lr(group["lr"]))
+                    k = self._visits.get(id(p)) if self.per_rating_step else None
+                    if k is not None:
+                        g.div_(torch.clamp(k * (lr / self.grad_divisor), min=1.0))
+                    p.add_(g, alpha=-lr)

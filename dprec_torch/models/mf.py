@@ -190,6 +190,21 @@ class MF(nn.Module):
                       + self.user_factors(users).square().sum() + self.item_factors(batch.items).square().sum())
 
     @torch.no_grad()
+    def batch_visits(self, batch: UserBatch) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(parameter, k) pairs: k bounds, row by row, the curvature of the batch's summed loss sum_t e_t^2 / 2 in
+        that parameter's biases: c_u (the targets of user u) for b_u and p_u, c_i for b_i and q_i, s^2 |batch| for g
+        (d r_hat / d g = s, every target reads it). For p_u and q_i it counts visits (their curvature is
+        c_u |q_i|^2, c_i |p_u|^2). Only ``mechanism.per_rating_step`` reads it: a row's step is at most 1 / k, the
+        Newton step of its bias (mechanisms/sgd.py)."""
+        users = self.batch_users(batch)
+        dtype = self.global_bias.dtype
+        c_u = torch.bincount(users, minlength=self.n_users).to(dtype)[:, None]
+        c_i = torch.bincount(batch.items, minlength=self.n_items).to(dtype)[:, None]
+        c_g = torch.tensor(self.mu_scale**2 * users.numel(), dtype=dtype, device=c_u.device)
+        return [(self.global_bias, c_g), (self.user_bias.weight, c_u), (self.user_factors.weight, c_u),
+                (self.item_bias.weight, c_i), (self.item_factors.weight, c_i)]
+
+    @torch.no_grad()
     def per_example_grad_norms(self, batch: UserBatch, residuals: torch.Tensor, unit: str) -> torch.Tensor:
         """L2 norm of each example's gradient e * d clip(r_hat)/d theta over ALL parameters.
 

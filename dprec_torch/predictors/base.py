@@ -16,6 +16,7 @@ import torch
 from dprec_torch.data.ratings import Ratings
 # the interface and the fallback live in dprec_torch/interfaces.py (below models/ and predictors/); re-exported here
 from dprec_torch.interfaces import MeanFallback, Predictor, ReportsFallback  # noqa: F401
+from dprec_torch.predictors.release import check_release_items, restored_fallback
 
 
 def gather_pair_scores(score: "callable", users: torch.Tensor, items: torch.Tensor, n_items: int, block: int) -> torch.Tensor:
@@ -69,6 +70,17 @@ class BasePredictor:
         else:
             self.device = train.device
         self.fallback_ = MeanFallback(train)
+        return train
+
+    def _prepare_restored(self, train: Ratings, state: dict[str, Any]) -> Ratings:
+        """:meth:`_prepare` for ``restore(train, state)``: move ``train`` to the device and set up the fallback AS
+        RELEASED (``state["fallback"]``, :func:`~dprec_torch.predictors.release.restored_fallback`)."""
+        if self.device is not None:
+            train = train.to(self.device)
+        else:
+            self.device = train.device
+        check_release_items(state, train, self.name)
+        self.fallback_ = restored_fallback(train, state["fallback"])
         return train
 
     def _finish_and_count(self, users: torch.Tensor, items: torch.Tensor, raw: torch.Tensor,

@@ -35,6 +35,7 @@ import torch
 from dprec_torch.data.ratings import Ratings, dense_rows
 from dprec_torch.errors import ConfigError, DataError
 from dprec_torch.predictors.base import BasePredictor, gather_pair_scores
+from dprec_torch.predictors.release import check_release_items
 from dprec_torch.predictors.slope_one import item_gram, top_n_unrated
 
 log = logging.getLogger(__name__)
@@ -85,15 +86,35 @@ class CosineImplicit(BasePredictor):
         norms = gram.diagonal().sqrt()  # |p_.j| = sqrt(#buyers)
         denom = norms[:, None] * norms[None, :]
         self.sim_ = torch.where(denom > 0, gram / denom.clamp_min(1e-300), torch.zeros_like(gram))  # Eq. (7)
+        item_buyers = purchases.item_counts().double()
+        self.popularity_ = item_buyers / item_buyers.max().clamp_min(1)
+        self._index_users(train, purchases)
+        log.info("cosine_implicit: %d purchases (threshold %s); %d/%d users served (>= %d purchases)",
+                 len(purchases), self.threshold, int(self.served_.sum()), self.n_users, self.T)
+        return self
+
+    def _index_users(self, train: Ratings, purchases: Ratings) -> None:
+        """Each user's own part of Eq. (8): their purchases p_i., their count and whether they are served (>= T)."""
         self.n_users, self.n_items = train.n_users, train.n_items
         self.purchase_counts_ = purchases.user_counts()
         self.served_ = self.purchase_counts_ >= self.T
-        item_buyers = purchases.item_counts().double()
-        self.popularity_ = item_buyers / item_buyers.max().clamp_min(1)
         self.purchases_ = purchases.indicator_csr()
         self.indicator_ = train.indicator_csr()  # every rated item is excluded from recommendations
-        log.info("cosine_implicit: %d purchases (threshold %s); %d/%d users served (>= %d purchases)",
-                 len(purchases), self.threshold, int(self.served_.sum()), self.n_users, self.T)
+
+    # ------------------------------------------------------------ release
+    def released_state(self) -> dict[str, Any]:
+        """The cosines s_jk (Eq. (7)) and the normalised popularity. Non-private: with ``mechanism=laplace_output``
+        this is the curator's state, and the epsilon covers the noised answers, not this."""
+        self._check()
+        return {"n_items": int(self.n_items), "similarity": self.sim_, "popularity": self.popularity_}
+
+    def restore(self, train: Ratings, state: dict[str, Any]) -> "CosineImplicit":
+        """s_jk and the popularity from ``state``; each user's purchases from their own ratings in ``train``."""
+        if self.device is not None:
+            train = train.to(self.device)
+        check_release_items(state, train, self.name)
+        self.sim_, self.popularity_ = state["similarity"].to(train.device), state["popularity"].to(train.device)
+        self._index_users(train, self.binarise(train))
         return self
 
     def _check(self) -> None:

@@ -53,6 +53,7 @@ from dprec_torch.data.ratings import Ratings, RatingScale
 from dprec_torch.errors import ConfigError, DataError
 from dprec_torch.privacy.budget import check_epsilon
 from dprec_torch.predictors.base import BasePredictor
+from dprec_torch.predictors.release import check_release_items
 from dprec_torch.seeding import noise_generator
 
 log = logging.getLogger(__name__)
@@ -235,7 +236,7 @@ class D2P(BasePredictor):
         self.p_used_, self.p_star_used_ = self._resolve(n_elem, self.g_min_)
         self.epsilon_eq12_ = epsilon_eq12(self.p_used_, self.p_star_used_, n_elem, self.g_min_)
         self.epsilon_prop1_ = epsilon_prop1(substitution_matrix(groups, self.p_used_, self.p_star_used_)) if self.p_star_used_ < 1 else float("inf")
-        gen = noise_generator(self.seed, train.device)
+        gen = noise_generator(self.seed, train.device, private=math.isfinite(self.epsilon))
         new_elem = alter_ego(prof, elem, groups, self.p_used_, self.p_star_used_, gen) if self.p_star_used_ < 1 else elem
         keys = torch.unique(prof * n_elem + new_elem)  # a substituted duplicate is one like
         alt_prof, alt_elem = keys // n_elem, keys % n_elem
@@ -244,11 +245,51 @@ class D2P(BasePredictor):
             self.alter_norm_ = torch.bincount(alt_prof, minlength=train.n_users).to(torch.float32).sqrt()
         else:
             self.item_sim_ = _item_knn(alt_prof, alt_elem, train.n_items, train.n_users, self.k)
-        self.liked_, self.train_ = _RowIndex(liked), _RowIndex(train)
-        self.n_items_, self.n_users_ = train.n_items, train.n_users
         self.n_elem_, self.group_mean_ = n_elem, float(sizes.double().mean())
+        self._index_users(train, liked)
         log.info("d2p(%s): p=%.4g p*=%.4g lambda=%g |G|min=%d eps(Eq.12)=%.4g", self.mode, self.p_used_, self.p_star_used_,
                  self.lam, self.g_min_, self.epsilon_eq12_)
+        return self
+
+    def _index_users(self, train: Ratings, liked: Ratings) -> None:
+        """Each active user's real like set and rated items (their own, used for their own recommendations)."""
+        self.liked_, self.train_ = _RowIndex(liked), _RowIndex(train)
+        self.n_items_, self.n_users_ = train.n_items, train.n_users
+
+    # ------------------------------------------------------------ release
+    def released_state(self) -> dict[str, Any]:
+        """The AlterEgo profiles (``mode=user``: the (profile, liked item) pairs after substitution) or i-D2P's item
+        kNN learned from the AlterReplica profiles, and the figures of the privacy report. At p* = 1 (epsilon = inf)
+        an AlterEgo is its user's own like set, which ``restore`` rebuilds from the ratings: it is not written."""
+        if self.p_star_used_ is None:
+            raise RuntimeError("D2P.released_state called before fit()")
+        state: dict[str, Any] = {"n_items": int(self.n_items_), "p": self.p_used_, "p_star": self.p_star_used_,
+                                 "g_min": self.g_min_, "epsilon_eq12": self.epsilon_eq12_, "epsilon_prop1": self.epsilon_prop1_,
+                                 "n_elem": self.n_elem_, "group_mean": self.group_mean_}
+        if self.mode == "user" and self.p_star_used_ < 1.0:
+            state["alter_ego"] = self.alter_.indices()  # [2, likes]: (profile, item) of the released AlterEgos
+        elif self.mode == "item":
+            state["item_similarity"] = self.item_sim_
+        return state
+
+    def restore(self, train: Ratings, state: dict[str, Any]) -> "D2P":
+        """The AlterEgo profiles (or i-D2P's item kNN) from ``state``; each active user's real likes from ``train``."""
+        if self.device is not None:
+            train = train.to(self.device)
+        check_release_items(state, train, self.name)
+        self.p_used_, self.p_star_used_, self.g_min_ = float(state["p"]), float(state["p_star"]), int(state["g_min"])
+        self.epsilon_eq12_, self.epsilon_prop1_ = float(state["epsilon_eq12"]), float(state["epsilon_prop1"])
+        self.n_elem_, self.group_mean_ = int(state["n_elem"]), float(state["group_mean"])
+        self.threshold_ = like_threshold(train.scale, self.like_fraction)
+        liked = train.select(train.values >= self.threshold_)
+        if self.mode == "user":
+            own = self.p_star_used_ >= 1.0  # no substitution: each AlterEgo is its user's own like set
+            pairs = torch.stack([liked.users, liked.items]) if own else state["alter_ego"].to(train.device)
+            self.alter_ = _binary(pairs[0], pairs[1], train.n_users, train.n_items)
+            self.alter_norm_ = torch.bincount(pairs[0], minlength=train.n_users).to(torch.float32).sqrt()
+        else:
+            self.item_sim_ = state["item_similarity"].to(train.device)
+        self._index_users(train, liked)
         return self
 
     # ---------------------------------------------------------- recommend
@@ -269,7 +310,7 @@ class D2P(BasePredictor):
 
     def recommend(self, users: torch.Tensor, n: int, batch: int = 256) -> torch.Tensor:
         """Top-n items per user (Sec. 2.1.4), excluding training items; -1 where no item has any support."""
-        if self.fallback_ is None:
+        if self.p_star_used_ is None:
             raise RuntimeError("D2P.recommend called before fit()")
         if int(n) != n or n < 1:
             raise ConfigError(f"recommend: n={n} must be a positive integer")

@@ -12,7 +12,7 @@ Algorithm (numbers refer to the steps in the code):
 0. DP item means r~ (:func:`dprec_torch.privacy.gaussian_release.release_item_means`); residuals
    y_ui = clamp(r_ui - r~_i - b_u, -Gamma_r, Gamma_r) with the user's own damped offset b_u.
    Per-user sampling (the paper's "at most m ratings per user"): the item-side statistics read only the ratings
-   kept by :func:`per_user_sample` (a function of the seed and the user's own ids).
+   kept by :func:`per_user_sample_of` (a function of the seed and the user's own raw ids).
 1. Noisy power iteration (initialisation, ``power_iters`` rounds, Hardt & Roth / the paper's Alg. 2):
    W = sum_u x_u (x_u^T Q) + N(0, s_0^2)^{M x d}, Q = qr(W), with x_u the sampled residuals scaled to
    ||x_u|| <= c_0 = Gamma_r sqrt(m): one user moves W by ||x x^T Q||_F <= ||x||^2 <= c_0^2 (Q orthonormal).
@@ -45,6 +45,7 @@ import torch
 from dprec_torch.data.ratings import Ratings, _to_csr
 from dprec_torch.errors import ConfigError, DataError
 from dprec_torch.predictors.base import BasePredictor, query_pairs
+from dprec_torch.predictors.release import fallback_release
 from dprec_torch.privacy.budget import check_epsilon_delta
 from dprec_torch.privacy.gaussian_release import (
     NOISES,
@@ -54,7 +55,7 @@ from dprec_torch.privacy.gaussian_release import (
     gdp_epsilon,
     install_private_fallback,
     item_stats_sensitivity,
-    per_user_sample,
+    per_user_sample_of,
     rdp_epsilon,
     release_item_means,
     split_mu,
@@ -247,7 +248,7 @@ class DPALS(BasePredictor):
             raise DataError("dpals: the training set is empty; check the data split")
         train = self._prepare(train)
         dev, n_i, d = train.device, train.n_items, self.dim
-        gen = noise_generator(self.seed, dev)
+        gen = noise_generator(self.seed, dev, private=math.isfinite(self.epsilon))
         self._plan()
         # step 0: item means, offsets, residuals, per-user sample
         budget = self.mean_epsilon_ if self.mean_noise == "laplace" else self.mu_["item_stats"]
@@ -257,7 +258,7 @@ class DPALS(BasePredictor):
         self.item_avg_, self.global_avg_ = rel.means.to(dev), rel.global_mean
         install_private_fallback(self, self.item_avg_, self.global_avg_)
         self.user_offset_, y = user_residuals(train, self.item_avg_, self.beta_p, self.clamp_r)
-        keep = per_user_sample(train.users, train.items, self.max_ratings_per_user, noise_seed_or_secret(self.seed))
+        keep = per_user_sample_of(train, self.max_ratings_per_user, noise_seed_or_secret(self.seed, private=math.isfinite(self.epsilon)))  # raw-id keys
         mask = train.csr(torch.ones_like(y))
         resid = train.csr(y)
         m_cap = self.max_ratings_per_user
@@ -293,6 +294,22 @@ class DPALS(BasePredictor):
         self._index_users(train)
         log.info("dpals(%s, eps=%g): d=%d T=%d m=%s, ALS noise std %.4g (Delta %.4g), power std %.4g",
                  self.relation, self.epsilon, d, self.iterations, m_cap, self.als_std_, self.als_sensitivity_, self.power_std_)
+        return self
+
+    # ------------------------------------------------------------ release
+    def released_state(self) -> dict[str, Any]:
+        """What epsilon covers and prediction reads: r~, g and the item factors V of the last round (solved from the
+        noisy statistics). Never the user offsets or factors (each user's own)."""
+        fb = self._check_fitted()
+        return {"n_items": int(self.item_avg_.numel()), "fallback": fallback_release(fb), "item_means": self.item_avg_,
+                "global_mean": float(self.global_avg_), "item_factors": self.item_factors_}
+
+    def restore(self, train: Ratings, state: dict[str, Any]) -> "DPALS":
+        """r~, g and V from ``state``; each user's b_u and p_u from their own ratings in ``train`` (step 3)."""
+        train = self._prepare_restored(train, state)
+        self.item_avg_, self.global_avg_ = state["item_means"].to(train.device), float(state["global_mean"])
+        self.item_factors_ = state["item_factors"].to(train.device)
+        self._index_users(train)
         return self
 
     def personalise(self, ratings: Ratings) -> "DPALS":

@@ -13,6 +13,8 @@ neighbours; cosine on raw ratings is non-negative, so it is unaffected.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from dprec_torch.data.ratings import Ratings
@@ -20,6 +22,7 @@ from dprec_torch.errors import ConfigError
 from dprec_torch.models.pair_kernels import DEFAULT_BUDGET, build_history, build_plan
 from dprec_torch.predictors import similarity
 from dprec_torch.predictors.base import BasePredictor
+from dprec_torch.predictors.release import fallback_release
 
 SIMILARITIES = {"pearson": similarity.pearson, "cosine": similarity.cosine}
 
@@ -58,8 +61,27 @@ class ItemKNN(BasePredictor):
         if self.positive_only:
             self.sim_.clamp_min_(0.0)
         self.item_means_ = train.item_means()
+        self._index_users(train)
+        return self
+
+    def _index_users(self, train: Ratings) -> None:
+        """Each user's centred training ratings r_uj - r_bar_j, the history the prediction reads."""
         x = train.values - self.item_means_[train.items]
         self.history_ = build_history(train.users, train.items, x, None, train.n_users, train.n_items)
+
+    # ------------------------------------------------------------ release
+    def released_state(self) -> dict[str, Any]:
+        """The similarity S, the item means and the fallback (non-private: PCC/COS read the data without noise)."""
+        fb = self._check_fitted()
+        return {"n_items": int(self.sim_.shape[0]), "similarity": self.sim_, "item_means": self.item_means_,
+                "fallback": fallback_release(fb)}
+
+    def restore(self, train: Ratings, state: dict[str, Any]) -> "ItemKNN":
+        """S and the item means from ``state``; each user's history from their own ratings in ``train``."""
+        train = self._prepare_restored(train, state)
+        self.sim_ = state["similarity"].to(train.device)
+        self.item_means_ = state["item_means"].to(train.device)
+        self._index_users(train)
         return self
 
     @torch.no_grad()

@@ -46,11 +46,13 @@ from typing import Any
 
 import torch
 
-from dprec_torch.data.item_features import item_features_of
 from dprec_torch.data.ratings import Ratings
 from dprec_torch.errors import ConfigError, DataError
-from dprec_torch.predictors.content import JOINT_DP_SUFFIX, feature_weights, public_features_text
+from dprec_torch.models.pnbm_lowrank import clipped_sum, per_user_gradients, user_aggregates  # noqa: F401 (the equations: one copy)
+from dprec_torch.predictors.content import (JOINT_DP_SUFFIX, check_item_features, feature_weights, public_features_text,
+                                            resolve_item_features)
 from dprec_torch.predictors.base import BasePredictor, query_pairs
+from dprec_torch.predictors.release import fallback_release
 from dprec_torch.predictors.dpals import user_residuals
 from dprec_torch.privacy.budget import check_epsilon_delta
 from dprec_torch.privacy.gaussian_release import (
@@ -64,33 +66,6 @@ from dprec_torch.privacy.opacus_accounting import ACCOUNTANT_TEXT, ACCOUNTANTS, 
 from dprec_torch.seeding import noise_generator
 
 log = logging.getLogger(__name__)
-
-
-def user_aggregates(users: torch.Tensor, items: torch.Tensor, y: torch.Tensor, u: torch.Tensor, n_users: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(p_u for every user [N, d], n_u^(-1/2) per rating [R]) over the given ratings."""
-    n = torch.bincount(users, minlength=n_users).to(u.dtype)
-    inv_sqrt = n.clamp_min(1.0).rsqrt()
-    p = torch.zeros(n_users, u.shape[1], dtype=u.dtype, device=u.device).index_add_(0, users, u[items] * y[:, None])
-    return p * inv_sqrt[:, None], inv_sqrt[users]
-
-
-def per_user_gradients(users: torch.Tensor, items: torch.Tensor, y: torch.Tensor, u: torch.Tensor, n_users: int
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows g_uj (one per rating, module docstring) of each user's gradient dL_u/dU, and the per-user norms ``[N]``."""
-    p, w = user_aggregates(users, items, y, u, n_users)
-    ui = u[items]
-    f = (ui * p[users]).sum(1) - (ui * ui).sum(1) * y * w
-    e = y - f
-    q = torch.zeros_like(p).index_add_(0, users, ui * e[:, None])
-    rows = -2.0 * (e[:, None] * (p[users] - 2.0 * ui * (y * w)[:, None]) + q[users] * (y * w)[:, None])
-    norms = torch.zeros(n_users, dtype=u.dtype, device=u.device).index_add_(0, users, (rows * rows).sum(1)).sqrt()
-    return rows, norms
-
-
-def clipped_sum(users: torch.Tensor, items: torch.Tensor, rows: torch.Tensor, norms: torch.Tensor, clip: float, n_items: int) -> torch.Tensor:
-    """sum_u clip(g_u, C) as an ``[M, d]`` matrix: each user's rows scaled by min(1, C / ||g_u||_F)."""
-    scale = torch.clamp(clip / norms.clamp_min(1e-30), max=1.0)
-    return torch.zeros(n_items, rows.shape[1], dtype=rows.dtype, device=rows.device).index_add_(0, items, rows * scale[users][:, None])
 
 
 def _rdp_epsilon(history: tuple[tuple[float, float, int], ...], delta: float, accountant: str = "rdp") -> float:
@@ -174,7 +149,7 @@ class LowRankDPSGD(BasePredictor):
         mean_popularity_share: float = 0.1,
         count_weight: float | None = 0.5,
         accountant: str = "rdp",
-        item_features: bool = False,
+        item_features: bool | str = False,
         feature_reg: float = 10.0,
         seed: int | None = None,
         device: torch.device | str | None = None,
@@ -201,7 +176,7 @@ class LowRankDPSGD(BasePredictor):
         item_stats_sensitivity("user", "gaussian", self.count_weight)  # validates gamma
         if not feature_reg > 0:
             raise ConfigError(f"lowrank_dpsgd: feature_reg={feature_reg} must be > 0 (the ridge of each user's feature weights)")
-        self.item_features, self.feature_reg = bool(item_features), float(feature_reg)
+        self.item_features, self.feature_reg = check_item_features(item_features, "lowrank_dpsgd"), float(feature_reg)
         self.accountant, self.seed = accountant, None if seed is None else int(seed)  # None: secret noise (seeding.py)
 
     @property
@@ -219,8 +194,8 @@ class LowRankDPSGD(BasePredictor):
             raise DataError("lowrank_dpsgd: the training set is empty; check the data split")
         train = self._prepare(train)
         dev, m, n_users = train.device, train.n_items, train.n_users
-        self.features_ = item_features_of(train, "lowrank_dpsgd") if self.item_features else None  # public metadata
-        gen = noise_generator(self.seed, dev)
+        self.features_ = resolve_item_features(self.item_features, train, "lowrank_dpsgd")  # public metadata
+        gen = noise_generator(self.seed, dev, private=math.isfinite(self.epsilon))
         if self.private:
             mu_m = math.sqrt(self.mean_fraction) * rdp_total_mu(self.epsilon, self.delta, self.accountant)
             self.mean_multiplier_ = 1.0 / mu_m
@@ -254,6 +229,24 @@ class LowRankDPSGD(BasePredictor):
         self._index_users(train)
         log.info("lowrank_dpsgd(eps=%g): d=%d T=%d q=%g C=%g sigma=%.4g, item-mean multiplier %.4g",
                  self.epsilon, self.dim, self.steps, self.sampling_ratio, self.clip, self.noise_multiplier_, self.mean_multiplier_)
+        return self
+
+    # ------------------------------------------------------------ release
+    def released_state(self) -> dict[str, Any]:
+        """What epsilon covers: r~, g and the item factors U after the T DP-SGD steps; whether the public item
+        features were read. Never b_u, p_u or q_u (each user's own)."""
+        fb = self._check_fitted()
+        return {"n_items": int(self.item_avg_.numel()), "fallback": fallback_release(fb), "item_means": self.item_avg_,
+                "global_mean": float(self.global_avg_), "item_factors": self.item_factors_,
+                "item_features": self.features_ is not None}
+
+    def restore(self, train: Ratings, state: dict[str, Any]) -> "LowRankDPSGD":
+        """r~, g and U from ``state``; each user's b_u, p_u (and q_u) from their own ratings in ``train``."""
+        train = self._prepare_restored(train, state)
+        self.item_avg_, self.global_avg_ = state["item_means"].to(train.device), float(state["global_mean"])
+        self.item_factors_ = state["item_factors"].to(train.device)
+        self.features_ = resolve_item_features(bool(state["item_features"]), train, "lowrank_dpsgd")
+        self._index_users(train)
         return self
 
     def personalise(self, ratings: Ratings) -> "LowRankDPSGD":

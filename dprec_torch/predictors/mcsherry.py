@@ -55,6 +55,8 @@ from scipy.special import log_ndtr
 from dprec_torch.data.ratings import Ratings
 from dprec_torch.errors import ConfigError, DataError
 from dprec_torch.predictors.base import BasePredictor
+from dprec_torch.predictors.release import fallback_release
+from dprec_torch.privacy.gaussian_release import install_private_fallback
 from dprec_torch.privacy.budget import check_epsilon_delta
 from dprec_torch.seeding import noise_generator
 
@@ -102,12 +104,19 @@ def weighted_covariance(train: Ratings, item_avg: torch.Tensor, clamp_b: float, 
     """
     resid = train.values - item_avg[train.items]
     counts = train.user_counts().to(torch.float32)
-    user_sum = torch.zeros(train.n_users, device=train.device).index_add_(0, train.users, resid)
-    offset = user_sum / (counts + beta_p).clamp_min(1e-6)
+    offset = user_offsets(train, item_avg, beta_p)
     r_hat = (resid - offset[train.users]).clamp(-clamp_b, clamp_b)
     root_w = counts.clamp_min(1).rsqrt().sqrt()[train.users]  # sqrt(w_u), so x^T x carries w_u once
     x = torch.sparse_coo_tensor(torch.stack([train.users, train.items]), r_hat * root_w, (train.n_users, train.n_items), check_invariants=False).coalesce()
     return torch.sparse.mm(x.t().coalesce(), x).to_dense(), offset
+
+
+def user_offsets(train: Ratings, item_avg: torch.Tensor, beta_p: float) -> torch.Tensor:
+    """Step 2's damped user offsets ``rbar_u = sum_i (r_ui - item_avg_i) / (|R_u| + beta_p)`` (each from u's own ratings)."""
+    resid = train.values - item_avg[train.items]
+    counts = train.user_counts().to(torch.float32)
+    user_sum = torch.zeros(train.n_users, device=train.device).index_add_(0, train.users, resid)
+    return user_sum / (counts + beta_p).clamp_min(1e-6)
 
 
 def paper_covariance_bound(clamp_b: float) -> float:
@@ -220,7 +229,7 @@ class McSherryMironov(BasePredictor):
             raise DataError("mcsherry: the training set is empty; check the data split")
         train = self._prepare(train)
         dev = train.device
-        gen = noise_generator(self.seed, dev)
+        gen = noise_generator(self.seed, dev, private=math.isfinite(self.epsilon))
         scale = train.scale
         if self.private and bool(((train.values < scale.lo) | (train.values > scale.hi)).any()):
             # every sensitivity below assumes lo <= r <= hi
@@ -245,6 +254,7 @@ class McSherryMironov(BasePredictor):
         m_avg = mid + (msum + self.beta_m * (g - mid)) / (mcnt + self.beta_m).clamp_min(1e-6)
         self.global_avg_ = float(scale.clip(torch.tensor(g)))
         self.item_avg_ = scale.clip(m_avg)
+        install_private_fallback(self, self.item_avg_, self.global_avg_)  # the object holds no exact item statistic
 
         # steps 2-3: damped user offsets, centred + clamped ratings, weighted covariance
         cov, self.user_offset_ = weighted_covariance(train, self.item_avg_, self.clamp_b, self.beta_p)
@@ -270,6 +280,26 @@ class McSherryMironov(BasePredictor):
         self.train_ = train
         self._index_user_rows(train)
         log.info("mcsherry(eps=%g, delta=%g): Delta_2=%.4g sigma=%.4g", self.epsilon, self.delta, self.sensitivity_, self.sigma_)
+        return self
+
+    # ------------------------------------------------------------ release
+    def released_state(self) -> dict[str, Any]:
+        """The noisy G and MAvg, the similarity learned from the noisy covariance (post-processing) and the public
+        noise scale the kNN's shrinkage reads; never the user offsets (each user's own)."""
+        fb = self._check_fitted()
+        return {"n_items": int(self.item_avg_.numel()), "fallback": fallback_release(fb), "item_avg": self.item_avg_,
+                "global_avg": float(self.global_avg_), "similarity": self.sim_, "sigma": float(self.sigma_),
+                "sensitivity": float(self.sensitivity_)}
+
+    def restore(self, train: Ratings, state: dict[str, Any]) -> "McSherryMironov":
+        """G, MAvg and the similarity from ``state``; each user's offset and residuals from their own ratings."""
+        train = self._prepare_restored(train, state)
+        self.item_avg_, self.global_avg_ = state["item_avg"].to(train.device), float(state["global_avg"])
+        self.sim_ = state["similarity"].to(train.device)
+        self.sigma_, self.sensitivity_ = float(state["sigma"]), float(state["sensitivity"])
+        self.user_offset_ = user_offsets(train, self.item_avg_, self.beta_p)
+        self.train_ = train
+        self._index_user_rows(train)
         return self
 
     def _index_user_rows(self, train: Ratings) -> None:

@@ -60,11 +60,12 @@ from typing import Any
 
 import torch
 
-from dprec_torch.data.item_features import item_features_of
 from dprec_torch.data.ratings import Ratings, dense_rows
 from dprec_torch.errors import ConfigError, DataError
 from dprec_torch.predictors.base import BasePredictor, query_pairs
-from dprec_torch.predictors.content import JOINT_DP_SUFFIX, feature_weights, public_features_text
+from dprec_torch.predictors.content import (JOINT_DP_SUFFIX, check_item_features, feature_weights, public_features_text,
+                                            resolve_item_features)
+from dprec_torch.predictors.release import fallback_release
 from dprec_torch.privacy.budget import check_epsilon_delta
 from dprec_torch.privacy.gaussian_release import (
     NOISES,
@@ -229,7 +230,7 @@ class NoisyGram(BasePredictor):
         eig_threshold: float = 1.0,
         prior_power: float = 1.0,
         support: int | None = None,
-        item_features: bool = False,
+        item_features: bool | str = False,
         feature_reg: float = 10.0,
         block: int = 1024,
         seed: int | None = None,
@@ -267,7 +268,7 @@ class NoisyGram(BasePredictor):
         item_stats_sensitivity(relation, mean_noise, self.count_weight)  # validates gamma (ConfigError)
         if not feature_reg > 0:
             raise ConfigError(f"noisy_gram: feature_reg={feature_reg} must be > 0 (the ridge of each user's feature weights)")
-        self.item_features, self.feature_reg = bool(item_features), float(feature_reg)
+        self.item_features, self.feature_reg = check_item_features(item_features, "noisy_gram"), float(feature_reg)
         self.block, self.seed = int(block), None if seed is None else int(seed)  # None: secret noise (seeding.py)
 
     @property
@@ -287,8 +288,8 @@ class NoisyGram(BasePredictor):
         train = self._prepare(train)
         dev, m = train.device, train.n_items
         # public catalogue metadata (no rating enters it): read first, so a missing file fails before any release
-        self.features_ = item_features_of(train, "noisy_gram") if self.item_features else None
-        gen = noise_generator(self.seed, dev)
+        self.features_ = resolve_item_features(self.item_features, train, "noisy_gram")
+        gen = noise_generator(self.seed, dev, private=math.isfinite(self.epsilon))
         if not self.private:
             self.mean_epsilon_ = None
             self.mu_ = {"item_stats": math.inf, "gram": math.inf}
@@ -358,7 +359,7 @@ class NoisyGram(BasePredictor):
             self.item_matrix_ = w.float().contiguous()
             self.ease_shift_ = shift
             return
-        evals, evecs = top_eigen(g, self.rank, edge, noise_generator(self.seed, g.device, stream=1))
+        evals, evecs = top_eigen(g, self.rank, edge, noise_generator(self.seed, g.device, stream=1, private=math.isfinite(self.epsilon)))
         keep = int(((evals > self.eig_threshold * edge) & (evals > 0)).sum())
         keep = max(1, min(self.rank, keep))
         # a spike theta shows up at lambda = theta + (edge/2)^2 / theta (BBP): invert for the denoised strength
@@ -394,6 +395,38 @@ class NoisyGram(BasePredictor):
         full = torch.zeros(m, self.components_.shape[1], device=idx.device)
         full[idx] = self.components_
         self.components_ = full
+
+    # ------------------------------------------------------------ release
+    #: the learned item-side matrices of each estimator (post-processing of G~ only)
+    LEARNED = {"knn": ("item_matrix_",), "pnbm": ("item_matrix_", "item_abs_"), "ease": ("item_matrix_",),
+               "lowrank": ("components_", "component_reg_"), "none": ()}
+
+    def released_state(self) -> dict[str, Any]:
+        """What epsilon covers: r~ and g, and what the estimator learned from G~ alone (module docstring); whether
+        the public item features were read. Never the user offsets, residuals or factors (each user's own)."""
+        fb = self._check_fitted()
+        state: dict[str, Any] = {"n_items": int(self.item_avg_.numel()), "fallback": fallback_release(fb),
+                                 "item_means": self.item_avg_, "global_mean": float(self.global_avg_),
+                                 "support_items": self.support_items_, "item_features": self.features_ is not None,
+                                 "noise_std": float(self.noise_std_), "estimator": self.estimator}
+        state.update({name.rstrip("_"): getattr(self, name) for name in self.LEARNED[self.estimator]})
+        return state
+
+    def restore(self, train: Ratings, state: dict[str, Any]) -> "NoisyGram":
+        """r~, g and the learned item-side matrices from ``state``; each user's offset b_u, residuals y_u (and, for
+        lowrank, factors p_u; with item features, weights q_u) from their own ratings in ``train``."""
+        if state["estimator"] != self.estimator:
+            raise ConfigError(f"noisy_gram: the release was learned by estimator={state['estimator']}, the config says "
+                              f"{self.estimator}; load it with the run's own config")
+        train = self._prepare_restored(train, state)
+        dev = train.device
+        self.item_avg_, self.global_avg_ = state["item_means"].to(dev), float(state["global_mean"])
+        self.support_items_, self.noise_std_ = state["support_items"].to(dev), float(state["noise_std"])
+        for name in self.LEARNED[self.estimator]:
+            setattr(self, name, state[name.rstrip("_")].to(dev))
+        self.features_ = resolve_item_features(bool(state["item_features"]), train, "noisy_gram")
+        self._index_users(train)
+        return self
 
     def personalise(self, ratings: Ratings) -> "NoisyGram":
         """Recompute every user-side quantity from ``ratings`` and the released item-side state only (what each user

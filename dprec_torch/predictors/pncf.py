@@ -54,9 +54,13 @@ from dprec_torch.data.ratings import Ratings
 from dprec_torch.errors import ConfigError, DataError
 from dprec_torch.privacy.budget import check_epsilon
 from dprec_torch.predictors.base import BasePredictor
+from dprec_torch.predictors.release import fallback_release
 from dprec_torch.seeding import noise_generator
 
 log = logging.getLogger(__name__)
+
+#: the noise stream of per-query draws (selection and similarity perturbation); stream 0 is the rating variant's
+QUERY_STREAM = 1
 
 _TRIPLES_PER_CHUNK = 4_000_000  # bounds memory of the RS pass (~100 MB of temporaries)
 
@@ -275,7 +279,9 @@ class PNCF(BasePredictor):
             raise DataError("pncf: the training set is empty; check the data split")
         train = self._prepare(train)
         ent, oth, n_ent, n_oth = self._orient(train)
-        self.gen_ = noise_generator(self.seed, train.device)
+        # two noise streams: the rating variant's fit-time noise (stream 0) and the per-query draws (stream 1), so a
+        # restored predictor's queries never replay the fit-time draws (with an explicit seed they replay the queries')
+        self.gen_ = noise_generator(self.seed, train.device, stream=QUERY_STREAM, private=math.isfinite(self.epsilon))
         self.means_ = train.item_means() if self.mode == "item" else train.user_means()
         dev = train.values - self.means_[ent]
         num, sq, support = pcc_statistics(ent, oth, dev, n_ent, n_oth)
@@ -284,9 +290,22 @@ class PNCF(BasePredictor):
             self.rs_ = row_sensitivity(ent, oth, dev, n_ent, n_oth, num, sq, support, self.shrinkage)
         else:
             self.rs_ = torch.zeros(n_ent, device=self.sim_.device)
-        if self.private and self.perturb == "rating":
-            dev = dev + laplace(tuple(dev.shape), 2.0 * train.scale.span / self.epsilon, self.gen_, dev.device)
-        # candidates of a query: the entities linked to its counterpart (CSR over `oth`)
+        if self.noisy_deviations:
+            gen = noise_generator(self.seed, train.device, private=math.isfinite(self.epsilon))
+            dev = dev + laplace(tuple(dev.shape), 2.0 * train.scale.span / self.epsilon, gen, dev.device)
+        self._index_candidates(train, dev)
+        log.info("pncf(%s, k=%d, eps=%g): RS_i in [%.3g, %.3g]", self.mode, self.k, self.epsilon, float(self.rs_.min()), float(self.rs_.max()))
+        return self
+
+    @property
+    def noisy_deviations(self) -> bool:
+        """Sun's variant: every training deviation carries Laplace noise drawn once in ``fit``."""
+        return self.private and self.perturb == "rating"
+
+    def _index_candidates(self, train: Ratings, dev: torch.Tensor) -> None:
+        """The candidates of a query -- the entities linked to its counterpart -- as a CSR over ``oth``, with their
+        centred ratings ``dev`` (aligned with ``train``)."""
+        ent, oth, n_ent, n_oth = self._orient(train)
         order = torch.argsort(oth * n_ent + ent)
         counts = torch.bincount(oth, minlength=n_oth)
         self.crow_ = torch.zeros(n_oth + 1, dtype=torch.long, device=train.device)
@@ -294,7 +313,34 @@ class PNCF(BasePredictor):
         self.cand_, self.cand_dev_, self.cand_counts_ = ent[order], dev[order], counts
         self.n_ent_, self.n_oth_ = n_ent, n_oth
         self.train_ = train
-        log.info("pncf(%s, k=%d, eps=%g): RS_i in [%.3g, %.3g]", self.mode, self.k, self.epsilon, float(self.rs_.min()), float(self.rs_.max()))
+
+    # ------------------------------------------------------------ release
+    def released_state(self) -> dict[str, Any]:
+        """The curator's state (no end-to-end epsilon; every query draws afresh): similarities, RS_i, the means, the
+        fallback; with ``perturb=rating`` the noisy deviations (drawn once in ``fit``), aligned with the training
+        ratings sorted by (counterpart, entity). Never the generator."""
+        fb = self._check_fitted()
+        state = {"n_items": int(self.train_.n_items), "similarity": self.sim_, "row_sensitivity": self.rs_,
+                 "means": self.means_, "fallback": fallback_release(fb)}
+        if self.noisy_deviations:
+            state["noisy_deviations"] = self.cand_dev_
+        return state
+
+    def restore(self, train: Ratings, state: dict[str, Any]) -> "PNCF":
+        """Similarities, RS_i and the means from ``state``; the candidates from ``train``. Queries draw from a fresh
+        generator (secret, or stream 1 of an explicit seed: the first queries then repeat those of the fitted run)."""
+        train = self._prepare_restored(train, state)
+        self.gen_ = noise_generator(self.seed, train.device, stream=QUERY_STREAM, private=math.isfinite(self.epsilon))
+        self.sim_, self.rs_ = state["similarity"].to(train.device), state["row_sensitivity"].to(train.device)
+        self.means_ = state["means"].to(train.device)
+        ent, _, _, _ = self._orient(train)
+        self._index_candidates(train, train.values - self.means_[ent])
+        if self.noisy_deviations:
+            released = state["noisy_deviations"].to(train.device)
+            if released.shape != self.cand_dev_.shape:
+                raise ConfigError(f"pncf: the release holds {released.numel()} noisy deviations, the training split "
+                                  f"{self.cand_dev_.numel()} ratings; load it with the data it was fitted on")
+            self.cand_dev_ = released
         return self
 
     # -------------------------------------------------------------- select

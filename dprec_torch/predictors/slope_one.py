@@ -47,6 +47,7 @@ import torch
 from dprec_torch.data.ratings import Ratings, dense_rows
 from dprec_torch.errors import ConfigError, DataError
 from dprec_torch.predictors.base import BasePredictor, gather_pair_scores
+from dprec_torch.predictors.release import check_release_items
 
 log = logging.getLogger(__name__)
 
@@ -120,21 +121,44 @@ class SlopeOne(BasePredictor):
         a = item_gram(train, train.values, ones)  # a_jk = sum_{i in Phi(j,k)} r_ij
         dev = (a - a.T) / counts.clamp_min(1)  # Eq. (3)
         self.dev_ = torch.where(counts > self.phi_m, dev, torch.zeros_like(dev))  # Eq. (4)
-        self.scale = train.scale
         self.delta_r_ = self.delta_r if self.delta_r is not None else train.scale.span
-        self.n_users, self.n_items = train.n_users, train.n_items
-        self.user_counts_ = train.user_counts()
-        self.user_means_ = train.user_means().double()
-        self.served_ = self.user_counts_ >= self.T
         self.global_mean_ = train.global_mean
-        self.indicator_ = train.indicator_csr()
-        order = torch.argsort(train.users * train.n_items + train.items)
-        self._keys = (train.users * train.n_items + train.items)[order]
-        self._vals = train.values[order].double()
+        self._index_users(train)
         log.info(
             "slope_one: %d item pairs with > %d co-raters; %d/%d users served (>= %d ratings)",
             int((counts > self.phi_m).sum()), self.phi_m, int(self.served_.sum()), self.n_users, self.T,
         )
+        return self
+
+    def _index_users(self, train: Ratings) -> None:
+        """Each user's own part of Eq. (6): their count |r_i.|, mean r_bar_i, whether they are served (>= T), their
+        rated items; and the sorted training ratings :meth:`lookup` reads (LIA side information)."""
+        self.scale = train.scale
+        self.n_users, self.n_items = train.n_users, train.n_items
+        self.user_counts_ = train.user_counts()
+        self.user_means_ = train.user_means().double()
+        self.served_ = self.user_counts_ >= self.T
+        self.indicator_ = train.indicator_csr()
+        order = torch.argsort(train.users * train.n_items + train.items)
+        self._keys = (train.users * train.n_items + train.items)[order]
+        self._vals = train.values[order].double()
+
+    # ------------------------------------------------------------ release
+    def released_state(self) -> dict[str, Any]:
+        """The deviations s_jk (Eq. (4)), the global mean and delta_r. Non-private: with ``mechanism=laplace_output``
+        this is the curator's state, and the epsilon covers the noised answers, not this."""
+        self._check()
+        return {"n_items": int(self.n_items), "deviations": self.dev_, "global_mean": float(self.global_mean_),
+                "delta_r": float(self.delta_r_)}
+
+    def restore(self, train: Ratings, state: dict[str, Any]) -> "SlopeOne":
+        """s_jk, the global mean and delta_r from ``state``; each user's part of Eq. (6) from their own ratings."""
+        if self.device is not None:
+            train = train.to(self.device)
+        check_release_items(state, train, self.name)
+        self.dev_ = state["deviations"].to(train.device)
+        self.global_mean_, self.delta_r_ = float(state["global_mean"]), float(state["delta_r"])
+        self._index_users(train)
         return self
 
     # ---------------------------------------------------------- prediction

@@ -50,7 +50,7 @@ mu_1 = sqrt(1 - share) mu, so mu_0^2 + mu_1^2 = mu^2. The posterior above then r
 
 Per-user sampling: :func:`per_user_sample` keeps at most m ratings of each user, chosen by a pseudo-random
 key of (seed, user id, item id) only, so one user's selection never depends on anybody else's data
-(issue 15, defect 2).
+(issue 15, defect 2); :func:`per_user_sample_of` keys by the RAW ids, so it also survives a rebuilt id map (issue 24, 6).
 """
 
 from __future__ import annotations
@@ -336,20 +336,26 @@ _P = 2147483647  # 2^31 - 1 (Park-Miller modulus): every product below fits in i
 
 def rating_keys(users: torch.Tensor, items: torch.Tensor, seed: int) -> torch.Tensor:
     """A pseudo-random key in [0, 2^31 - 1) that depends on (seed, user id, item id) only."""
-    x = (users.long() * 1000003 + items.long() * 7919 + int(seed) * 104729 + 12345) % _P
+    x = (users.long() * 1000003 + items.long() * 7919 + (int(seed) % _P) * 104729 + 12345) % _P  # a 63-bit secret seed fits
     for mult in (48271, 69621, 16807):  # three Lehmer rounds with an xor of the item id between them
         x = (x * mult) % _P
         x = (x ^ (items.long() % 65536)) % _P
     return x
 
 
-def per_user_sample(users: torch.Tensor, items: torch.Tensor, max_per_user: int | None, seed: int) -> torch.Tensor:
-    """Bool mask keeping at most ``max_per_user`` ratings of each user (the smallest keys); all if None."""
+def per_user_sample(users: torch.Tensor, items: torch.Tensor, max_per_user: int | None, seed: int,
+                    user_keys: torch.Tensor | None = None, item_keys: torch.Tensor | None = None) -> torch.Tensor:
+    """Bool mask keeping at most ``max_per_user`` ratings of each user (the smallest keys); all if None.
+
+    ``user_keys`` / ``item_keys``: a raw-id key per contiguous id (the loader's ``Ratings.meta``); the keys then
+    stay the same when the id map is rebuilt without another user (else the contiguous ids are used)."""
     if max_per_user is None:
         return torch.ones_like(users, dtype=torch.bool)
     if int(max_per_user) < 1:
         raise ConfigError(f"max_ratings_per_user must be >= 1 or null, got {max_per_user}")
-    keys = rating_keys(users, items, seed)
+    u_ids = users if user_keys is None else user_keys.to(users.device)[users] % _P
+    i_ids = items if item_keys is None else item_keys.to(items.device)[items] % _P
+    keys = rating_keys(u_ids, i_ids, seed)
     order = torch.argsort(users * (_P + 1) + keys)  # by user, then key
     su = users[order]
     counts = torch.bincount(su, minlength=int(users.max()) + 1 if users.numel() else 0)
@@ -358,6 +364,13 @@ def per_user_sample(users: torch.Tensor, items: torch.Tensor, max_per_user: int 
     keep = torch.zeros_like(users, dtype=torch.bool)
     keep[order] = rank < int(max_per_user)
     return keep
+
+
+def per_user_sample_of(train: Any, max_per_user: int | None, seed: int) -> torch.Tensor:
+    """:func:`per_user_sample` of ``train`` keyed by the raw ids the loader stored in ``train.meta`` (issue 24, 6)."""
+    from dprec_torch.data.preprocess import ITEM_KEYS, USER_KEYS
+
+    return per_user_sample(train.users, train.items, max_per_user, seed, train.meta.get(USER_KEYS), train.meta.get(ITEM_KEYS))
 
 
 def install_private_fallback(predictor: Any, means: torch.Tensor, global_mean: float) -> None:

@@ -4,9 +4,11 @@ Every run writes ``metrics.json`` with ``privacy`` (its mechanism's report: ``ep
 ``relation``). The ledger charges every released model to the POPULATION it was trained on, i.e.
 the dataset: ML-100K's five folds (and ML-1M's repeated hold-outs, and a fold's validation split)
 all train on the same 943 (6,040) people, so their epsilons compose. By basic composition a set of
-releases with (eps_k, delta_k) on the same people is (sum eps_k, sum delta_k)-DP, and choosing the
-best run afterwards is post-processing of all of them (so the SUM is what the released choice costs,
-not the chosen run's eps).
+releases with (eps_k, delta_k) on the same people is (sum eps_k, sum delta_k)-DP. Choosing the best
+run afterwards by its validation RMSE is NOT post-processing: the score reads those people's
+validation ratings, so the SUM (never the chosen run's eps) bounds the releases only, not the released
+choice, and no end-to-end epsilon follows from it (choose on other people's data, or privately:
+:mod:`dprec_torch.privacy.provenance`).
 
 What one run charges (:func:`charged_epsilon`):
 
@@ -31,9 +33,10 @@ same cell (mechanism, model, nominal epsilon, folds) evaluated on the TEST split
 trigger a warning: picking among them by ``test_rmse`` tunes hyperparameters on the test set.
 
 Tuning cost (``tuning`` in each entry, the two-stage study of ``scripts/study.py``): the validation runs of one
-(mechanism, model, nominal epsilon) are the configurations tried for that cell. Releasing the model
-chosen among n of them costs, by basic composition on the same people, sum_k eps_k (= n x eps when
-every configuration has the same eps) at the mechanism's relation, before the final runs' own eps.
+(mechanism, model, nominal epsilon) are the configurations tried for that cell. Their releases cost, by
+basic composition on the same people, sum_k eps_k (= n x eps when every configuration has the same eps)
+at the mechanism's relation, before the final runs' own eps; the choice among them reads the validation
+ratings and is not counted in that sum (the statement says so).
 For mechanisms whose epsilon is null (the paper-faithful ``dpsgd_paper`` and ``sgld_paper`` on
 PNBM), nothing is defended, for tuning or otherwise.
 
@@ -116,7 +119,8 @@ class LedgerEntry:
                 total = float(sum(eps))
                 how = (f"{len(runs)} x {eps[0]:.4g}" if len(set(eps)) == 1 else f"sum over {len(runs)} configs")
                 statement = (f"{how} = {total:.4g} ({rel} level, basic composition, on the people of {self.data}; "
-                             f"tuned on the train side of fold {folds})")
+                             f"tuned on the train side of fold {folds}); the choice by validation RMSE reads these "
+                             "people's validation ratings and is not post-processing: not counted in this sum")
             else:
                 total = math.inf
                 statement = f"none defended: the {len(runs)} configs tried have epsilon null (nothing is defended)"

@@ -1,11 +1,17 @@
 """What a run's epsilon covers, and which reported numbers no mechanism protects (issue 15 #7).
 
-A run writes more than its model: per-epoch diagnostics, PCC/COS baselines, test metrics, dataset
+A run writes more than its model: per-epoch diagnostics, reference baselines, test metrics, dataset
 counts. :func:`privacy_scope` lists, next to the mechanism's epsilon, the released artefacts that
 epsilon covers and the reported quantities it does not. ``log_private_diagnostics`` (top-level key)
-decides whether the quantities computed from the training data WITHOUT noise -- the exact train RMSE,
-the pre-noise gradient norm, the PCC/COS baselines -- are written at all: ``null`` (auto) writes them
-only for runs without a finite epsilon (:func:`diagnostics_enabled`).
+decides whether what is computed from the training data WITHOUT noise FOR THE PRIVATE MODEL -- the exact
+train RMSE, the pre-noise gradient norm -- is written at all: ``null`` (auto) writes it only for runs
+without a finite epsilon (:func:`diagnostics_enabled`). The reference baselines (non-private PCC/COS, and
+DP item means at the run's epsilon) are test metrics like the model's own and follow ``compare_baselines``
+alone; :func:`reference_scope` says what they are and that epsilon does not cover them.
+
+The scope also states what the run treats as public without protecting it (issue 24 #5): the item
+universe (MovieLens: the public catalogue; data without one: the rated items, treated as public) and
+the number of users. Loaders record the universe in ``Ratings.meta`` (:func:`item_universe_of`).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from dprec_torch.data.ratings import ITEM_UNIVERSE, ItemUniverse, Ratings
 from dprec_torch.errors import ConfigError
 from dprec_torch.interfaces import DeclaresFallback, DeclaresPrivacyCaveat, HasItemMeans, ReadsUserHistory
 
@@ -20,7 +27,6 @@ from dprec_torch.interfaces import DeclaresFallback, DeclaresPrivacyCaveat, HasI
 NON_PRIVATE_DIAGNOSTICS = {
     "train_rmse": "per-epoch RMSE of the unclipped, noise-free residuals on the training ratings",
     "grad_norm": "per-epoch norm of the summed gradient BEFORE the noise",
-    "baselines": "PCC/COS item-kNN fitted on the exact training ratings",
 }
 
 
@@ -34,7 +40,10 @@ def has_finite_epsilon(report: dict[str, Any]) -> bool:
 
 
 def diagnostics_enabled(setting: Any, report: dict[str, Any]) -> bool:
-    """``log_private_diagnostics``: true/false as set; null (auto) = true only without a finite epsilon."""
+    """``log_private_diagnostics``: true/false as set; null (auto) = true only without a finite epsilon.
+
+    It governs only what is computed from the training data for the private model (train RMSE, pre-noise
+    norms), never the reference baselines (``compare_baselines``, :func:`reference_scope`)."""
     if setting is None:
         return not has_finite_epsilon(report)
     if isinstance(setting, bool):
@@ -63,8 +72,21 @@ def _model_artefacts(model: Any, report: dict[str, Any]) -> tuple[list[str], lis
     return covered, not_covered
 
 
-def privacy_scope(report: dict[str, Any], model: Any = None, diagnostics: bool = True) -> dict[str, Any]:
-    """The ``scope`` object of ``metrics.json``'s privacy record."""
+def item_universe_of(ratings: Ratings) -> ItemUniverse:
+    """The item universe a loader recorded in ``ratings.meta``; without one (custom, synthetic data), the
+    ``n_items`` items of the data, treated as public."""
+    universe = ratings.meta.get(ITEM_UNIVERSE)
+    return universe if isinstance(universe, ItemUniverse) else ItemUniverse(int(ratings.n_items))
+
+
+def privacy_scope(report: dict[str, Any], model: Any = None, diagnostics: bool = True,
+                  universe: ItemUniverse | None = None) -> dict[str, Any]:
+    """The ``scope`` object of ``metrics.json``'s privacy record.
+
+    ``universe`` (:func:`item_universe_of` of the fold's train ratings) says where the item index comes from
+    and goes into ``treated_as_public``; None states only that the item universe and the user count are
+    treated as public.
+    """
     finite = has_finite_epsilon(report)
     not_covered = [
         "test metrics (test_rmse, ... and the per-epoch test columns): the released model scored on held-out "
@@ -83,10 +105,32 @@ def privacy_scope(report: dict[str, Any], model: Any = None, diagnostics: bool =
     if not finite:
         extra, covered = covered + extra, []
     logged = {k: v for k, v in NON_PRIVATE_DIAGNOSTICS.items()} if diagnostics else {}
+    public = universe.scope() if universe is not None else [
+        "the item universe (the items the loaded data indexes) and the number of users are treated as public, "
+        "not protected by epsilon"]
     return {
         "epsilon_covers": covered,
         "not_covered": extra + not_covered + [f"{k}: {v}" for k, v in logged.items()],
+        "treated_as_public": public,
         "non_private_diagnostics_logged": bool(diagnostics),
         "note": ("epsilon covers exactly the artefacts in epsilon_covers" if finite else
                  "no finite epsilon is defended: every released artefact is non-private"),
     }
+
+
+def reference_scope(info: dict[str, dict[str, Any]]) -> list[str]:
+    """``not_covered`` lines for the reference baselines a run reports (``info``: ``metrics.json["baseline_info"]``,
+    :func:`dprec_torch.evaluation.baselines.reference_info`)."""
+    lines = []
+    plain = [n for n, i in info.items() if not i.get("private")]
+    if plain:
+        k = info[plain[0]].get("k")
+        lines.append(f"reference baselines {'/'.join(plain)} (item-kNN, k={k}): NON-PRIVATE, fitted on the exact training "
+                     "split, which epsilon does not cover; only their test metrics ('baselines') are published, never "
+                     "the fitted models")
+    for name, i in info.items():
+        if i.get("private"):
+            lines.append(f"reference baseline '{name}': a SEPARATE release at pure epsilon={i['epsilon']:g} "
+                         f"({i['relation']} level), drawn only to score it and not part of this run's epsilon "
+                         "(publishing it beside the model would spend both); only its test metrics are published")
+    return lines

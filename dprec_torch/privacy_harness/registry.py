@@ -151,6 +151,7 @@ def _load_builtin() -> None:
         _LOADED = True
         import dprec_torch.privacy_harness.sensitivity_cases  # noqa: F401  (registers the built-in mechanisms)
         import dprec_torch.privacy_harness.learned_similarity_cases  # noqa: F401  (noisy_gram, dpals: issue 17)
+        import dprec_torch.privacy_harness.lowrank_pnbm_cases  # noqa: F401  (the low-rank PNBM's mechanisms: issue 27)
 
 
 def builder_for(cls: type) -> Builder | None:

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from dprec_torch.data.preprocess import USER_KEYS
 from dprec_torch.data.ratings import Ratings
 from dprec_torch.errors import DataError
 from dprec_torch.interfaces import HasItemMeans
@@ -89,10 +90,14 @@ def _mf(data: Ratings, seed: int) -> MF:
     model = MF(data.n_users, data.n_items, dim=2, init_std=0.5, seed=seed).attach(data)
     gen = torch.Generator().manual_seed(int(seed) + 2)
     with torch.no_grad():  # non-zero user factors and biases, so every gradient channel is exercised
-        model.user_factors.weight.copy_(torch.randn(data.n_users, 2, generator=gen))
-        model.user_bias.weight.copy_(torch.randn(data.n_users, 1, generator=gen) * 0.5)
         model.item_bias.weight.copy_(torch.randn(data.n_items, 1, generator=gen) * 0.5)
         model.global_bias.fill_(float(torch.randn((), generator=gen)))
+        # each user's public start from (seed, the user's RAW id): the same when the id map is rebuilt without another user
+        keys = data.meta.get(USER_KEYS, torch.arange(data.n_users))
+        for u, key in enumerate(keys.tolist()):
+            user_gen = torch.Generator().manual_seed((int(seed) * 1_000_003 + int(key)) % 2**63)
+            model.user_factors.weight[u] = torch.randn(2, generator=user_gen)
+            model.user_bias.weight[u] = torch.randn(1, generator=user_gen) * 0.5
     return model
 
 

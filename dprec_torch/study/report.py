@@ -2,8 +2,10 @@
 
 ``python scripts/report.py <sweep dir>`` (or ``build_report(dir)``) walks the directory,
 groups runs by (data, method = mechanism-model, epsilon), and writes
-``report.md``, ``report.csv`` and one ``rmse_vs_epsilon_<data>.png`` per dataset,
-with the non-private PCC and COS lines taken from the runs' own baselines.
+``report.md``, ``report.csv`` and one ``rmse_vs_epsilon_<data>.png`` per dataset. Every run reports its
+references on the same folds and k (``metrics.json["baselines"]``, :mod:`dprec_torch.evaluation.baselines`):
+the non-private PCC and COS become horizontal reference lines on the figure (and ``baselines.csv``), the DP
+item means + user offset at each run's epsilon a dotted curve (and ``references_dp.csv``).
 For a two-stage study (``scripts/study.py``) it also tabulates the configuration chosen per
 (method, epsilon) on the validation split (``selected.yaml``), and the privacy ledger
 covers both stages (``ledger_dir``), including the epsilon spent on tuning.
@@ -75,10 +77,12 @@ def _eps(value: object) -> float:
     return float("inf") if value in ("inf", "Infinity") else float(value)  # type: ignore[arg-type]
 
 
-def collect(sweep_dir: Path) -> tuple[dict, dict]:
-    """(cells keyed by (data, method, eps), baselines keyed by (data, name) -> list of RMSE)."""
+def collect(sweep_dir: Path) -> tuple[dict, dict, dict]:
+    """(cells keyed by (data, method, eps); non-private references keyed by (data, name) -> list of RMSE;
+    DP references keyed by (data, label, eps) -> list of RMSE)."""
     cells: dict[tuple[str, str, float], Cell] = defaultdict(Cell)
     baselines: dict[tuple[str, str], list[float]] = defaultdict(list)
+    dp_refs: dict[tuple[str, str, float], list[float]] = defaultdict(list)
     files = sorted(Path(sweep_dir).rglob("metrics.json"))
     if not files:
         raise ConfigError(f"no metrics.json under {sweep_dir}; pass the sweep's multirun dir")
@@ -93,9 +97,14 @@ def collect(sweep_dir: Path) -> tuple[dict, dict]:
             cell.rmse.append(f["test_rmse"])
             cell.mae.append(f.get("test_mae", float("nan")))
         cell.eps_guaranteed.add(str(m.get("privacy", {}).get("epsilon")))
+        info = m.get("baseline_info", {})  # runs written before it: PCC/COS only, both non-private
         for name, b in m.get("baselines", {}).items():
-            baselines[(m["data"], name)].append(b["rmse"])
-    return cells, baselines
+            ref = info.get(name, {})
+            if ref.get("private"):
+                dp_refs[(m["data"], f"{name} ({ref['relation']})", _eps(ref["epsilon"]))].append(b["rmse"])
+            else:
+                baselines[(m["data"], name)].append(b["rmse"])
+    return cells, baselines, dp_refs
 
 
 def selection_table(selected_path: Path, ledger: dict) -> list[str]:
@@ -129,7 +138,7 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None, ledge
     sweep_dir = Path(sweep_dir)
     out = Path(out_dir) if out_dir else sweep_dir
     out.mkdir(parents=True, exist_ok=True)
-    cells, baselines = collect(sweep_dir)
+    cells, baselines, dp_refs = collect(sweep_dir)
     rows = []
     for (data, method, eps), c in sorted(cells.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
         rows.append({"data": data, "method": method, "epsilon": eps, "rmse_mean": float(np.mean(c.rmse)),
@@ -149,7 +158,14 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None, ledge
         for (data, name), vals in sorted(baselines.items()):
             writer.writerow([data, name, float(np.mean(vals)), float(np.std(vals)), len(vals)])
     for (data, name), vals in sorted(baselines.items()):
-        lines.append(f"| {data} | {name} (non-private) | – | {np.mean(vals):.4f} ± {np.std(vals):.4f} | | {len(vals)} | ∞ |")
+        lines.append(f"| {data} | {name} (non-private reference) | – | {np.mean(vals):.4f} ± {np.std(vals):.4f} | | {len(vals)} | ∞ |")
+    with open(out / "references_dp.csv", "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["data", "method", "epsilon", "rmse_mean", "rmse_std", "n"])
+        for (data, name, eps), vals in sorted(dp_refs.items()):
+            writer.writerow([data, name, eps, float(np.mean(vals)), float(np.std(vals)), len(vals)])
+            lines.append(f"| {data} | {name}: separate DP release at this ε | {eps:g} | {np.mean(vals):.4f} ± {np.std(vals):.4f} "
+                         f"| | {len(vals)} | {eps:g} (δ = 0) |")
     if any(r["method"].split("-", 1)[0] in PAPER_FORMS.values() for r in rows):
         lines += ["", FORMS_NOTE]
     ledger = ledger_report(ledger_dir or sweep_dir)
@@ -160,12 +176,15 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None, ledge
     lines += ["", "## Privacy ledger", "", "```", format_ledger(ledger), "```"]
     (out / "report.md").write_text("\n".join(lines) + "\n")
     atomic_write_json(out / "ledger.json", ledger)
-    _figures(rows, baselines, out)
+    _figures(rows, baselines, out, dp_refs)
     log.info("report written to %s", out)
     return out / "report.md"
 
 
-def _figures(rows: list[dict], baselines: dict, out: Path) -> None:
+def _figures(rows: list[dict], baselines: dict, out: Path, dp_refs: dict | None = None) -> None:
+    """One RMSE-vs-epsilon figure per dataset: each method's curve, the non-private references (``baselines``:
+    (data, name) -> RMSEs) as horizontal lines and the DP references (``dp_refs``: (data, name, eps) -> RMSEs)
+    as dotted curves."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -180,8 +199,14 @@ def _figures(rows: list[dict], baselines: dict, out: Path) -> None:
                             marker="o", capsize=3, label=method)
         for (d, name), vals in sorted(baselines.items()):
             if d == data:
-                ax.axhline(float(np.mean(vals)), linestyle="--", linewidth=1, label=f"{name} (non-private)",
+                ax.axhline(float(np.mean(vals)), linestyle="--", linewidth=1, label=f"{name} (non-private reference)",
                            color="gray" if name == "PCC" else "black")
+        for ref in sorted({name for (d, name, _) in (dp_refs or {}) if d == data}):
+            pts = sorted((eps, float(np.mean(v))) for (d, name, eps), v in dp_refs.items()
+                         if d == data and name == ref and math.isfinite(eps))
+            if pts:
+                ax.plot([e for e, _ in pts], [r for _, r in pts], linestyle=":", marker="x", color="dimgray",
+                        label=f"{ref} at each ε (separate DP release)")
         ax.set_xscale("log")
         ax.set_xlabel("ε (as configured)")
         ax.set_ylabel("test RMSE")
@@ -224,11 +249,15 @@ def relabel(folder: str | Path) -> list[str]:
         rows = [{**r, "epsilon": _eps(r["epsilon"]), "rmse_mean": float(r["rmse_mean"]), "rmse_std": float(r["rmse_std"])}
                 for r in csv.DictReader(open(folder / "report.csv"))]
         base: dict = defaultdict(list)
+        dp: dict = defaultdict(list)
+        if (folder / "references_dp.csv").exists():
+            for r in csv.DictReader(open(folder / "references_dp.csv")):
+                dp[(r["data"], r["method"], _eps(r["epsilon"]))].append(float(r["rmse_mean"]))
         if (folder / "baselines.csv").exists():
             for r in csv.DictReader(open(folder / "baselines.csv")):
                 base[(r["data"], r["method"])].append(float(r["rmse_mean"]))
         elif (folder / "report.md").exists():  # older reports kept the baselines only as report.md rows
             for m in re.finditer(r"^\| (\S+) \| (\w+) \(non-private\) \| – \| ([0-9.]+) ±", (folder / "report.md").read_text(), re.M):
                 base[(m.group(1), m.group(2))].append(float(m.group(3)))
-        _figures(rows, base, folder)
+        _figures(rows, base, folder, dp)
     return done

@@ -4,7 +4,9 @@ Two modes:
 * ``python evaluate.py model=pcc data.fold=all`` cross-validates a predictor and
   prints fold, RMSE, MAE, mean +- std and fit time;
 * ``python evaluate.py run=<train run dir>`` reloads a trained run's checkpoints
-  and prints its test RMSE/MAE next to PCC and COS fitted on the same folds.
+  and prints its test RMSE/MAE next to its references on the same folds and k: non-private PCC and
+  COS, and DP item means + user offset at the run's epsilon (:mod:`dprec_torch.evaluation.baselines`);
+  ``compare_baselines=false`` on this command leaves them out.
 Both write ``metrics.json`` into this command's run dir.
 """
 
@@ -26,10 +28,9 @@ from dprec_torch.evaluation.cross_validate import cross_validate, score_predicto
 from dprec_torch.interfaces import TrainableModel
 from dprec_torch.io import atomic_write_json
 from dprec_torch.seeding import seed_everything
-from dprec_torch.privacy.scope import diagnostics_enabled
-from dprec_torch.evaluation.baselines import baseline_metrics
+from dprec_torch.evaluation.baselines import dp_reference_target, reference_info, reference_label, reference_metrics
 from dprec_torch.training.checkpoint import read_checkpoint
-from dprec_torch.training.run import build_model, instantiate_node, is_trainable, mechanism_fold, output_dir, validate
+from dprec_torch.training.run import build_model, build_predictor, instantiate_node, is_trainable, mechanism_fold, output_dir, validate
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ def evaluate(cfg: DictConfig) -> tuple[dict[str, Any], str]:
     out = output_dir(cfg)
     out.mkdir(parents=True, exist_ok=True)
     if cfg.get("run"):
-        metrics, table = evaluate_run(Path(cfg.run), resolve_device(cfg.device))
+        metrics, table = evaluate_run(Path(cfg.run), resolve_device(cfg.device), bool(cfg.compare_baselines))
     else:
         metrics, table = evaluate_predictor(cfg)
     atomic_write_json(out / "metrics.json", metrics)
@@ -70,15 +71,10 @@ def evaluate_predictor(cfg: DictConfig) -> tuple[dict[str, Any], str]:
     return metrics, "\n".join(lines)
 
 
-def _run_diagnostics(cfg: DictConfig, run_dir: Path) -> bool:
-    """The run's ``log_private_diagnostics`` (auto: from the epsilon its metrics.json reports; off if unknown)."""
-    setting = cfg.get("log_private_diagnostics")
-    if setting is not None:
-        return diagnostics_enabled(setting, {})
+def run_privacy(run_dir: Path) -> dict[str, Any]:
+    """The privacy report the run's ``metrics.json`` holds (empty for a run that did not finish)."""
     path = run_dir / "metrics.json"
-    if not path.exists():
-        return False
-    return diagnostics_enabled(None, json.loads(path.read_text()).get("privacy", {}))
+    return json.loads(path.read_text()).get("privacy", {}) if path.exists() else {}
 
 
 def restore_fold(cfg: DictConfig, fold: Fold, run_dir: Path,
@@ -101,9 +97,29 @@ def restore_fold(cfg: DictConfig, fold: Fold, run_dir: Path,
     return fold, model, ckpt
 
 
-def evaluate_run(run_dir: Path, device: torch.device) -> tuple[dict[str, Any], str]:
-    """Reload each fold's released model from a train.py run and score it (next to PCC/COS when the run
-    logs non-private diagnostics).
+def restore_predictor(cfg: DictConfig, fold: Fold, run_dir: Path, device: torch.device) -> Any:
+    """The fitted predictor that ``run_dir`` released on ``fold``, RESTORED from ``release_fold<k>.pt`` (its
+    ``restore``), never re-fitted: the item side comes from the release; only each user's own part is recomputed from
+    their ratings in ``fold.train`` (joint DP). Built as ``fit_fold`` built it (the model, wrapped by an output mechanism)."""
+    from dprec_torch.predictors.release import ReleasesState, read_release, release_path
+
+    release = read_release(release_path(run_dir, fold.index), device)
+    predictor = build_predictor(cfg)
+    if not isinstance(predictor, ReleasesState):
+        raise ConfigError(f"model={cfg.model.get('name', '?')} cannot be restored from a release (no released_state/restore)")
+    return predictor.restore(fold.train.to(device), release["state"])
+
+
+def score_restored(cfg: DictConfig, model: Any, fold: Fold) -> dict[str, float]:
+    """:func:`score_predictor` with the run's own top-N settings (``fit_fold`` scored with them; a trained model
+    predicts ratings only)."""
+    return score_predictor(model, fold, int(cfg.eval.topn), float(cfg.eval.relevance_threshold))
+
+
+def evaluate_run(run_dir: Path, device: torch.device, compare_baselines: bool = True) -> tuple[dict[str, Any], str]:
+    """Reload each fold's released model from a train.py run and score it next to its references (non-private
+    PCC/COS and, for a finite epsilon, DP item means + user offset at that epsilon; none with
+    ``compare_baselines=False``), on the same folds and the same k (the run's ``baseline_k``) as ``train.py``.
 
     The model is RESTORED (``model.restore``): S / the factors, the item means -- the DP release for a
     mechanism that made one -- and the fallback all come from the checkpoint; only the users' own
@@ -114,35 +130,52 @@ def evaluate_run(run_dir: Path, device: torch.device) -> tuple[dict[str, Any], s
         raise ConfigError(f"{run_dir} is not a train.py run dir (no config_resolved.json); pass run=<outputs/...>")
     cfg = OmegaConf.create(json.loads(cfg_path.read_text()))
     dataset = instantiate_node(cfg.data)
-    diagnostics = _run_diagnostics(cfg, run_dir)
+    k, target = int(cfg.baseline_k), dp_reference_target(run_privacy(run_dir), cfg.epsilon)
     rows, records = [], []
-    for fold in dataset.folds:
-        fold, model, ckpt = restore_fold(cfg, fold, run_dir, device)
-        m = score_predictor(model, fold)
-        b = baseline_metrics(fold, int(cfg.baseline_k)) if diagnostics else None
-        records.append({"fold": fold.index, "test_rmse": m["rmse"], "test_mae": m["mae"], "epoch": int(ckpt["epoch"]),
-                        **({"baselines": b} if b else {})})
+    trainable = is_trainable(cfg.model)
+    for loaded in dataset.folds:
+        if trainable:
+            fold, model, ckpt = restore_fold(cfg, loaded, run_dir, device)
+            m, done = score_predictor(model, fold), {"epoch": int(ckpt["epoch"])}
+        else:  # a fitted predictor: its release_fold<k>.pt (train.py fitted it on the fold as loaded)
+            fold = loaded.to(device)
+            m, done = score_restored(cfg, restore_predictor(cfg, fold, run_dir, device), fold), {}
+        # the references on the fold as loaded (train.py scores them on the same split, before any tau cap)
+        b = reference_metrics(loaded.to(device), k, target, int(cfg.seed)) if compare_baselines else {}
+        records.append({"fold": fold.index, **{f"test_{key}": v for key, v in m.items()}, **done, **({"baselines": b} if b else {})})
         rows.append((fold.index, m, b))
     metrics = {
         "model": cfg.model.get("name"), "mechanism": cfg.mechanism.get("name"), "data": dataset.name, "dataset": dataset.record(), "run": str(run_dir),
-        "epsilon": cfg.epsilon, "test_rmse": float(np.mean([r["test_rmse"] for r in records])),
-        "test_mae": float(np.mean([r["test_mae"] for r in records])), "folds": records,
+        "epsilon": cfg.epsilon, **{key: float(np.mean([r[key] for r in records])) for key in records[0] if key.startswith("test_")},
+        "folds": records,
     }
-    if diagnostics:
-        metrics["baselines"] = {n: {k: float(np.mean([r["baselines"][n][k] for r in records])) for k in ("rmse", "mae")}
-                                for n in ("PCC", "COS")}
+    if compare_baselines:
+        names = list(records[0]["baselines"])
+        metrics["baselines"] = {n: {key: float(np.mean([r["baselines"][n][key] for r in records])) for key in ("rmse", "mae")}
+                                for n in names}
+        metrics["baseline_info"] = reference_info(k, target)
     return metrics, _run_table(rows, metrics)
 
 
 def _run_table(rows: list[tuple], metrics: dict[str, Any]) -> str:
-    def base(b: dict | None, name: str) -> str:
-        return f"{b[name]['rmse']:>9.4f}" if b else f"{'-':>9}"
+    """Per fold: the model's RMSE/MAE and each reference's RMSE; then what each reference is."""
+    names = list(metrics.get("baselines", {}))
+    head = [f"{n + ' RMSE':>{max(9, len(n) + 5)}}" for n in names]
 
-    lines = [f"{'fold':>5} {'model RMSE':>11} {'MAE':>7} {'PCC RMSE':>9} {'COS RMSE':>9}"]
+    def base(b: dict | None) -> str:
+        return " ".join(f"{b[n]['rmse']:>{max(9, len(n) + 5)}.4f}" for n in names) if b else ""
+
+    # a rating model's RMSE/MAE; a top-N-only model (cosine_implicit, d2p, exponential_topk) shows its top-N metrics
+    shown = [key for key in ("rmse", "mae") if key in rows[0][1]] or [key for key in rows[0][1] if "@" in key][:3]
+    label = {"rmse": "model RMSE", "mae": "MAE"}
+    width = {key: max(7, len(label.get(key, key)) + (key == "rmse")) for key in shown}
+    lines = [f"{'fold':>5} " + " ".join(f"{label.get(key, key):>{width[key]}}" for key in shown) + " " + " ".join(head)]
     for idx, m, b in rows:
-        lines.append(f"{idx:>5} {m['rmse']:>11.4f} {m['mae']:>7.4f} {base(b, 'PCC')} {base(b, 'COS')}")
+        lines.append(f"{idx:>5} " + " ".join(f"{m[key]:>{width[key]}.4f}" for key in shown) + f" {base(b)}")
     mb = metrics.get("baselines")
-    lines.append(f"{'mean':>5} {metrics['test_rmse']:>11.4f} {metrics['test_mae']:>7.4f} {base(mb, 'PCC')} {base(mb, 'COS')}")
-    if not mb:
-        lines.append("(PCC/COS not shown: the run does not log non-private diagnostics; log_private_diagnostics=true)")
+    lines.append(f"{'mean':>5} " + " ".join(f"{metrics['test_' + key]:>{width[key]}.4f}" for key in shown) + f" {base(mb)}")
+    if mb:
+        lines += [f"  {n}: {reference_label(n, metrics.get('baseline_info'))}" for n in names]
+    else:
+        lines.append("(no reference baselines: compare_baselines=false)")
     return "\n".join(lines)

@@ -7,16 +7,17 @@ PNCF, ...), score it, compare with PCC/COS, and write ``metrics.json``.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 from hydra.utils import get_class
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from dprec_torch.data.custom import check_scale_declared
 from dprec_torch.data.ratings import Fold, RatingDataset
@@ -30,10 +31,11 @@ from dprec_torch.mechanisms.base import MechanismOptimizer
 from dprec_torch.mechanisms.context import TrainingContext, gradient_reduction_of, prior_precision_for
 from dprec_torch.models.batching import PoissonBatchSampler
 from dprec_torch.privacy_harness.registry import check_claim
-from dprec_torch.privacy.scope import diagnostics_enabled, privacy_scope
-from dprec_torch.seeding import make_generator, seed_everything
+from dprec_torch.privacy.scope import diagnostics_enabled, item_universe_of, privacy_scope, reference_scope
+from dprec_torch.seeding import SAMPLER_STREAM, noise_generator, randomness_report, seed_everything
 from dprec_torch.sweep_cache import shared
-from dprec_torch.evaluation.baselines import baseline_metrics
+from dprec_torch.evaluation.baselines import (baseline_metrics, dp_reference_metrics, dp_reference_target, log_references, reference_hparams,
+                                              reference_info, reference_label)
 from dprec_torch.training.checkpoint import prepare_run_dir
 from dprec_torch.training.trainer import Trainer
 
@@ -88,17 +90,29 @@ def training_mechanism(cfg: DictConfig) -> type[MechanismOptimizer]:
 
 
 def mechanism_fold(cfg: DictConfig, fold: Fold) -> Fold:
-    """The fold a mechanism trains on: user-level mechanisms cap each user at tau ratings (seeded)."""
-    mech_cls = training_mechanism(cfg)
-    if mech_cls.relation == "user" and cfg.mechanism.get("max_user_ratings"):
+    """The fold a mechanism trains on: a mechanism configured to defend users caps each user at tau ratings
+    (seeded); then delta is checked against the fold's privacy units (:func:`check_fold_units`)."""
+    from dprec_torch.config import node_relation
+
+    training_mechanism(cfg)
+    # the CONFIGURED relation (mechanism.relation / unit), not the class default (issue 24, 3)
+    if node_relation(cfg.mechanism) == "user" and cfg.mechanism.get("max_user_ratings"):
         from dprec_torch.data.preprocess import cap_seed, cap_user_ratings
 
         tau = int(cfg.mechanism.max_user_ratings)
         # per-user keys from the raw ids (the loader's id map): u's capped profile depends on u alone
         train, dropped = cap_user_ratings(fold.train, tau, cap_seed(int(cfg.seed), fold.index))
         log.info("capped every user at tau=%d training ratings for the user-level bound (dropped %d)", tau, dropped)
-        return Fold(fold.index, train, fold.test, fold.name)
+        fold = Fold(fold.index, train, fold.test, fold.name)
+    check_fold_units(cfg, fold)
     return fold
+
+
+def check_fold_units(cfg: DictConfig, fold: Fold) -> None:
+    """delta below 1/(privacy units of the fold's train side): its ratings, or its users with a rating (issue 24, 6)."""
+    from dprec_torch.config import check_privacy_units
+
+    check_privacy_units(cfg, len(fold.train), int((fold.train.user_counts() > 0).sum()))
 
 
 @dataclass
@@ -120,9 +134,11 @@ def setup_training(cfg: DictConfig, fold: Fold, device: torch.device) -> Trainin
     model = build_model(cfg, fold, device).to(device)
     model.attach(train)
     ratio = float(cfg.mechanism.get("sampling_ratio", 1.0))
+    # Poisson sampling is part of the privacy proof (amplification): secret unless noise_seed is explicit
+    sampler_seed = cfg.get("noise_seed") if mech_cls.relation is not None else int(cfg.seed)
     unit = cfg.mechanism.get("unit") or ("user" if mech_cls.relation == "user" else "rating")
     sampler = PoissonBatchSampler(train, model.item_means if isinstance(model, HasItemMeans) else train.item_means(),
-                                  ratio, unit, make_generator(int(cfg.seed) + 1, device),
+                                  ratio, unit, noise_generator(sampler_seed, device, SAMPLER_STREAM),
                                   history=not (isinstance(model, ReadsTargetsOnly) and not model.reads_history))
     epochs = int(cfg.mechanism.epochs)
     prior = prior_precision_for(mech_cls, model, train, ratio * len(train))
@@ -139,8 +155,13 @@ def setup_training(cfg: DictConfig, fold: Fold, device: torch.device) -> Trainin
     return TrainingSetup(fold, model, sampler, optimizer, epochs)
 
 
-def train_fold(cfg: DictConfig, fold: Fold, out: Path, device: torch.device) -> dict[str, Any]:
-    """Train a model under ``cfg.mechanism`` on one fold; returns its fold record."""
+References = Callable[[Fold, dict[str, Any]], dict[str, dict[str, float]]]
+
+
+def train_fold(cfg: DictConfig, fold: Fold, out: Path, device: torch.device, references: References | None = None) -> dict[str, Any]:
+    """Train a model under ``cfg.mechanism`` on one fold; returns its fold record. ``references(fold, report)``
+    scores the non-private references on the fold as loaded (before the tau cap), for the record and hparams."""
+    loaded = fold
     setup = setup_training(cfg, fold, device)
     fold, model, sampler, optimizer, epochs = setup.fold, setup.model, setup.sampler, setup.optimizer, setup.epochs
     train = fold.train
@@ -160,31 +181,49 @@ def train_fold(cfg: DictConfig, fold: Fold, out: Path, device: torch.device) -> 
         result = trainer.fit(fold)
         metrics = score_predictor(model, fold)  # overlaps the last checkpoint's write
         report = optimizer.privacy_report()
-        report["scope"] = privacy_scope(report, model, diagnostics)
+        report["scope"] = privacy_scope(report, model, diagnostics, item_universe_of(train))
+        report.update(noise_randomness(cfg, report, trainable=True))
+        refs = references(loaded, report) if references is not None else None
         if writer is not None:
             hparams = {f"mechanism.{k}": v for k, v in OmegaConf.to_container(cfg.mechanism, resolve=True).items()
                        if isinstance(v, (int, float, str, bool)) and not k.startswith("_")}
             hparams["epsilon"] = float(cfg.epsilon)
-            writer.add_hparams(hparams, {"hparam/test_rmse": metrics["rmse"], "hparam/test_mae": metrics["mae"]}, run_name="hparams")
+            # TensorBoard keeps only the first hparams summary of a run: the references go in the same one
+            writer.add_hparams(hparams, {"hparam/test_rmse": metrics["rmse"], "hparam/test_mae": metrics["mae"],
+                                         **reference_hparams(refs or {})}, run_name="hparams")
             writer.close()
     finally:
         trainer.finish()  # the fold's checkpoint is on disk before its record (and metrics.json) exist
     return {"fold": fold.index, **{f"test_{k}": v for k, v in metrics.items()}, "fit_seconds": result.train_seconds,
             "epochs": result.epochs, "seconds_per_epoch": result.train_seconds / max(result.epochs, 1),
             "epoch_seconds": result.epoch_seconds,
-            "history": result.history, "privacy": report, "diagnostics": diagnostics}
+            "history": result.history, "privacy": report, "diagnostics": diagnostics,
+            **({"references": refs} if refs is not None else {})}
+
+
+def build_predictor(cfg: DictConfig) -> Any:
+    """The fitted predictor of ``cfg.model``, wrapped by ``cfg.mechanism`` when that is an output mechanism
+    (``fit_fold`` and :func:`dprec_torch.training.evaluate.restore_predictor` build it the same way)."""
+    predictor = instantiate_node(cfg.model)
+    if wrapped_by_mechanism(cfg):
+        mech_cls = get_class(cfg.mechanism._target_)
+        if not issubclass(mech_cls, OutputMechanism):
+            raise ConfigError(f"mechanism={cfg.mechanism.get('name', cfg.mechanism._target_)} trains nn.Module models (pnbm, mf); "
+                              f"model={cfg.model.get('name', '?')} is a fitted predictor: use mechanism=none or an output mechanism")
+        predictor = instantiate_node(cfg.mechanism).wrap(predictor)
+    return predictor
+
+
+def wrapped_by_mechanism(cfg: DictConfig) -> bool:
+    """Whether ``cfg.mechanism`` wraps the fitted predictor (anything but ``none`` and the ``builtin`` placeholder)."""
+    return bool(cfg.mechanism.get("_target_")) and cfg.mechanism.get("name") != "none"
 
 
 def fit_fold(cfg: DictConfig, fold: Fold, device: torch.device) -> dict[str, Any]:
-    """Fit a predictor (optionally wrapped by an output mechanism) on one fold."""
-    predictor = instantiate_node(cfg.model)
-    mech_target = cfg.mechanism.get("_target_")
-    if mech_target and cfg.mechanism.get("name") != "none":
-        mech_cls = get_class(mech_target)
-        if not issubclass(mech_cls, OutputMechanism):
-            raise ConfigError(f"mechanism={cfg.mechanism.get('name', mech_target)} trains nn.Module models (pnbm, mf); "
-                              f"model={cfg.model.get('name', '?')} is a fitted predictor: use mechanism=none or an output mechanism")
-        predictor = instantiate_node(cfg.mechanism).wrap(predictor)
+    """Fit a predictor (optionally wrapped by an output mechanism) on one fold; writes its release
+    (``release_fold<k>.pt``, :func:`write_fold_release`) into the run dir."""
+    check_fold_units(cfg, fold)  # delta < 1/(privacy units) before anything is released
+    predictor = build_predictor(cfg)
     t0 = time.perf_counter()
     predictor.fit(fold.train)
     fit_s = time.perf_counter() - t0
@@ -195,9 +234,66 @@ def fit_fold(cfg: DictConfig, fold: Fold, device: torch.device) -> dict[str, Any
     metrics = score_predictor(predictor, fold, int(cfg.eval.topn), float(cfg.eval.relevance_threshold))
     report = predictor.privacy_report() if isinstance(predictor, ReportsPrivacy) else {"mechanism": "none"}
     diagnostics = diagnostics_enabled(cfg.get("log_private_diagnostics"), report)
-    report = {**report, "scope": privacy_scope(report, None, diagnostics)}
+    report = {**report, "scope": privacy_scope(report, None, diagnostics, item_universe_of(fold.train)), **noise_randomness(cfg, report, trainable=False)}
+    out = release_dir(cfg)
+    if out is not None:
+        report["release"] = write_fold_release(cfg, out, fold, predictor, report)
     return {"fold": fold.index, **{f"test_{k}": v for k, v in metrics.items()}, "fit_seconds": fit_s,
             "privacy": report, "diagnostics": diagnostics}
+
+
+def release_dir(cfg: DictConfig) -> Path | None:
+    """The run dir ``fit_fold`` writes its release into; None outside a run (``fit_fold`` called on its own, with
+    neither ``output_dir`` nor a Hydra run)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return output_dir(cfg) if cfg.get("output_dir") or HydraConfig.initialized() else None
+
+
+def write_fold_release(cfg: DictConfig, out: Path, fold: Fold, predictor: Any, report: dict[str, Any]) -> dict[str, Any]:
+    """Write ``predictor``'s release for ``fold`` to ``out/release_fold<k>.pt`` (atomic; a copy of the privacy report
+    inside) and return the report's ``release`` entry: the file, whether epsilon covers it, where the user side comes from.
+
+    Covered: a finite epsilon of the predictor itself (its release is the item side it learned). Not covered: a
+    non-private fit, PNCF (no end-to-end claim) and an output mechanism's model (epsilon covers the noised answers)."""
+    from dprec_torch.predictors.release import ReleasesState, release_path, write_release
+
+    if not isinstance(predictor, ReleasesState):
+        raise ConfigError(f"model={cfg.model.get('name', '?')} cannot write its release (no released_state/restore); "
+                          "see dprec_torch/predictors/release.py")
+    path = release_path(out, fold.index)
+    eps = report.get("epsilon")
+    covered = eps is not None and bool(np.isfinite(float(eps))) and not wrapped_by_mechanism(cfg)
+    if covered:
+        what = "the release epsilon covers (item side only): publishing it costs no further privacy"
+    elif wrapped_by_mechanism(cfg):
+        what = (f"the curator's fitted state: mechanism={cfg.mechanism.get('name')}'s epsilon covers the noised answers, not "
+                "this file; keep it as private as the training data")
+    else:
+        what = "fitted state that no finite epsilon covers: keep it as private as the training data"
+    entry = {"file": path.name, "covered_by_epsilon": covered, "what": what,
+             "user_side": ("not in the file: load_run and evaluate.py run= recompute each user's part (offsets, factors, "
+                           "history) from that user's own ratings in the run's training split and the released item side")}
+    copy = json.loads(json.dumps({**report, "release": entry}, default=str))  # plain values only (weights_only loading)
+    meta = {"model": cfg.model.get("name"), "mechanism": cfg.mechanism.get("name"), "fold": int(fold.index),
+            "fold_name": fold.name, "n_users": int(fold.train.n_users), "n_items": int(fold.train.n_items), "privacy": copy}
+    write_release(path, predictor, meta)
+    log.info("fold %s: release written to %s (%s)", fold.index, path, "covered by epsilon" if covered else "not covered by epsilon")
+    return entry
+
+
+def noise_randomness(cfg: DictConfig, report: dict[str, Any], trainable: bool) -> dict[str, Any]:
+    """``{"randomness": ...}`` for a report with a finite epsilon: is the noise secret or seeded (issue 24, 1)?
+
+    The noise is secret only when every node that draws it (the mechanism, or a private predictor and its
+    output mechanism) and, for trained models, the Poisson sampler got no explicit seed."""
+    eps = report.get("epsilon")
+    if eps is not None and not np.isfinite(float(eps)):  # non-private: nothing to keep secret
+        return {}
+    nodes = [cfg.mechanism] if trainable else [cfg.model, cfg.mechanism]
+    seeds = [n.get("seed") for n in nodes if n.get("_target_") and "seed" in n]
+    secret = all(s is None for s in seeds) and (not trainable or cfg.get("noise_seed") is None)
+    return {"randomness": randomness_report(secret)}
 
 
 def resolved_config(cfg: DictConfig) -> dict[str, Any]:
@@ -252,6 +348,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     """Run the configured experiment; writes ``metrics.json`` and returns its contents."""
     validate(cfg)
     diagnostics_enabled(cfg.get("log_private_diagnostics"), {})  # a bad value fails before any data is read
+    if cfg.get("noise_seed") is None and not np.isfinite(float(cfg.epsilon)):
+        with open_dict(cfg):  # nothing to keep secret: a non-private run stays reproducible from `seed`
+            cfg.noise_seed = int(cfg.seed)
     seed_everything(int(cfg.seed))
     set_matmul_precision(cfg.get("matmul_precision", "highest"))
     with claimed_device(cfg.device, sweep_lock_dir()) as device:
@@ -266,28 +365,52 @@ def run_experiment(cfg: DictConfig, device: torch.device) -> dict[str, Any]:
     # shared(...) is build() itself outside hydra/launcher=batched (dprec_torch/sweep_cache.py)
     dataset = shared("dataset", cfg.data, lambda: instantiate_node(cfg.data))
     trainable = is_trainable(cfg.model)
-    folds, baselines = [], []
+    folds, baselines, info = [], [], {}
+    k = int(cfg.baseline_k)
+
+    def references(fold: Fold, report: dict[str, Any]) -> dict[str, dict[str, float]]:
+        target = dp_reference_target(report, cfg.epsilon)
+        return {**shared("baselines", cfg.data, lambda: baseline_metrics(fold, k), fold.index, device, k),
+                **dp_reference_metrics(fold, target, int(cfg.seed))}  # not shared: it depends on epsilon
+
     for fold in dataset.folds:
         fold = shared("fold", cfg.data, lambda: fold.to(device), fold.index, device)
         log.info("fold %s (%s): train %s | test %d ratings", fold.index, fold.name, fold.train.describe(), len(fold.test))
-        record = train_fold(cfg, fold, out, device) if trainable else fit_fold(cfg, fold, device)
+        record = (train_fold(cfg, fold, out, device, references if cfg.compare_baselines else None) if trainable
+                  else fit_fold(cfg, fold, device))
         folds.append(record)
-        if cfg.compare_baselines and record["diagnostics"] and "test_rmse" in record:  # non-private: log_private_diagnostics
-            baselines.append(shared("baselines", cfg.data, lambda: baseline_metrics(fold, int(cfg.baseline_k)),
-                                    fold.index, device, int(cfg.baseline_k)))
+        # the references are test metrics like the model's own: every run has them (compare_baselines), whatever
+        # log_private_diagnostics says (it governs what is computed from the training data for the private model)
+        if cfg.compare_baselines and "test_rmse" in record:
+            target = dp_reference_target(record["privacy"], cfg.epsilon)
+            refs = record.pop("references", None) or references(fold, record["privacy"])
+            baselines.append(refs)
+            info = reference_info(k, target)
+            scope = record["privacy"].get("scope")
+            if scope is not None:
+                scope["not_covered"] = [*scope["not_covered"], *reference_scope(info)]
+            if trainable and cfg.get("tensorboard", True):
+                log_references(out / "tb" / f"fold{fold.index}", refs)
     metrics = summarise(cfg, dataset, folds, baselines)
+    if baselines:
+        metrics["baseline_info"] = info
     atomic_write_json(out / "metrics.json", metrics)
     return metrics
 
 
 def comparison_table(metrics: dict[str, Any]) -> str:
-    """The final table the CLI prints: this run next to PCC and COS on the same folds."""
+    """The final table the CLI prints (and ``Run.table()``): this run next to its references on the same folds
+    and k -- non-private PCC and COS, and DP item means + user offset at the run's epsilon where it has one --,
+    each labelled with what it is (``metrics.json["baseline_info"]``)."""
+    eps = metrics["privacy"].get("epsilon")
     rows = [(f"{metrics['model']} ({metrics['mechanism']})", metrics.get("test_rmse"), metrics.get("test_mae"))]
     for name, m in metrics.get("baselines", {}).items():
-        rows.append((f"{name} (non-private)", m.get("rmse"), m.get("mae")))
-    eps = metrics["privacy"].get("epsilon")
-    lines = [f"{'method':<28} {'RMSE':>8} {'MAE':>8}"]
-    lines += [f"{n:<28} {r:>8.4f} {a:>8.4f}" for n, r, a in rows if r is not None]
+        rows.append((reference_label(name, metrics.get("baseline_info")), m.get("rmse"), m.get("mae")))
+    width = max(28, *(len(n) for n, _, _ in rows))
+    lines = [f"{'method':<{width}} {'RMSE':>8} {'MAE':>8}"]
+    lines += [f"{n:<{width}} {r:>8.4f} {a:>8.4f}" for n, r, a in rows if r is not None]
+    if not metrics.get("baselines") and metrics.get("test_rmse") is not None:
+        lines.append("(no reference baselines: compare_baselines=false)")
     topn = {k: v for k, v in metrics.items() if k.startswith("test_") and "@" in k and not k.endswith("_std")}
     if topn:
         lines.append("top-N: " + ", ".join(f"{k[5:]} {v:.4f}" for k, v in topn.items()))

@@ -24,7 +24,7 @@ import torch
 from dprec_torch.data.ratings import Fold
 from dprec_torch.errors import TrainingDiverged
 from dprec_torch.evaluation.metrics import rating_metrics
-from dprec_torch.interfaces import SupportsProjection
+from dprec_torch.interfaces import HasTrainingTargets, SupportsProjection
 from dprec_torch.mechanisms.base import MechanismOptimizer
 from dprec_torch.models.batching import PoissonBatchSampler
 from dprec_torch.training.checkpoint import CheckpointWriter, load_checkpoint
@@ -59,7 +59,8 @@ class Trainer:
         batch = self.sampler.sample()
         self.optimizer.zero_grad(set_to_none=True)
         pred = self.model.batch_predict(batch)
-        residuals = (pred - batch.values).detach()
+        target = self.model.training_targets(batch) if isinstance(self.model, HasTrainingTargets) else batch.values
+        residuals = (pred - target).detach()
         if not torch.isfinite(residuals).all():
             raise TrainingDiverged("the training loss became NaN/inf; lower the learning rate (mechanism.lr) "
                                    "-- the last good checkpoint was kept")

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from dprec_torch.study.markers import splice
 from dprec_torch.training.run import train
@@ -31,21 +32,12 @@ DOC = ROOT / "docs" / "mf.md"
 DATASETS = ("ml-100k", "ml-1m")
 FIG1_EPS = ("0.1", "0.5", "1", "2", "5", "10", "20", "50")  # conf/study/fig1.yaml
 FIG2_EPS = ("2", "10", "20", "100", "200")  # conf/study/fig2.yaml
-# ML-1M, non-private: its own schedule with ML-100K's lambda. At ML-100K's q and lr the per-rating step lr / (q n)
-# is 11x smaller on ML-1M (n ~ 900,000), and B ~ 1,600 batches (q = 0.0018) cost 560 steps per epoch; q = 0.009 with
-# lr = 150 (per-rating step 0.019, stable on ML-1M), decayed x 0.92 per epoch over 40 epochs, was chosen on
-# data=ml-1m-val (docs/mf.md): 0.8597 validation RMSE, against 0.8694 without the decay and 0.8639 at lr = 75, 50 epochs.
-ML1M_NONE = ("mechanism.sampling_ratio=0.009", "mechanism.lr=150", "mechanism.lr_decay=0.92", "mechanism.epochs=40")
-# ML-100K, non-private: the classic SGD-MF per-visited-rating penalty (mechanism.rating_reg, no dense decay) with a
-# larger d, chosen on data=ml-100k-val (docs/mf.md): 0.9038 validation RMSE against 0.9085 for the yaml defaults
-# (dense lambda = 10, d = 15, lr = 10, 60 epochs). model.dim stays 15 in conf/model/mf.yaml (the DP rows use it).
-ML100K_NONE = ("model.dim=100", "mechanism.weight_decay=0", "mechanism.rating_reg=0.1", "mechanism.lr=7",
-               "mechanism.epochs=90")
 GAUSSIAN_USER = ("mechanism.unit=user", "mechanism.sampling_ratio=0.2", "mechanism.clip_norm=1", "mechanism.lr=1",
                  "mechanism.weight_decay=10", "mechanism.epochs=10")  # conf/tuned/gaussian_mf.yaml's comment
 # (block, label, mechanism, epsilons, extra overrides (all datasets), extra overrides per dataset)
 ROWS = [
-    ("none", "MF, non-private", "none", ("inf",), (), {"ml-100k": ML100K_NONE, "ml-1m": ML1M_NONE}),
+    # non-private: the plain command, no overrides (conf/tuned/none_mf.yaml: one per-rating setting for both datasets)
+    ("none", "MF, non-private (the plain command: conf/tuned/none_mf.yaml)", "none", ("inf",), (), {}),
     ("dpsgd_mf", "DPSGD-MF (Berlioz; ε per rating value)", "dpsgd_paper", FIG1_EPS, (), {}),
     ("dpps_mf", "DPPS-MF (sgld_paper, ρ = 1; user level)", "sgld_paper", FIG2_EPS, (), {}),
     ("gaussian", "Gaussian DP-SGD, unit=rating", "gaussian", ("1", "10"), ("mechanism.unit=rating",), {}),
@@ -54,14 +46,17 @@ ROWS = [
 
 
 def run_one(runs_dir: Path, data: str, fold: int, mech: str, eps: str, extra: tuple[str, ...]) -> dict:
+    overrides = [f"data={data}", f"data.fold={fold}", "model=mf", f"mechanism={mech}", f"epsilon={eps}",
+                 "compare_baselines=false", "tensorboard=false", *extra]
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides)
+    # the cache key holds the composed model and mechanism: a changed default (a yaml edit) is a new run, never a stale read
+    nodes = json.dumps([OmegaConf.to_container(cfg[k], resolve=True) for k in ("model", "mechanism")], sort_keys=True)
     tag = "_".join([data, f"fold{fold}", mech, f"eps{eps}", *[e.split(".")[-1].replace("=", "-") for e in extra]])
-    tag = tag if len(tag) < 120 else tag[:80] + "_" + hashlib.sha1(tag.encode()).hexdigest()[:8]
+    tag = (tag if len(tag) < 120 else tag[:80]) + "_" + hashlib.sha1(f"{tag} {nodes}".encode()).hexdigest()[:8]
     run_dir = runs_dir / tag
     if not (run_dir / "metrics.json").exists():
-        overrides = [f"data={data}", f"data.fold={fold}", "model=mf", f"mechanism={mech}", f"epsilon={eps}",
-                     "compare_baselines=false", "tensorboard=false", f"output_dir={run_dir}", *extra]
-        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-            cfg = compose(config_name="config", overrides=overrides)
+        cfg.output_dir = str(run_dir)
         t0 = time.perf_counter()
         train(cfg)
         logging.info("%s done in %.0fs", tag, time.perf_counter() - t0)

@@ -1,0 +1,294 @@
+"""PNBM with a low-rank similarity S = U U^T (``model=pnbm model.similarity=lowrank``, rank ``model.rank``).
+
+Eq. (2) of Wang & Tang predicts r_hat_ui = r_bar_i + sum_{j != i} s_ij (r_uj - r_bar_j) I_uj / d_ui. This form keeps
+that prediction with S = U U^T (U is M x d, so a mechanism noises M d numbers a step instead of M^2) and with the
+normalisation that makes it learn under user-level noise (the equations of the former ``lowrank_dpsgd``
+predictor, whose validated settings therefore carry over). With the user's own damped offset and clamped residuals
+
+    b_u  = sum_{j in R_u} (r_uj - r_bar_j) / (n_u + beta_p),          n_u = |R_u|
+    y_uj = clamp(r_uj - r_bar_j - b_u, -Gamma_r, Gamma_r)
+
+the model is
+
+    p_u  = n_u^(-1/2) sum_{j in R_u} u_j y_uj                              (the user's aggregate, [d])
+    f_ui = u_i . p_u - |u_i|^2 y_ui n_u^(-1/2) [i in R_u]                   (= n_u^(-1/2) sum_{j in R_u, j != i} s_ij y_uj)
+    r_hat_ui = clip(r_bar_i + b_u + f_ui),      L_u(U) = sum_{i in R_u} (y_ui - f_ui)^2.
+
+Denominator rule: d_ui = n_u^(1/2) (public per user, no kink), in place of Eq. (2)'s max(C, sum_j |s_ij| I_uj): the
+latter couples every pair (i, j) of a profile through |u_i . u_j| and has no per-user closed-form gradient; the
+count normalisation is what the validated ``lowrank_dpsgd`` settings were learned with. The diagonal of S never
+enters (j != i), so S = U U^T needs no separate diagonal. r_bar (the buffer ``item_means``) is what a mechanism
+releases (the DP item means); b_u, y and p_u are recomputed by each user from the released r_bar, U and their own
+ratings (joint DP, the billboard model) and are never released.
+
+Per-user gradient (explicit, batched; checked against autograd in the tests), with e_ui = y_ui - f_ui and
+q_u = sum_{i in R_u} e_ui u_i: row j of dL_u/dU is zero unless j in R_u, where
+
+    g_uj = -2 [ e_uj (p_u - 2 u_j y_uj n_u^(-1/2)) + q_u y_uj n_u^(-1/2) ].
+
+The training residual the Trainer clips is e'_ui = f_ui - y_ui = -e_ui (:meth:`LowRankPNBM.training_targets` gives
+the clamped target r_bar_i + b_u + y_ui), and ``surrogate_loss`` is 2 sum e'_ui f_ui, whose gradient in U is
+sum_u dL_u/dU: scaling a user's residuals by min(1, C / ||g_u||_F) clips that user's whole gradient. No clamp, max or
+abs acts on U, so there is no kink for autograd to choose a subgradient at (the clamp of y reads data only).
+
+``gradient_reduction = "mean"``: the mechanisms divide the (clipped, noised) sum by the expected batch size q N
+(Opacus's ``scale_grad``, ``lowrank_dpsgd``'s g / (q N)), so ``lr`` is a step on the mean per-user loss.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from dprec_torch.data.ratings import Ratings, RatingScale
+from dprec_torch.errors import ConfigError
+from dprec_torch.interfaces import MeanFallback
+from dprec_torch.models.batching import UserBatch
+from dprec_torch.models.release import fallback_from_state, fallback_state
+
+DENOMINATOR_RULE = "n_u^(1/2)"  # d_ui of Eq. (2) in the low-rank form (module docstring)
+
+
+# ------------------------------------------------------------------------------------------- equations
+def user_residuals(rows: torch.Tensor, items: torch.Tensor, values: torch.Tensor, item_means: torch.Tensor,
+                   n_rows: int, beta_p: float, clamp_r: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(b_u per row [n_rows], y per rating [R]) of the ratings (rows, items, values) (module docstring), float64 sums."""
+    e = values.double() - item_means.double()[items]
+    n = torch.bincount(rows, minlength=n_rows).double()
+    b = torch.zeros(n_rows, dtype=torch.float64, device=e.device).index_add_(0, rows, e) / (n + beta_p).clamp_min(1e-12)
+    return b.float(), (e - b[rows]).clamp(-clamp_r, clamp_r).float()
+
+
+def user_aggregates(users: torch.Tensor, items: torch.Tensor, y: torch.Tensor, u: torch.Tensor, n_users: int
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(p_u for every user [N, d], n_u^(-1/2) per rating [R]) over the given ratings."""
+    n = torch.bincount(users, minlength=n_users).to(u.dtype)
+    inv_sqrt = n.clamp_min(1.0).rsqrt()
+    p = torch.zeros(n_users, u.shape[1], dtype=u.dtype, device=u.device).index_add_(0, users, u[items] * y[:, None])
+    return p * inv_sqrt[:, None], inv_sqrt[users]
+
+
+def per_user_gradients(users: torch.Tensor, items: torch.Tensor, y: torch.Tensor, u: torch.Tensor, n_users: int,
+                       e: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows g_uj (one per rating, module docstring) of each user's gradient dL_u/dU, and the per-user norms ``[N]``.
+
+    ``e``: the errors e_ui = y_ui - f_ui when the caller has them (possibly scaled per user); computed from U otherwise.
+    """
+    p, w = user_aggregates(users, items, y, u, n_users)
+    ui = u[items]
+    if e is None:
+        e = y - ((ui * p[users]).sum(1) - (ui * ui).sum(1) * y * w)
+    q = torch.zeros_like(p).index_add_(0, users, ui * e[:, None])
+    rows = -2.0 * (e[:, None] * (p[users] - 2.0 * ui * (y * w)[:, None]) + q[users] * (y * w)[:, None])
+    norms = torch.zeros(n_users, dtype=u.dtype, device=u.device).index_add_(0, users, (rows * rows).sum(1)).sqrt()
+    return rows, norms
+
+
+def clipped_sum(users: torch.Tensor, items: torch.Tensor, rows: torch.Tensor, norms: torch.Tensor, clip: float,
+                n_items: int) -> torch.Tensor:
+    """sum_u clip(g_u, C) as an ``[M, d]`` matrix: each user's rows scaled by min(1, C / ||g_u||_F)."""
+    scale = torch.clamp(clip / norms.clamp_min(1e-30), max=1.0)
+    return torch.zeros(n_items, rows.shape[1], dtype=rows.dtype, device=rows.device).index_add_(0, items, rows * scale[users][:, None])
+
+
+# ----------------------------------------------------------------------------------------------- model
+@dataclass
+class _BatchTerms:
+    """What a batch's Eq. (2) terms read from the data and r_bar (no U): its history and the residuals."""
+
+    rows: torch.Tensor  # history: batch row of each rating
+    items: torch.Tensor
+    y: torch.Tensor  # y of each history rating
+    b: torch.Tensor  # b_u per batch row
+    w: torch.Tensor  # n_u^(-1/2) per batch row
+    y_target: torch.Tensor  # y at the batch targets
+    targets_are_history: bool  # user-level batch: the targets ARE the history, in the same order
+
+
+class LowRankPNBM(nn.Module):
+    """PNBM whose similarity is S = U U^T (module docstring). Built by ``PNBM(similarity="lowrank", ...)``.
+
+    Args:
+        n_items: M. rank: d (U is M x d). init_std: U_0 ~ N(0, init_std^2) entrywise (seeded by ``seed``,
+        data-independent). clamp_r: Gamma_r, the clamp of a residual. beta_p: damping of the user's own offset b_u.
+        device: where U is initialised.
+    """
+
+    task = "rating"
+    name = "PNBM"
+    similarity = "lowrank"
+    gradient_reduction = "mean"  # mechanisms divide the clipped, noised sum by q N (module docstring)
+
+    def __init__(self, n_items: int, rank: int = 8, init_std: float = 0.03, clamp_r: float = 1.0, beta_p: float = 5.0,
+                 seed: int = 0, device: torch.device | str | None = None) -> None:
+        super().__init__()
+        if int(rank) < 1:
+            raise ConfigError(f"model.rank (d of S = U U^T) must be >= 1, got {rank}")
+        if not (clamp_r > 0 and beta_p >= 0 and init_std > 0):
+            raise ConfigError(f"model.similarity=lowrank needs clamp_r > 0, beta_p >= 0, init_std > 0 "
+                              f"(got {clamp_r}, {beta_p}, {init_std})")
+        self.n_items, self.rank = int(n_items), int(rank)
+        self.clamp_r, self.beta_p, self.init_std = float(clamp_r), float(beta_p), float(init_std)
+        gen = torch.Generator().manual_seed(int(seed))  # drawn on the CPU: the same U_0 on every device
+        init = (torch.randn(self.n_items, self.rank, generator=gen, dtype=torch.float64) * self.init_std).float()
+        self.U = nn.Parameter(init.to(device or "cpu"))
+        self.register_buffer("item_means", torch.zeros(self.n_items, device=self.U.device))
+        self.history: Ratings | None = None
+        self.fallback_: MeanFallback | None = None
+        self._predict_cache: dict = {}
+
+    # ---------------------------------------------------------------- set-up
+    def attach(self, train: Ratings) -> "LowRankPNBM":
+        """BUILD from data (before training): bind the histories, r_bar := the training means, the fallback."""
+        self.bind(train)
+        self.item_means.copy_(train.item_means().to(self.item_means.device))
+        self.fallback_ = MeanFallback(train)
+        return self
+
+    def bind(self, train: Ratings) -> "LowRankPNBM":
+        """Bind the users' training histories R_u that b_u, y and p_u read; computes nothing from them."""
+        if train.n_items != self.n_items:
+            raise ConfigError(f"model has {self.n_items} items but the data has {train.n_items}")
+        self.history = train
+        self._predict_cache.clear()
+        return self
+
+    def restore(self, train: Ratings, state: dict) -> "LowRankPNBM":
+        """RESTORE what was released (U, r_bar, the fallback) from ``state``; only the histories come from ``train``."""
+        self.bind(train)
+        self.load_state_dict(state)
+        return self
+
+    def get_extra_state(self) -> dict:
+        return {"fallback": fallback_state(self.fallback_)}
+
+    def set_extra_state(self, state: dict) -> None:
+        self.fallback_ = fallback_from_state(state["fallback"], self.item_means.device)
+
+    # --------------------------------------------------------------- training
+    def _terms(self, batch: UserBatch) -> _BatchTerms:
+        """The batch's data terms for the current r_bar (cached on the batch, keyed by r_bar's version)."""
+        key = (self.item_means._version, self.item_means.data_ptr(), self.beta_p, self.clamp_r)
+        hit = batch.__dict__.get("_lowrank_terms")
+        if hit is not None and hit[0] == key and hit[1] is batch.values:
+            return hit[2]
+        if batch.ind is None or batch.x is None:
+            raise ConfigError("model.similarity=lowrank reads each sampled user's whole history: the batch has none")
+        n_rows = int(batch.users.numel())
+        if batch.n_targets == int(batch.ind.values().numel()):  # user level: the targets are the whole history
+            rows, items, values = batch.rows, batch.items, batch.values
+        else:  # rating level: the history from the CSR block (x = r - r_bar, built from this model's live r_bar)
+            crow = batch.x.crow_indices()
+            rows = torch.repeat_interleave(torch.arange(n_rows, device=crow.device), crow[1:] - crow[:-1])
+            items = batch.x.col_indices()
+            values = batch.x.values() + self.item_means[items]
+        b, y = user_residuals(rows, items, values, self.item_means, n_rows, self.beta_p, self.clamp_r)
+        w = torch.bincount(rows, minlength=n_rows).float().clamp_min(1.0).rsqrt()
+        same = rows is batch.rows
+        y_t = y if same else (batch.values.double() - self.item_means.double()[batch.items]
+                              - b.double()[batch.rows]).clamp(-self.clamp_r, self.clamp_r).float()
+        terms = _BatchTerms(rows, items, y, b, w, y_t, same)
+        batch.__dict__["_lowrank_terms"] = (key, batch.values, terms)
+        return terms
+
+    def _f(self, batch: UserBatch, terms: _BatchTerms, U: torch.Tensor) -> torch.Tensor:
+        """f_ui at the batch targets (module docstring), differentiable in U. Every target is in its user's history."""
+        n_rows = int(batch.users.numel())
+        p = torch.zeros(n_rows, U.shape[1], dtype=U.dtype, device=U.device).index_add_(0, terms.rows, U[terms.items] * terms.y[:, None])
+        p = p * terms.w[:, None]
+        ui = U[batch.items]
+        return (ui * p[batch.rows]).sum(1) - (ui * ui).sum(1) * terms.y_target * terms.w[batch.rows]
+
+    def batch_predict(self, batch: UserBatch) -> torch.Tensor:
+        """r_bar_i + b_u + f_ui at the batch targets (unclipped; differentiable in U). With autograd on, f is kept on
+        the batch for the step's ``surrogate_loss`` (used once, only while U is unchanged)."""
+        terms = self._terms(batch)
+        f = self._f(batch, terms, self.U)
+        if torch.is_grad_enabled() and f.requires_grad:
+            batch.__dict__["_forward_f"] = (weakref.ref(self.U), self.U._version, f)
+        return self.item_means[batch.items] + terms.b[batch.rows] + f
+
+    def training_targets(self, batch: UserBatch) -> torch.Tensor:
+        """The clamped targets r_bar_i + b_u + y_ui: the Trainer's residual is then f_ui - y_ui (module docstring)."""
+        terms = self._terms(batch)
+        return self.item_means[batch.items] + terms.b[batch.rows] + terms.y_target
+
+    def surrogate_loss(self, batch: UserBatch, residuals: torch.Tensor) -> torch.Tensor:
+        """2 sum e'_ui f_ui with e' = ``residuals`` (f - y, possibly scaled per user) held constant: its gradient in U is
+        sum_u (scale_u) dL_u/dU."""
+        hit = batch.__dict__.pop("_forward_f", None)
+        if hit is not None and hit[0]() is self.U and hit[1] == self.U._version:
+            f = hit[2]
+        else:
+            f = self._f(batch, self._terms(batch), self.U)
+        return 2.0 * (residuals.detach().to(f.dtype) * f).sum()
+
+    @torch.no_grad()
+    def per_user_gradient_rows(self, batch: UserBatch, residuals: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rows g_uj per target, ||g_u||_F per batch row) of the gradient of ``surrogate_loss`` at ``residuals``
+        (explicit formula, module docstring); the batch must be user level (targets = history)."""
+        terms = self._terms(batch)
+        if not terms.targets_are_history:
+            raise ConfigError("per-user gradient norms need user-level batches (every rating of each sampled user): "
+                              "set mechanism.unit=user")
+        e = -residuals.detach().to(self.U.dtype)  # e = y - f
+        return per_user_gradients(terms.rows, terms.items, terms.y, self.U.detach(), int(batch.users.numel()), e)
+
+    def per_example_grad_norms(self, batch: UserBatch, residuals: torch.Tensor, unit: str) -> torch.Tensor:
+        """||g_u||_F per batch row (``unit`` = user only: a rating moves its user's b_u, y and p_u)."""
+        if unit != "user":
+            raise ConfigError("model.similarity=lowrank clips per user (a rating enters its user's b_u and p_u): unit=user")
+        return self.per_user_gradient_rows(batch, residuals)[1]
+
+    def gradient_entry_bound(self, residual_bound: float) -> float:
+        """No bound: U is unbounded, so no per-entry gradient bound exists (Wang & Tang's Alg. 1 needs the full form)."""
+        raise ConfigError("Alg. 1's per-entry gradient bound |G_ij| <= e_max phi / C is the full-S form's: "
+                          "use model.similarity=full with mechanism=dpsgd_paper")
+
+    # ------------------------------------------------------------- prediction
+    def _user_state(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(b_u [N], p_u [N, d], n_u^(-1/2) [N], sorted keys u M + j of the history, y in that order) for the current
+        U and r_bar, cached per version of both."""
+        assert self.history is not None
+        key = (self.U._version, self.U.data_ptr(), self.item_means._version, self.item_means.data_ptr(), self.U.device)
+        hit = self._predict_cache.get("users")
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        h = self.history.to(self.U.device)
+        b, y = user_residuals(h.users, h.items, h.values, self.item_means, h.n_users, self.beta_p, self.clamp_r)
+        U = self.U.detach()
+        p, _ = user_aggregates(h.users, h.items, y, U, h.n_users)
+        w = torch.bincount(h.users, minlength=h.n_users).float().clamp_min(1.0).rsqrt()
+        keys = h.users * self.n_items + h.items
+        order = torch.argsort(keys)
+        out = (b, p, w, keys[order], y[order])
+        self._predict_cache["users"] = (key, out)
+        return out
+
+    @torch.no_grad()
+    def predict(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        """clip(r_bar_i + b_u + f_ui) over each user's training history (j != i); the fallback for unknown ids."""
+        if self.history is None or self.fallback_ is None:
+            raise RuntimeError("PNBM.predict called before attach(train)")
+        dev = self.U.device
+        users, items = users.to(dev), items.to(dev)
+        b, p, w, keys, y_sorted = self._user_state()
+        uc = users.clamp(0, self.history.n_users - 1)
+        ic = items.clamp(0, self.n_items - 1)
+        ui = self.U.detach()[ic]
+        f = (ui * p[uc]).sum(1)
+        if keys.numel():  # a pair that is itself a training rating: drop j = i from the sum (Eq. (2))
+            q = uc * self.n_items + ic
+            pos = torch.searchsorted(keys, q).clamp_max(keys.numel() - 1)
+            rated = keys[pos] == q
+            f = f - torch.where(rated, (ui * ui).sum(1) * y_sorted[pos] * w[uc], torch.zeros_like(f))
+        return self.fallback_.finish(users, items, self.item_means[ic] + b[uc] + f)
+
+    @property
+    def scale(self) -> RatingScale:
+        assert self.history is not None
+        return self.history.scale
+

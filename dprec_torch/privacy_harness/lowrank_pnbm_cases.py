@@ -1,0 +1,147 @@
+"""Sensitivity-harness cases for the low-rank PNBM's mechanisms (``model.similarity=lowrank``; issue 27).
+
+The low-rank form is trained by the same mechanism classes as the full form (``gaussian`` = :class:`GaussianPNBM`,
+``sgld`` = :class:`ScaledPosteriorSGLD`'s clipped chain, ``dpsgd`` = :class:`ClippedLaplaceDPSGD`), so its cases
+are ADDED to each class's registered builder (:func:`register`). Each release runs the model's and the mechanism's
+own code on the harness's dataset: a :class:`~dprec_torch.models.pnbm_lowrank.LowRankPNBM` whose U and item means
+are public (drawn from the seed and the item count only), one user-level full batch, the Trainer's residuals
+(``batch_predict - training_targets``), the mechanism's ``clip_residuals`` and the model's ``surrogate_loss``
+backward; the release is the gradient of U (the pre-noise clipped sum), and a user's row is the same with every
+other user's residuals zeroed. Claims: (a) each user's clipped gradient has norm <= C (Frobenius for the Gaussian
+mechanisms, L1 for the Laplace one); (b) adding or removing one user moves the sum by <= C.
+
+Plus the item statistics of the DP item means (:func:`~dprec_torch.privacy.gaussian_release.release_item_means`,
+user level, Gaussian L2 / Laplace L1 sensitivity 1) with the count weight the low-rank mechanisms use.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from dprec_torch.data.ratings import Ratings
+from dprec_torch.privacy_harness.registry import Release, SensitivityCase, builder_for, register_sensitivity
+
+
+def _public_means(data: Ratings, seed: int) -> torch.Tensor:
+    lo, hi = float(data.scale.lo), float(data.scale.hi)
+    choices = torch.tensor([lo, (lo + hi) / 2, hi, lo + (hi - lo) / 4])
+    return choices[torch.randint(0, 4, (data.n_items,), generator=torch.Generator().manual_seed(int(seed) + 1))]
+
+
+def _model(data: Ratings, seed: int, rank: int, init_std: float, clamp_r: float, beta_p: float):
+    from dprec_torch.models.pnbm_lowrank import LowRankPNBM
+
+    model = LowRankPNBM(data.n_items, rank=rank, init_std=init_std, clamp_r=clamp_r, beta_p=beta_p, seed=seed)
+    model.bind(data)
+    with torch.no_grad():
+        model.item_means.copy_(_public_means(data, seed))  # public: released before the steps
+    return model
+
+
+def _context(data: Ratings, model) -> object:
+    from dprec_torch.mechanisms.context import TrainingContext
+
+    return TrainingContext(total_steps=1, steps_per_epoch=1, n_ratings=max(len(data), 1), n_users=max(data.n_users, 1),
+                           scale=data.scale, model=model, n_units=max(data.n_users, 1),
+                           expected_batch_size=float(max(data.n_users, 1)), gradient_reduction="mean")
+
+
+def _gradient(model, batch, clipped: torch.Tensor) -> torch.Tensor:
+    model.zero_grad(set_to_none=True)
+    model.surrogate_loss(batch, clipped).backward()
+    return model.U.grad.detach().double().reshape(-1).clone()
+
+
+def _step_release(model, opt, data: Ratings, units: bool) -> Release:
+    """The pre-noise clipped sum of one user-level step, and each user's clipped contribution."""
+    from dprec_torch.models.batching import full_batch
+
+    size = model.U.numel()
+    if len(data) == 0:
+        return Release(torch.zeros(size, dtype=torch.float64), torch.zeros(0, size, dtype=torch.float64) if units else None)
+    batch = full_batch(data, model.item_means)
+    residuals = (model.batch_predict(batch) - model.training_targets(batch)).detach()
+    clipped = opt.clip_residuals(residuals, batch, model)
+    total = _gradient(model, batch, clipped)
+    rows = None
+    if units:
+        rows = torch.stack([_gradient(model, batch, torch.where(batch.rows == k, clipped, torch.zeros_like(clipped)))
+                            for k in range(int(batch.users.numel()))])
+    return Release(total, rows)
+
+
+def _make(mechanism: str, model, data: Ratings, clip: float):
+    ctx = _context(data, model)
+    if mechanism == "gaussian":
+        from dprec_torch.mechanisms.gaussian_pnbm import GaussianPNBM
+
+        return GaussianPNBM(model.parameters(), ctx, math.inf, clip_norm=clip, sampling_ratio=1.0, model=model)
+    if mechanism == "sgld":
+        from dprec_torch.mechanisms.sgld import ScaledPosteriorSGLD
+
+        return ScaledPosteriorSGLD(model.parameters(), ctx, math.inf, clip_norm=clip, decay=0.0, temperature=1.0,
+                                   sampling_ratio=1.0, prior_correction=False)
+    from dprec_torch.mechanisms.dpsgd_l1 import ClippedLaplaceDPSGD
+
+    return ClippedLaplaceDPSGD(model.parameters(), ctx, math.inf, clip_norm=clip, sampling_ratio=1.0, model=model)
+
+
+def _step_case(mechanism: str, clip: float, rank: int, init_std: float, clamp_r: float = 1.0, beta_p: float = 2.0
+               ) -> SensitivityCase:
+    norm = 1 if mechanism == "dpsgd" else 2
+
+    def release(data: Ratings, seed: int, units: bool) -> Release:
+        model = _model(data, seed, rank, init_std, clamp_r, beta_p)
+        opt = _make(mechanism, model, data, clip)
+        out = _step_release(model, opt, data, units)
+        out.stated = float(opt.clip_norm)  # what the mechanism calibrates its noise to (one step's sensitivity)
+        return out
+
+    return SensitivityCase(name=f"{mechanism} lowrank-pnbm step C={clip:g} d={rank} U-scale={init_std:g} Gr={clamp_r:g}",
+                           relation="user", norm=norm, sensitivity=clip, clip_bound=clip, release=release, max_items=8)
+
+
+def _item_stats_case(mechanism: str, noise: str, count_weight: float | None) -> SensitivityCase:
+    """The item statistics (S, gamma C) the low-rank mechanisms' DP item means release (user level)."""
+    from dprec_torch.privacy.gaussian_release import item_stats, item_stats_sensitivity
+
+    def per_user(data: Ratings) -> torch.Tensor:
+        return torch.stack([item_stats(data.select(data.users == u), "user", noise, count_weight)
+                            for u in range(data.n_users)])
+
+    def release(data: Ratings, seed: int, units: bool) -> Release:
+        total = item_stats(data, "user", noise, count_weight)
+        rows = per_user(data) if units and len(data) else None
+        return Release(total, rows, item_stats_sensitivity("user", noise, count_weight))
+
+    return SensitivityCase(name=f"{mechanism} lowrank-pnbm item means {noise} gamma={count_weight}", relation="user",
+                           norm=2 if noise == "gaussian" else 1, sensitivity=1.0, clip_bound=1.0, release=release, max_items=8)
+
+
+def gaussian_cases() -> list[SensitivityCase]:
+    return [_step_case("gaussian", 0.5, 2, 1.0), _step_case("gaussian", 0.05, 3, 3.0, clamp_r=2.0),
+            _step_case("gaussian", 10.0, 1, 0.01), _item_stats_case("gaussian", "gaussian", 0.5)]
+
+
+def sgld_cases() -> list[SensitivityCase]:
+    return [_step_case("sgld", 0.5, 2, 1.0), _step_case("sgld", 0.05, 3, 3.0, clamp_r=2.0), _item_stats_case("sgld", "gaussian", 0.5)]
+
+
+def dpsgd_cases() -> list[SensitivityCase]:
+    return [_step_case("dpsgd", 0.5, 2, 1.0), _step_case("dpsgd", 0.05, 3, 3.0, clamp_r=2.0), _item_stats_case("dpsgd", "laplace", 0.5)]
+
+
+def register() -> None:
+    """Add the low-rank cases to the builders already registered for the three mechanism classes."""
+    from dprec_torch.mechanisms.dpsgd_l1 import ClippedLaplaceDPSGD
+    from dprec_torch.mechanisms.gaussian_pnbm import GaussianPNBM
+    from dprec_torch.mechanisms.sgld import ScaledPosteriorSGLD
+
+    for cls, extra in ((GaussianPNBM, gaussian_cases), (ScaledPosteriorSGLD, sgld_cases), (ClippedLaplaceDPSGD, dpsgd_cases)):
+        base = builder_for(cls)
+        register_sensitivity(cls, lambda base=base, extra=extra: (base() if base is not None else []) + extra())
+
+
+register()
