@@ -117,7 +117,9 @@ def hyperparameter_provenance(cfg: DictConfig) -> dict[str, Any]:
     choice = preset_choice(cfg)
     source, shared = choice["chosen_on"], choice["shares_people"]
     model = OmegaConf.to_container(cfg.model, resolve=True)
-    own = sorted(k for k, v in choice["config"].items() if k in model and model[k] != v)
+    # the preset's item_features: auto stands for the validated true (on wherever a catalogue is attached)
+    own = sorted(k for k, v in choice["config"].items()
+                 if k in model and model[k] != v and not (k == "item_features" and v is True and model[k] == "auto"))
     name = cfg.preset.name
     typed, eps = choice["typed_epsilon"], float(choice["epsilon"])
     rule = ("" if typed == eps else f" (the nearest validated epsilon at or below the typed {typed:g})" if eps <= typed

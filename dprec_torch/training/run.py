@@ -31,6 +31,7 @@ from dprec_torch.mechanisms.base import MechanismOptimizer
 from dprec_torch.mechanisms.context import TrainingContext, gradient_reduction_of, prior_precision_for
 from dprec_torch.models.batching import PoissonBatchSampler
 from dprec_torch.privacy_harness.registry import check_claim
+from dprec_torch.privacy.provenance import hyperparameter_provenance
 from dprec_torch.privacy.scope import diagnostics_enabled, item_universe_of, privacy_scope, reference_scope
 from dprec_torch.seeding import SAMPLER_STREAM, noise_generator, randomness_report, seed_everything
 from dprec_torch.sweep_cache import shared
@@ -327,7 +328,8 @@ def summarise(cfg: DictConfig, dataset: RatingDataset, folds: list[dict[str, Any
         later = [t for f in folds for t in f["epoch_seconds"][1:]]
         metrics["seconds_per_epoch_after_first"] = float(np.mean(later)) if later else None
         metrics["history"] = {f["fold"]: f["history"] for f in folds}
-    metrics["privacy"] = folds[0]["privacy"]
+    # where the hyperparameters came from, and whether that source shares people with this data (issue 24, 2)
+    metrics["privacy"] = {**folds[0]["privacy"], "hyperparameters": hyperparameter_provenance(cfg)}
     if baselines:
         metrics["baselines"] = {name: {m: float(np.mean([b[name][m] for b in baselines])) for m in baselines[0][name]}
                                 for name in baselines[0]}
@@ -392,6 +394,7 @@ def run_experiment(cfg: DictConfig, device: torch.device) -> dict[str, Any]:
             if trainable and cfg.get("tensorboard", True):
                 log_references(out / "tb" / f"fold{fold.index}", refs)
     metrics = summarise(cfg, dataset, folds, baselines)
+    log.info("hyperparameters: %s", metrics["privacy"]["hyperparameters"].get("statement", ""))
     if baselines:
         metrics["baseline_info"] = info
     atomic_write_json(out / "metrics.json", metrics)

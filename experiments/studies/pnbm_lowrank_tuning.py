@@ -57,6 +57,7 @@ def data_args(data: Path) -> list[str]:
 
 def grid(data: Path, epsilon: float, out: Path, mechanism: str, space: dict[str, list], fixed: list[str], seeds: int) -> list[dict]:
     import dprec_torch
+    from dprec_torch.errors import TrainingDiverged
 
     keys = list(space)
     results = []
@@ -64,9 +65,12 @@ def grid(data: Path, epsilon: float, out: Path, mechanism: str, space: dict[str,
         over = [f"{k}={v}" for k, v in zip(keys, values)]
         rmses, t0 = [], time.perf_counter()
         for s in range(seeds):
-            run = dprec_torch.train([*BASE, *data_args(data), f"mechanism={mechanism}", f"epsilon={epsilon}", *fixed, *over,
-                                     f"noise_seed={100 + s}", f"output_dir=/tmp/pnbm_lowrank_grid/{len(results)}_{s}"])
-            rmses.append(run.metrics["test_rmse"])
+            try:
+                run = dprec_torch.train([*BASE, *data_args(data), f"mechanism={mechanism}", f"epsilon={epsilon}", *fixed, *over,
+                                         f"noise_seed={100 + s}", f"output_dir=/tmp/pnbm_lowrank_grid/{len(results)}_{s}"])
+                rmses.append(run.metrics["test_rmse"])
+            except TrainingDiverged:
+                rmses.append(float("nan"))
         row = {"overrides": over, "rmse": float(np.mean(rmses)), "rmse_runs": rmses, "seconds": time.perf_counter() - t0}
         results.append(row)
         print(f"{row['rmse']:.4f}  {' '.join(over)}  ({row['seconds']:.0f} s)", flush=True)

@@ -971,6 +971,8 @@ def write_experiments(selection: dict[str, Any]) -> None:
         keys = list(entries[0]["config"])
         fixed = {k: entries[0]["config"][k] for k in keys if all(_same(e["config"][k], entries[0]["config"][k]) for e in entries)}
         model = {k: fixed[k] if k in fixed else f"${{preset:{k}}}" for k in keys}
+        if model.get("item_features") is True:  # validated with the public catalogue: on where one is attached
+            model["item_features"] = "auto"
         notes = []
         for src in PRESET_SOURCES:
             for eps in TUNE_EPS:
@@ -988,6 +990,8 @@ def write_experiments(selection: dict[str, Any]) -> None:
                 "# epsilon at or below it; below the smallest, the smallest), chosen on ML-100K's users when data=ml-1m and on",
                 "# ML-1M's users otherwise, so the choice reads none of the people it trains on (dprec_torch/privacy/provenance.py;",
                 "# the run's privacy report says which). A model.KEY=... on the command line replaces the preset's value.",
+                "# item_features: auto = the validated public item features where the data has a catalogue (MovieLens, or",
+                "# data=custom data.catalog_path=...), off otherwise; one log line says which.",
                 *notes]
         body = {"defaults": [{"override /model": mech}], "model": model,
                 "preset": {"name": f"private_{rel}", "model": mech, "selection": "docs/results/private_frontier/selection.json",
