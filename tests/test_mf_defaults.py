@@ -9,7 +9,12 @@ far. The ``slow`` test runs the plain command on ML-100K u1 (skipped, never pass
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +27,7 @@ from dprec_torch.models.batching import full_batch
 from dprec_torch.training.run import setup_training, train
 from tests.helpers import CONF_DIR, ml100k_available, tiny_fold
 
+ROOT = Path(__file__).resolve().parents[1]
 ML100K_U1_TARGET = 0.925  # issue 25, 5 (and ML-1M <= 0.860: docs/mf.md, measured by experiments/studies/mf_baselines.py)
 TINY = ["data._target_=dprec_torch.data.synthetic.load_synthetic", "data.name=synthetic", "+data.preset=tiny"]
 
@@ -87,6 +93,35 @@ def test_a_rows_step_does_not_depend_on_the_size_of_the_dataset():
         assert torch.allclose(one[name], two[name], rtol=1e-5, atol=1e-7), name
 
 
+def test_below_the_cap_a_step_is_lr_times_the_summed_gradient():
+    """Where no row's batch visits reach 1 / lr, the step is the per-rating one: -lr (sum_batch g + rating_reg x
+    visits x theta + q lambda theta), with no division by the batch size."""
+    train = tiny_fold().train
+    lr = 1e-3
+    cfg = _cfg(*TINY, "model=mf", "mechanism=none", "epsilon=inf", f"mechanism.lr={lr}")
+    q, lam, lam_r = (float(cfg.mechanism[k]) for k in ("sampling_ratio", "weight_decay", "rating_reg"))
+    s = setup_training(cfg, Fold(1, train, train, "one"), torch.device("cpu"))
+    model, opt = s.model, s.optimizer
+    batch = full_batch(train, train.item_means())
+    with torch.no_grad():
+        model.user_factors.weight.normal_(0, 0.3, generator=torch.Generator().manual_seed(1))
+    assert max(float(k.max()) for _, k in model.batch_visits(batch)) * lr < 1  # the cap is inactive
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    residuals = (model.batch_predict(batch) - batch.values).detach()
+    model.surrogate_loss(batch, residuals).backward()
+    data_grad = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    (lam_r * model.visit_penalty(batch)).backward()
+    visit_grad = {n: p.grad.clone() if p.grad is not None else torch.zeros_like(p) for n, p in model.named_parameters()}
+    opt.zero_grad(set_to_none=True)
+    model.surrogate_loss(batch, opt.clip_residuals(residuals, batch, model)).backward()
+    opt.step()
+    for n, p in model.named_parameters():
+        expected = before[n] - lr * (data_grad[n] + visit_grad[n] + q * lam * before[n])
+        assert torch.allclose(p.detach(), expected, rtol=1e-5, atol=1e-7), n
+
+
 def test_the_old_mean_step_shrank_with_the_dataset():
     """The contrast: lr on the batch MEAN (per_rating_step=false) moves every row half as far on twice the data."""
     train = tiny_fold().train
@@ -123,8 +158,9 @@ def _one_step_mean_residual(cfg, train: Ratings) -> float:
         for emb in (model.user_bias, model.user_factors, model.item_bias, model.item_factors):
             emb.weight.copy_(0.3 * torch.randn(emb.weight.shape, generator=gen))
     batch = full_batch(train, train.item_means())
-    raw = model.raw(model.batch_users(batch), batch.items)
-    e = (model.scale.clip(raw) - batch.values) * model.in_range(raw)
+    with torch.no_grad():
+        raw = model.raw(model.batch_users(batch), batch.items)
+        e = (model.scale.clip(raw) - batch.values) * model.in_range(raw)
     return float(e.mean())
 
 
@@ -137,11 +173,18 @@ def test_per_rating_step_needs_a_model_that_counts_its_visits(tmp_path):
 
 @pytest.mark.slow
 def test_the_plain_command_meets_the_ml100k_u1_target(tmp_path):
-    """``python train.py model=mf mechanism=none data=ml-100k data.fold=1``, no overrides (compare_baselines and
-    tensorboard off: they do not touch the model). Needs $DPREC_DATA/ml-100k; ~1-3 min on a CPU."""
+    """``python train.py model=mf mechanism=none data=ml-100k data.fold=1``, with no model or mechanism override (only
+    where it writes, and compare_baselines / tensorboard off: they do not touch the model). One torch thread: on a
+    shared 2-core CPU two threads per op made it 30x slower. ~20 s of training on a CPU; needs $DPREC_DATA/ml-100k."""
     if not ml100k_available():
         pytest.skip("needs $DPREC_DATA/ml-100k/u1.base (MovieLens 100K)")
-    cfg = _cfg("data=ml-100k", "data.fold=1", "model=mf", "mechanism=none", tmp_path=tmp_path)
-    assert cfg.mechanism == _cfg("data=ml-100k", "model=mf", "mechanism=none").mechanism
-    m = train(cfg)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(ROOT / "train.py"), "model=mf", "mechanism=none", "data=ml-100k", "data.fold=1",
+           f"hydra.run.dir={tmp_path}", "compare_baselines=false", "tensorboard=false"]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stderr[-2000:]
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    resolved = json.loads((tmp_path / "config_resolved.json").read_text())
+    assert resolved["mechanism"] == OmegaConf.to_container(
+        _cfg("data=ml-100k", "model=mf", "mechanism=none").mechanism, resolve=True)  # the yaml defaults, untouched
     assert math.isfinite(m["test_rmse"]) and m["test_rmse"] <= ML100K_U1_TARGET, m["test_rmse"]

@@ -166,7 +166,9 @@ def test_the_clipped_sgld_chain_at_a_constant_step_is_gaussian_dp_sgd(tmp_path):
 
 def test_sgld_epsilon_matches_an_independent_pld_accountant():
     """The chain's own numbers -- step eta, temperature rho, clip C, q, N, T and the item-mean multiplier -- give the
-    subsampled-Gaussian history; Google's dp-accounting PLD accountant composes it independently of Opacus."""
+    subsampled-Gaussian history; Google's dp-accounting PLD accountant composes it independently of Opacus.
+    (dp-accounting is a test-only dependency: ``pip install --no-deps dp-accounting dm-tree``, its attrs<24 pin
+    aside; without it ``test_sgld_rdp_figure_bounds_the_prv_figure`` is the cross-check.)"""
     dp_accounting = pytest.importorskip("dp_accounting")
     from dp_accounting import dp_event
     from dp_accounting.pld import pld_privacy_accountant
@@ -187,6 +189,18 @@ def test_sgld_epsilon_matches_an_independent_pld_accountant():
         assert independent <= rep["epsilon"] * (1 + 1e-3)  # Opacus's figure is an upper bound ...
         assert rep["epsilon"] == pytest.approx(independent, rel=rel)  # ... and a tight one (PRV: within 1 %)
         assert dp_accounting is not None
+
+
+def test_sgld_rdp_figure_bounds_the_prv_figure():
+    """Opacus's two accountants on the same chain history: PRV (numerical composition) <= RDP, within 10 %."""
+    from dprec_torch.privacy.opacus_accounting import OpacusAccountant
+
+    setup, _ = one_step(*SGLD, "epsilon=4", "mechanism.epochs=5")
+    rep = setup.optimizer.privacy_report()
+    prv = OpacusAccountant("prv")
+    for sigma, q, steps in rep["accountant_history"]:
+        prv.step(sigma, q, steps=int(steps))
+    assert prv.get_epsilon(rep["delta"]) <= rep["epsilon"] <= 1.1 * prv.get_epsilon(rep["delta"])
 
 
 def test_sgld_reports_epsilon_delta_and_accountant_and_the_full_form_stays_null():
@@ -287,3 +301,18 @@ def test_evaluate_py_scores_the_released_model(tmp_path):
     m = train(compose_cfg(*BASE, *DPSGD, "epsilon=4", f"output_dir={tmp_path}"))
     ev, _ = evaluate_run(Path(tmp_path), torch.device("cpu"), compare_baselines=False)
     assert ev["test_rmse"] == m["test_rmse"]
+
+
+@pytest.mark.parametrize("mech", ["sgld", "gaussian", "dpsgd", "none"])
+def test_model_pnbm_lowrank_composes_with_its_tuned_numbers(mech):
+    """``model=pnbm_lowrank`` picks conf/tuned/<mechanism>_pnbm_lowrank.yaml: the design card's chain is the clipped one."""
+    eps = "epsilon=inf" if mech == "none" else "epsilon=20"
+    cfg = compose_cfg("data=synthetic", "device=cpu", "model=pnbm_lowrank", f"mechanism={mech}", eps)
+    setup = setup_training(cfg, tiny_fold(), torch.device("cpu"))
+    assert isinstance(setup.model, LowRankPNBM)
+    rep = setup.optimizer.privacy_report()
+    if mech == "sgld":
+        assert setup.optimizer.clipped and rep["delta"] == 1e-6 and rep["epsilon"] <= 20.0
+        assert rep["epsilon"] == pytest.approx(20.0, rel=0.01)
+    if mech == "none":
+        assert cfg.mechanism.beta == 1.0 and cfg.mechanism.unit == "user"

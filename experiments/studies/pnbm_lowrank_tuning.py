@@ -25,10 +25,14 @@ from pathlib import Path
 import numpy as np
 
 
-def subsample(ml1m: Path, out: Path, n_users: int = 943, keep: float = 0.64, test_fraction: float = 0.2, seed: int = 0) -> dict:
+def subsample(ml1m: Path, out: Path, n_users: int = 943, keep: float = 0.64, test_fraction: float = 0.2, seed: int = 0,
+              n_items: int | None = None) -> dict:
     lines = (ml1m / "ratings.dat").read_text().splitlines()
     rows = np.array([[int(x) for x in ln.split("::")[:3]] for ln in lines], dtype=np.int64)
     rng = np.random.default_rng(seed)
+    if n_items is not None:  # ML-100K's catalogue size: ML-1M's n_items most rated movies (counted over all of ML-1M)
+        ids, counts = np.unique(rows[:, 1], return_counts=True)
+        rows = rows[np.isin(rows[:, 1], ids[np.argsort(-counts, kind="stable")[:n_items]])]
     users = np.unique(rows[:, 0])
     chosen = set(rng.choice(users, size=n_users, replace=False).tolist())
     rows = rows[np.isin(rows[:, 0], list(chosen))]
@@ -42,12 +46,12 @@ def subsample(ml1m: Path, out: Path, n_users: int = 943, keep: float = 0.64, tes
     for name, sel in (("train.tsv", ~is_test), ("test.tsv", is_test)):
         np.savetxt(out / name, rows[sel], fmt="%d", delimiter="\t")
     info = {"users": len(np.unique(rows[:, 0])), "items": len(np.unique(rows[:, 1])), "ratings": len(rows),
-            "train": int((~is_test).sum()), "test": int(is_test.sum()), "seed": seed, "keep": keep}
+            "train": int((~is_test).sum()), "test": int(is_test.sum()), "seed": seed, "keep": keep, "n_items": n_items}
     (out / "README.json").write_text(json.dumps(info, indent=1))
     return info
 
 
-BASE = ["model=pnbm", "model.similarity=lowrank", "device=cpu", "compare_baselines=false", "tensorboard=false"]
+BASE = ["model=pnbm_lowrank", "device=cpu", "compare_baselines=false", "tensorboard=false"]
 
 
 def data_args(data: Path) -> list[str]:
@@ -84,6 +88,8 @@ def main() -> None:
     s = sub.add_parser("subsample")
     s.add_argument("--ml1m", type=Path, required=True)
     s.add_argument("--out", type=Path, required=True)
+    s.add_argument("--items", type=int, default=None, help="keep ML-1M's N most rated movies (1682: ML-100K's catalogue size)")
+    s.add_argument("--keep", type=float, default=0.64, help="share of each chosen user's ratings kept")
     g = sub.add_parser("grid")
     g.add_argument("--data", type=Path, required=True)
     g.add_argument("--epsilon", type=float, default=20.0)
@@ -94,7 +100,7 @@ def main() -> None:
     g.add_argument("--seeds", type=int, default=1)
     a = ap.parse_args()
     if a.cmd == "subsample":
-        print(json.dumps(subsample(a.ml1m, a.out)))
+        print(json.dumps(subsample(a.ml1m, a.out, keep=a.keep, n_items=a.items)))
     else:
         grid(a.data, a.epsilon, a.out, a.mechanism, json.loads(a.space), a.fixed, a.seeds)
 

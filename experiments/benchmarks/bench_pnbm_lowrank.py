@@ -1,0 +1,100 @@
+"""Speed rows of the low-rank PNBM (``model=pnbm_lowrank``; issue 27, item 5): set-up (the mechanism's accountant
+calibration and the DP item means included) and the mechanism steps, timed apart, through the runner's own
+``setup_training`` and the Trainer's step (no per-epoch evaluation or checkpoint in the timed loop).
+
+Rows (``--rows``):
+
+* ``ml1m-400``: ML-1M fold 1, mechanism=gaussian at epsilon=10 with the former ``lowrank_dpsgd``'s ML-1M settings
+  (q = 0.3, C = 0.5, lr = 5, d = 8), 402 steps (134 epochs of round(1/q) = 3 steps; the target row of the issue is
+  400 steps);
+* ``syn20m``: synthetic data of ML-20M's size (138,493 users x 26,744 items, 20M ratings), 10 steps at q = 0.01
+  (seconds a step; meant for a GPU).
+
+Writes one JSON line per row to stdout (and to ``--out`` when given).
+
+    OMP_NUM_THREADS=2 python experiments/benchmarks/bench_pnbm_lowrank.py --rows ml1m-400 --device cpu
+    python experiments/benchmarks/bench_pnbm_lowrank.py --rows ml1m-400 syn20m --device cuda
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+GAUSSIAN = ["model=pnbm_lowrank", "mechanism=gaussian", "epsilon=10", "mechanism.lr=5", "mechanism.clip_norm=0.5",
+            "mechanism.sampling_ratio=0.3", "mechanism.mean_fraction=0.5", "mechanism.accountant=rdp",
+            "mechanism.mean_popularity_alpha=0.5", "mechanism.mean_popularity_share=0.1",
+            "mechanism.count_weight=0.5", "compare_baselines=false", "tensorboard=false", "noise_seed=0"]
+ROWS = {
+    "ml1m-400": (["data=ml-1m", "mechanism.epochs=134"], None),
+    "syn20m": (["data=synthetic", "data.preset=ml-20m", "mechanism.sampling_ratio=0.01", "mechanism.epochs=1"], 10),
+}
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_row(name: str, device: str) -> dict:
+    from hydra import compose, initialize_config_dir
+
+    from dprec_torch.training.run import instantiate_node, setup_training, validate
+    from dprec_torch.training.trainer import Trainer
+
+    extra, max_steps = ROWS[name]
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[*GAUSSIAN, *extra, f"device={device}"])
+    validate(cfg)
+    dev = torch.device(device)
+    t0 = time.perf_counter()
+    fold = instantiate_node(cfg.data).folds[0].to(dev)
+    load_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    setup = setup_training(cfg, fold, dev)
+    sync(dev)
+    setup_s = time.perf_counter() - t0
+    trainer = Trainer(setup.model, setup.optimizer, setup.sampler, setup.epochs)
+    steps = setup.optimizer.context.total_steps if max_steps is None else max_steps
+    trainer._step()  # warm-up (first-call allocations), not timed
+    sync(dev)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        trainer._step()
+    sync(dev)
+    steps_s = time.perf_counter() - t0
+    rmse = float(torch.sqrt(((setup.model.predict(fold.test.users, fold.test.items) - fold.test.values) ** 2).mean()))
+    return {"row": name, "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu",
+            "threads": torch.get_num_threads(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+            "load_s": round(load_s, 3), "setup_s_incl_calibration": round(setup_s, 3), "steps": steps,
+            "steps_s": round(steps_s, 3), "s_per_step": round(steps_s / steps, 5),
+            "setup_plus_steps_s": round(setup_s + steps_s, 3), "test_rmse_after": round(rmse, 4),
+            "epsilon": setup.optimizer.privacy_report()["epsilon"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", nargs="+", default=["ml1m-400"], choices=list(ROWS))
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--out", type=Path, default=None)
+    a = ap.parse_args()
+    for name in a.rows:
+        row = run_row(name, a.device)
+        print(json.dumps(row), flush=True)
+        if a.out is not None:
+            with a.out.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
