@@ -174,7 +174,10 @@ def floor_dataset() -> Ratings:
 
 
 def pnbm_user_cases():
-    return [c for c in CASES if "pnbm" in c.name and c.relation == "user" and c.clip_bound is not None and c.tau is None]
+    """The full-S PNBM cases (the floor D = C is a property of Eq. (2)'s denominator; the low-rank form divides by
+    sqrt(n_u) and has its own clip cases in tests/test_pnbm_lowrank.py)."""
+    return [c for c in CASES if "pnbm" in c.name and "lowrank" not in c.name and c.relation == "user"
+            and c.clip_bound is not None and c.tau is None]
 
 
 @pytest.mark.parametrize("case", pnbm_user_cases(), ids=lambda c: c.name)
