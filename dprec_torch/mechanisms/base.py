@@ -88,6 +88,15 @@ class MechanismOptimizer(Optimizer):
     def add_noise(self) -> None:
         """Perturb ``p.grad`` in place; no noise by default."""
 
+    def add_gaussian_noise_(self, std: float) -> None:
+        """G += N(0, std^2) on every parameter entry (a missing gradient counts as zero), from the secret generator."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                if std > 0:
+                    p.grad.add_(torch.randn(p.shape, generator=self.generator, device=p.device, dtype=p.dtype) * std)
+
     @property
     def grad_divisor(self) -> float:
         """B = E|batch| when the model declares ``gradient_reduction = "mean"``, else 1 (see the module doc)."""

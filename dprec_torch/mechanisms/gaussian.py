@@ -123,12 +123,7 @@ class GaussianDPSGD(MechanismOptimizer):
         """Step 3: G += N(0, (sigma c)^2) on every parameter entry; then notify the accountant."""
         std = self.noise_std
         self.state["mechanism"]["noise_scale"] = std
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                if std > 0:
-                    p.grad.add_(torch.randn(p.shape, generator=self.generator, device=p.device, dtype=p.dtype) * std)
+        self.add_gaussian_noise_(std)
         self.accountant.step(noise_multiplier=self.noise_multiplier, sample_rate=self.sampling_ratio)
 
     # ---------------------------------------------------------- reporting

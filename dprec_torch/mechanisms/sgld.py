@@ -284,14 +284,8 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
         eta / (q N), the chain's own z_t ~ N(0, rho eta) on U (the posterior-sampling form draws z_t in ``apply_update``)."""
         if not self.clipped:
             return
-        std = self.noise_multiplier * self.clip_norm
         self.state["mechanism"]["noise_scale"] = math.sqrt(self.rho * self.eta1)
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                if std > 0:
-                    p.grad.add_(torch.randn(p.shape, generator=self.generator, device=p.device, dtype=p.dtype) * std)
+        self.add_gaussian_noise_(self.noise_multiplier * self.clip_norm)
 
     def account(self) -> None:
         """The clipped chain: record the step (sigma, q) in the Opacus accountant."""

@@ -48,7 +48,7 @@ from dprec_torch.models.pair_kernels import (DEFAULT_BUDGET, PairPlan, build_his
                                              device_budget, pair_sums)
 from dprec_torch.models import pair_numba
 from dprec_torch.models.pair_numba import BACKENDS
-from dprec_torch.models.release import fallback_from_state, fallback_state
+from dprec_torch.models.history import BindsHistory
 from dprec_torch.interfaces import MeanFallback
 
 GRADIENTS = ("exact", "paper_eq5")
@@ -152,7 +152,7 @@ class _SimilarityForm:
 LOWRANK_KEYS = ("rank", "init_std", "clamp_r", "beta_p")
 
 
-class PNBM(_SimilarityForm, nn.Module):
+class PNBM(BindsHistory, _SimilarityForm, nn.Module):
     """Item-item PNBM holding the similarity matrix ``S`` (M x M).
 
     Args:
@@ -231,33 +231,6 @@ class PNBM(_SimilarityForm, nn.Module):
         self.fallback_: MeanFallback | None = None
 
     # ---------------------------------------------------------------- set-up
-    def attach(self, train: Ratings) -> "PNBM":
-        """BUILD from data (before training): bind the histories R_u, r_bar_i := the training means, fallback."""
-        self.bind(train)
-        self.item_means.copy_(train.item_means().to(self.item_means.device))
-        self.fallback_ = MeanFallback(train)
-        return self
-
-    def bind(self, train: Ratings) -> "PNBM":
-        """Bind the users' training histories R_u that Eq. (2) reads; computes nothing from them."""
-        if train.n_items != self.n_items:
-            raise ConfigError(f"model has {self.n_items} items but the data has {train.n_items}")
-        self.history = train
-        self._predict_cache.clear()
-        return self
-
-    def restore(self, train: Ratings, state: dict) -> "PNBM":
-        """RESTORE what was released (models/release.py): S, r_bar and the fallback from ``state``."""
-        self.bind(train)
-        self.load_state_dict(state)
-        return self
-
-    def get_extra_state(self) -> dict:
-        return {"fallback": fallback_state(self.fallback_)}
-
-    def set_extra_state(self, state: dict) -> None:
-        self.fallback_ = fallback_from_state(state["fallback"], self.item_means.device)
-
     @torch.no_grad()
     def project_(self, block: int = 512, compiled: bool = True) -> None:
         """Keep S symmetric with a zero diagonal: S <- (S + S^T) / 2, diag(S) <- 0 (post-processing).

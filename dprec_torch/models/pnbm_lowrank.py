@@ -47,7 +47,7 @@ from dprec_torch.data.ratings import Ratings, RatingScale
 from dprec_torch.errors import ConfigError
 from dprec_torch.interfaces import MeanFallback
 from dprec_torch.models.batching import UserBatch
-from dprec_torch.models.release import fallback_from_state, fallback_state
+from dprec_torch.models.history import BindsHistory
 
 DENOMINATOR_RULE = "n_u^(1/2)"  # d_ui of Eq. (2) in the low-rank form (module docstring)
 
@@ -108,7 +108,7 @@ class _BatchTerms:
     targets_are_history: bool  # user-level batch: the targets ARE the history, in the same order
 
 
-class LowRankPNBM(nn.Module):
+class LowRankPNBM(BindsHistory, nn.Module):
     """PNBM whose similarity is S = U U^T (module docstring). Built by ``PNBM(similarity="lowrank", ...)``.
 
     Args:
@@ -141,33 +141,6 @@ class LowRankPNBM(nn.Module):
         self._predict_cache: dict = {}
 
     # ---------------------------------------------------------------- set-up
-    def attach(self, train: Ratings) -> "LowRankPNBM":
-        """BUILD from data (before training): bind the histories, r_bar := the training means, the fallback."""
-        self.bind(train)
-        self.item_means.copy_(train.item_means().to(self.item_means.device))
-        self.fallback_ = MeanFallback(train)
-        return self
-
-    def bind(self, train: Ratings) -> "LowRankPNBM":
-        """Bind the users' training histories R_u that b_u, y and p_u read; computes nothing from them."""
-        if train.n_items != self.n_items:
-            raise ConfigError(f"model has {self.n_items} items but the data has {train.n_items}")
-        self.history = train
-        self._predict_cache.clear()
-        return self
-
-    def restore(self, train: Ratings, state: dict) -> "LowRankPNBM":
-        """RESTORE what was released (U, r_bar, the fallback) from ``state``; only the histories come from ``train``."""
-        self.bind(train)
-        self.load_state_dict(state)
-        return self
-
-    def get_extra_state(self) -> dict:
-        return {"fallback": fallback_state(self.fallback_)}
-
-    def set_extra_state(self, state: dict) -> None:
-        self.fallback_ = fallback_from_state(state["fallback"], self.item_means.device)
-
     # --------------------------------------------------------------- training
     def _terms(self, batch: UserBatch) -> _BatchTerms:
         """The batch's data terms for the current r_bar (cached on the batch, keyed by r_bar's version)."""
