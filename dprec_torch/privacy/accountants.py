@@ -36,9 +36,10 @@ class Accountant(Protocol):
 
 
 def amplified_epsilon(epsilon: float, sampling_ratio: float) -> float:
-    """Exact amplification of a pure eps-DP step by Poisson subsampling: ln(1 + gamma (e^eps - 1))."""
-    if sampling_ratio >= 1:
-        return epsilon
+    """Exact amplification of a pure eps-DP step by Poisson subsampling: ln(1 + q (e^eps - 1)) (q >= 1: none).
+    The package's one definition (privacy/analysis.py re-exports it)."""
+    if sampling_ratio >= 1 or math.isinf(epsilon):
+        return float(epsilon)
     return math.log1p(sampling_ratio * math.expm1(epsilon))
 
 

@@ -38,16 +38,12 @@ from functools import lru_cache
 from typing import Any
 
 from dprec_torch.errors import ConfigError
+from dprec_torch.privacy.accountants import amplified_epsilon  # noqa: F401 (one definition; re-exported)
 
 USER, RATING = "user", "rating"
 
 
 # --------------------------------------------------------------------------- pure-DP maths
-def amplified_epsilon(epsilon: float, q: float) -> float:
-    """ln(1 + q (e^eps - 1)): a pure eps-DP step on a Poisson(q) sample (q >= 1: no amplification)."""
-    if q >= 1 or math.isinf(epsilon):
-        return float(epsilon)
-    return math.log1p(q * math.expm1(epsilon))
 
 
 def deamplified_epsilon(amplified: float, q: float) -> float:
