@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 from dprec_torch.data.ratings import Fold, Ratings
 from dprec_torch.errors import ConfigError
 from dprec_torch.models.batching import full_batch
-from dprec_torch.training.run import setup_training, train
+from dprec_torch.training.run import setup_training
 from tests.helpers import CONF_DIR, ml100k_available, tiny_fold
 
 ROOT = Path(__file__).resolve().parents[1]
