@@ -12,7 +12,8 @@
   statistics) under the run's relation, and b_u read from u's own training ratings only (joint DP, as
   noisy_gram's offset). It is a SEPARATE, hypothetical release drawn only to score it: it is not part of
   the run's epsilon (publishing it beside the model would spend both by basic composition), its noise is
-  seeded from the run's seed so the figure is reproducible, and only its test metrics are written.
+  secret like the run's own (``seeding.noise_generator``; reproducible only under an explicit ``noise_seed``, so
+  ``evaluate.py`` draws a fresh one otherwise), and only its test metrics are written.
 
 Only test metrics of the references are ever published (``metrics.json["baselines"]``); what each one
 is, and that epsilon does not cover it, is written beside them (:func:`reference_info`) and in the
@@ -37,7 +38,7 @@ from dprec_torch.io import atomic_write_json
 from dprec_torch.predictors.base import BasePredictor, query_pairs
 from dprec_torch.predictors.knn import ItemKNN
 from dprec_torch.privacy.gaussian_release import release_item_means
-from dprec_torch.seeding import make_generator
+from dprec_torch.seeding import noise_generator
 
 log = logging.getLogger(__name__)
 
@@ -85,24 +86,25 @@ def baseline_metrics(fold: Fold, k: int = 900, use_cache: bool = True) -> dict[s
 class DPMeansOffset(BasePredictor):
     """DP item means (Laplace, pure ``epsilon``, under ``relation``) plus each user's own damped offset (module doc).
 
-    Unknown users get r~_i, unknown items the released global mean g. ``seed`` seeds the noise: this is a
-    reference figure, never a release (the run's own mechanisms draw their noise as their reports say).
+    Unknown users get r~_i, unknown items the released global mean g. ``seed`` is the noise seed (None: secret,
+    from the OS entropy source): this is a reference figure, never a release.
     """
 
     name = DP_MEANS
     task = "rating"
 
-    def __init__(self, epsilon: float, relation: str, seed: int, beta: float = DP_MEANS_BETA,
+    def __init__(self, epsilon: float, relation: str, seed: int | None = None, beta: float = DP_MEANS_BETA,
                  prior_std: float = DP_MEANS_PRIOR_STD, device: torch.device | str | None = None) -> None:
         super().__init__(device)
         if not (math.isfinite(epsilon) and epsilon > 0) or relation not in ("user", "rating"):
             raise ValueError(f"DPMeansOffset needs a finite epsilon > 0 and relation user|rating, got {epsilon}, {relation}")
-        self.epsilon, self.relation, self.seed = float(epsilon), relation, int(seed)
+        self.epsilon, self.relation = float(epsilon), relation
+        self.seed = None if seed is None else int(seed)
         self.beta, self.prior_std = float(beta), float(prior_std)
 
     def fit(self, train: Ratings) -> "DPMeansOffset":
         train = self._prepare(train)
-        gen = make_generator(self.seed, "cpu")
+        gen = noise_generator(self.seed, "cpu")
         release = release_item_means(train, self.relation, self.epsilon, self.prior_std, gen, "laplace")
         self.item_avg_, self.global_avg_ = release.means.to(train.device), release.global_mean
         self.noise_std_ = release.noise_std
@@ -138,23 +140,26 @@ def dp_reference_target(report: dict[str, Any], configured_epsilon: Any) -> tupl
     return None
 
 
-def reference_seed(seed: int, fold_index: int) -> int:
-    """The DP reference's noise seed: a stream apart from the run's own generators (seed, seed + 1, ...)."""
-    return (int(seed) * 1_000_003 + 7919 * int(fold_index) + 104_729) % (2**63 - 1)
+def reference_seed(noise_seed: int | None, fold_index: int) -> int | None:
+    """The DP reference's noise seed: None (secret) unless the run's ``noise_seed`` is explicit, then a stream apart
+    from the run's own generators (noise_seed, noise_seed + 1, ...)."""
+    if noise_seed is None:
+        return None
+    return (int(noise_seed) * 1_000_003 + 7919 * int(fold_index) + 104_729) % (2**63 - 1)
 
 
-def dp_reference_metrics(fold: Fold, target: tuple[float, str] | None, seed: int) -> dict[str, dict[str, float]]:
+def dp_reference_metrics(fold: Fold, target: tuple[float, str] | None, noise_seed: int | None) -> dict[str, dict[str, float]]:
     """``{DP_MEANS: test metrics}`` of DP means + offset at ``target`` = (epsilon, relation)
     (:func:`dp_reference_target`) on ``fold``; empty when ``target`` is None."""
     if target is None:
         return {}
-    ref = DPMeansOffset(target[0], target[1], reference_seed(seed, fold.index), device=fold.train.device)
+    ref = DPMeansOffset(target[0], target[1], reference_seed(noise_seed, fold.index), device=fold.train.device)
     return {DP_MEANS: score_predictor(ref.fit(fold.train), fold)}
 
 
-def reference_metrics(fold: Fold, k: int, target: tuple[float, str] | None, seed: int) -> dict[str, dict[str, float]]:
+def reference_metrics(fold: Fold, k: int, target: tuple[float, str] | None, noise_seed: int | None) -> dict[str, dict[str, float]]:
     """Test metrics of every reference for one fold: PCC and COS (cached) and :func:`dp_reference_metrics`."""
-    return {**baseline_metrics(fold, k), **dp_reference_metrics(fold, target, seed)}
+    return {**baseline_metrics(fold, k), **dp_reference_metrics(fold, target, noise_seed)}
 
 
 def reference_info(k: int, target: tuple[float, str] | None) -> dict[str, dict[str, Any]]:
@@ -172,7 +177,7 @@ def reference_info(k: int, target: tuple[float, str] | None) -> dict[str, dict[s
             "epsilon": eps, "delta": 0.0, "relation": relation,
             "what": (f"item means released by the Laplace mechanism at pure eps={eps:g} under the {relation}-level "
                      "relation, plus each user's own offset (joint DP): a separate release at the run's epsilon, drawn "
-                     "only to score it (seeded from the run's seed); not part of the run's epsilon, only its test "
+                     "only to score it (secret noise unless noise_seed is explicit); not part of the run's epsilon, only its test "
                      "metrics are published")}
     return info
 

@@ -104,16 +104,45 @@ def _people_text(people: str | None, cfg: DictConfig) -> str:
     return DESCRIPTIONS.get(people, people)
 
 
+def tuned_source(mechanism: str, model: str) -> str | None:
+    """The dataset named by a ``# chosen_on: <dataset>`` line of ``conf/tuned/<mechanism>_<model>.yaml`` (None: none)."""
+    from dprec_torch.config import CONF_DIR
+
+    path = CONF_DIR / "tuned" / f"{mechanism}_{model}.yaml"
+    if not path.exists():
+        return None
+    for line in path.read_text().splitlines():
+        if line.startswith("# chosen_on:"):
+            return line.split(":", 1)[1].split()[0]
+    return None
+
+
+def defaults_provenance(cfg: DictConfig, people: str | None) -> dict[str, Any]:
+    """Provenance of a run without a preset: the model's defaults and the tuned mechanism file, whose ``chosen_on``
+    line (where there is one) says on whose ratings its numbers were chosen."""
+    model, mech = cfg.model.get("name", "?"), cfg.mechanism.get("name", "?")
+    source = tuned_source(mech, model)
+    files = f"conf/model/{model}.yaml, conf/tuned/{mech}_{model}.yaml"
+    if source is None:
+        return {"source": f"package defaults ({files}) and any command-line values", "chosen_on": "not recorded",
+                "shares_people": "unknown",
+                "statement": f"package defaults (chosen on not recorded; {files}) and any command-line values: "
+                             "if any of them was chosen by looking at results on these people's ratings, that choice is not "
+                             "counted in epsilon"}
+    shared = shares_people(source, people)
+    text = (f"package defaults ({files}), the tuned numbers chosen on {DESCRIPTIONS.get(source, source)}; the training "
+            f"data is {_people_text(people, cfg)}: ")
+    text += ("the same people: that choice read their ratings and is NOT counted in epsilon" if shared is True else
+             "no user in common, so the choice is a fixed input for them (end to end)" if shared is False else
+             f"whether they include any of {DESCRIPTIONS.get(source, source)} is unknown")
+    return {"source": f"package defaults ({files})", "chosen_on": source, "shares_people": shared, "statement": text}
+
+
 def hyperparameter_provenance(cfg: DictConfig) -> dict[str, Any]:
     """Where ``cfg.model``'s hyperparameters came from, for the ``hyperparameters`` entry of the privacy report."""
     people = population(cfg)
     if cfg.get("preset") is None:
-        name = cfg.model.get("name", "?")
-        return {"source": f"package defaults (conf/model/{name}.yaml) and any command-line values", "chosen_on": "not recorded",
-                "shares_people": "unknown",
-                "statement": f"package defaults (chosen on not recorded; conf/model/{name}.yaml) and any command-line values: "
-                             "if any of them was chosen by looking at results on these people's ratings, that choice is not "
-                             "counted in epsilon"}
+        return defaults_provenance(cfg, people)
     choice = preset_choice(cfg)
     source, shared = choice["chosen_on"], choice["shares_people"]
     model = OmegaConf.to_container(cfg.model, resolve=True)

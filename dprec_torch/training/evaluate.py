@@ -141,7 +141,7 @@ def evaluate_run(run_dir: Path, device: torch.device, compare_baselines: bool = 
             fold = loaded.to(device)
             m, done = score_restored(cfg, restore_predictor(cfg, fold, run_dir, device), fold), {}
         # the references on the fold as loaded (train.py scores them on the same split, before any tau cap)
-        b = reference_metrics(loaded.to(device), k, target, int(cfg.seed)) if compare_baselines else {}
+        b = reference_metrics(loaded.to(device), k, target, cfg.get("noise_seed")) if compare_baselines else {}
         records.append({"fold": fold.index, **{f"test_{key}": v for key, v in m.items()}, **done, **({"baselines": b} if b else {})})
         rows.append((fold.index, m, b))
     metrics = {

@@ -373,7 +373,7 @@ def run_experiment(cfg: DictConfig, device: torch.device) -> dict[str, Any]:
     def references(fold: Fold, report: dict[str, Any]) -> dict[str, dict[str, float]]:
         target = dp_reference_target(report, cfg.epsilon)
         return {**shared("baselines", cfg.data, lambda: baseline_metrics(fold, k), fold.index, device, k),
-                **dp_reference_metrics(fold, target, int(cfg.seed))}  # not shared: it depends on epsilon
+                **dp_reference_metrics(fold, target, cfg.get("noise_seed"))}  # not shared: it depends on epsilon
 
     for fold in dataset.folds:
         fold = shared("fold", cfg.data, lambda: fold.to(device), fold.index, device)
