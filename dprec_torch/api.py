@@ -13,7 +13,7 @@
 * :func:`load_run` never re-fits: each fold's model is RESTORED from ``checkpoint_fold<k>.pt``
   (``model.restore``: S / the factors, the item means -- the DP release where the mechanism made one --
   and the fallback all come from the checkpoint; :func:`dprec_torch.training.evaluate.restore_fold`), and
-  each fitted predictor (``noisy_gram``, ``dpals``, ``lowrank_dpsgd``, ``pcc``, ``slope_one``, ...) from its
+  each fitted predictor (``noisy_gram``, ``dpals``, ``pcc``, ``slope_one``, ...) from its
   release ``release_fold<k>.pt`` (:mod:`dprec_torch.predictors.release`: the item side as released; each
   user's own part -- offset, factors, history -- recomputed from that user's ratings in the run's training
   split, as the privacy report's ``release`` entry says; :func:`dprec_torch.training.evaluate.restore_predictor`).

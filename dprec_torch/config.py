@@ -303,7 +303,6 @@ DOMAINS: dict[str, Domain] = {
     "lr_decay": number("(0, 1]", note="per-epoch factor on lr (mechanism=none)"),
     "rating_reg": number("[0, inf)", note="per-visited-rating L2 (mechanism=none, model=mf)"),
     "temperature": number("(0, 1]"),
-    "burn_in_epochs": integer(0),
     "prior_kappa": number("(0, inf)", null=True, note="null = weight_decay as given"),
     "prior_mean": ANY_REAL,
     "e_max": number("(0, inf)", null=True),

@@ -389,12 +389,16 @@ class TrainingMechanism(ReportsPrivacy, Protocol, metaclass=_AttributeProtocolMe
     user-level relation. The SAMPLING unit (Poisson over users or ratings, and the clipping unit) is always
     ``unit``: ``mechanism.unit``, else the relation's unit. ``uses_prior_precision`` (reads SGLD's H);
     ``accountant``, the one place the spent budget lives, saved by ``state_dict`` so a resumed run keeps it.
+    The constructor calibrates; ``prepare(model)`` makes the data-dependent set-up (DP item means, S's start) once,
+    after the model is attached and before any batch is built (a resumed run restores it from the checkpoint instead).
     """
 
     name: str
     relation: str | None
     uses_prior_precision: bool
     accountant: "Accountant | None"
+
+    def prepare(self, model: Any) -> None: ...
 
     def clip_residuals(self, residuals: torch.Tensor, batch: Any = None, model: Any = None) -> torch.Tensor: ...
 

@@ -16,7 +16,7 @@ from dprec_torch.data.custom import load_custom
 from dprec_torch.data.item_features import CSV_HEADER, item_features_of, read_catalog
 from dprec_torch.data.ratings import ITEM_UNIVERSE
 from dprec_torch.errors import ConfigError, DataError
-from dprec_torch.predictors.content import check_item_features
+from dprec_torch.models.content import check_item_features
 from dprec_torch.predictors.noisy_gram import NoisyGram
 from dprec_torch.privacy.scope import item_universe_of
 
@@ -165,7 +165,7 @@ def test_item_features_auto_follows_the_catalogue_and_says_which(tmp_path, caplo
     ratings = write_ratings(tmp_path / "ratings.dat")
     with_cat = load(ratings, write_movies_dat(tmp_path / "movies.dat")).folds[0]
     without = load(ratings, None).folds[0]
-    caplog.set_level(logging.INFO, logger="dprec_torch.predictors.content")
+    caplog.set_level(logging.INFO, logger="dprec_torch.models.content")
     on = NoisyGram(epsilon=1.0, item_features="auto", k=10, seed=1).fit(with_cat.train)
     assert on.features_ is not None and on.privacy_report()["public_item_features"]
     off = NoisyGram(epsilon=1.0, item_features="auto", k=10, seed=1).fit(without.train)
@@ -195,7 +195,7 @@ def test_the_private_rating_preset_runs_without_a_catalogue_and_says_so(tmp_path
     """Without a catalogue the preset (model.item_features: auto) runs with public item features off, and one log
     line says so."""
     ratings = write_ratings(tmp_path / "ratings.dat")
-    caplog.set_level(logging.INFO, logger="dprec_torch.predictors.content")
+    caplog.set_level(logging.INFO, logger="dprec_torch.models.content")
     run = dprec_torch.train([*BASE, f"data.path={ratings}", "+experiment=private_rating", "epsilon=1",
                              f"output_dir={tmp_path / 'run'}"])
     assert run.privacy["public_item_features"] is None

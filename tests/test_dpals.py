@@ -20,7 +20,8 @@ from dprec_torch.predictors.dpals import (
     power_statistics,
     user_residuals,
 )
-from dprec_torch.privacy.gaussian_release import per_user_sample, total_mu
+from dprec_torch.data.preprocess import per_user_sample
+from dprec_torch.privacy.calibration import calibrate_gaussian
 from dprec_torch.training.run import instantiate_node
 from tests.contract import PredictorContract
 from tests.helpers import CONF_DIR, tiny_fold
@@ -32,7 +33,7 @@ TOL = 1e-9
 def released(r, means, v, m, gu, gr, reg=1.0, beta_p=5.0, seed=0):
     """The pre-noise vector one ALS round releases: (triangles of A_j, b_j) over all items."""
     _, y = user_residuals(r, means, beta_p, gr)
-    keep = per_user_sample(r.users, r.items, m, seed)
+    keep = per_user_sample(r, m, seed, hash="lehmer")
     a, b = als_round_statistics(r, y, keep, v, reg, gu)
     iu = torch.triu_indices(v.shape[1], v.shape[1])
     return torch.cat([a[:, iu[0], iu[1]].reshape(-1), b.reshape(-1)])
@@ -40,7 +41,7 @@ def released(r, means, v, m, gu, gr, reg=1.0, beta_p=5.0, seed=0):
 
 def power_released(r, means, q, m, gr, beta_p=5.0, seed=0):
     _, y = user_residuals(r, means, beta_p, gr)
-    keep = per_user_sample(r.users, r.items, m, seed)
+    keep = per_user_sample(r, m, seed, hash="lehmer")
     return power_statistics(r, y, keep, q, gr * math.sqrt(m))
 
 
@@ -49,11 +50,11 @@ def power_released(r, means, q, m, gr, beta_p=5.0, seed=0):
 @given(data=st.data(), m=st.integers(1, 4), seed=st.integers(0, 10**6))
 def test_sample_is_capped_and_a_function_of_the_users_own_ratings(data, m, seed):
     r = data.draw(datasets())
-    keep = per_user_sample(r.users, r.items, m, seed)
+    keep = per_user_sample(r, m, seed, hash="lehmer")
     assert int(torch.bincount(r.users[keep], minlength=r.n_users).max()) <= m
     other = data.draw(st.integers(0, r.n_users - 1))
     r1 = without_user(r, other)
-    keep1 = per_user_sample(r1.users, r1.items, m, seed)
+    keep1 = per_user_sample(r1, m, seed, hash="lehmer")
     assert torch.equal(keep[r.users != other], keep1)  # nobody else's selection moved
 
 
@@ -120,7 +121,7 @@ def test_whole_run_composes_to_the_target(mean_noise, relation):
     assert m.als_std_ == pytest.approx(als_sensitivity(m.max_ratings_per_user, 1.0, 1.0, relation) / mus["als"], rel=1e-12)
     if mean_noise == "gaussian":
         gauss = math.sqrt(sum(mus[k] ** 2 * n for k, (_, n) in m.plan_.items()))
-        assert gauss == pytest.approx(total_mu(2.0, 1e-6), rel=1e-9)
+        assert gauss == pytest.approx(calibrate_gaussian(2.0, 1e-6, accountant="gdp").mu, rel=1e-9)
 
 
 # ------------------------------------------------------------------ predictor

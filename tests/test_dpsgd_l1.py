@@ -11,7 +11,7 @@ from hydra import compose, initialize_config_dir
 from dprec_torch.errors import ConfigError
 from dprec_torch.mechanisms.context import TrainingContext
 from dprec_torch.mechanisms.dpsgd_l1 import ClippedLaplaceDPSGD
-from dprec_torch.models.batching import PoissonBatchSampler, full_batch
+from dprec_torch.models.batching import PoissonBatchSampler, full_batch, poisson_steps_per_epoch
 from dprec_torch.models.mf import MF
 from dprec_torch.models.pnbm import PNBM
 from dprec_torch.privacy.analysis import amplified_epsilon
@@ -24,11 +24,13 @@ def setup(q: float = 0.2, epochs: int = 1, epsilon: float = 1.0, **kw):
     fold = tiny_fold()
     train = fold.train
     model = PNBM(train.n_items, floor_c=2.0, seed=0).attach(train)
-    sampler = PoissonBatchSampler(train, model.item_means, q, "user", make_generator(5))
-    ctx = TrainingContext(total_steps=epochs * sampler.steps_per_epoch(), steps_per_epoch=sampler.steps_per_epoch(),
+    steps = poisson_steps_per_epoch(q)
+    ctx = TrainingContext(total_steps=epochs * steps, steps_per_epoch=steps,
                           n_ratings=len(train), n_users=train.n_users, scale=train.scale,
                           entry_bound=model.gradient_entry_bound)
     opt = ClippedLaplaceDPSGD(model.parameters(), ctx, epsilon, sampling_ratio=q, seed=3, **kw)
+    opt.prepare(model)  # the DP item means and S's start, before any batch (as setup_training does)
+    sampler = PoissonBatchSampler(train, model.item_means, q, "user", make_generator(5))
     return fold, model, sampler, opt
 
 
@@ -98,19 +100,25 @@ def test_rating_relation_doubles_the_sgd_part():
     assert opt.privacy_report()["relation"] == "rating"
 
 
-def test_dp_item_means_replace_the_exact_ones_and_the_cached_batch_is_recentred():
-    fold, model, sampler, opt = setup(q=1.0, epochs=1, epsilon=1.0)
-    exact = fold.train.item_means()
+def test_prepare_releases_the_dp_item_means_before_any_batch():
+    """The constructor only calibrates; prepare() releases r_bar (and sets S) once, before the sampler builds a batch,
+    so every batch is centred by the DP means (no batch is repaired afterwards)."""
+    fold = tiny_fold()
+    model = PNBM(fold.train.n_items, floor_c=2.0, seed=0).attach(fold.train)
+    ctx = TrainingContext(total_steps=1, steps_per_epoch=1, n_ratings=len(fold.train), n_users=fold.train.n_users,
+                          scale=fold.train.scale, entry_bound=model.gradient_entry_bound)
+    exact, start = fold.train.item_means(), model.S.detach().clone()
+    opt = ClippedLaplaceDPSGD(model.parameters(), ctx, 1.0, sampling_ratio=1.0, seed=3)
+    assert torch.equal(model.item_means, exact) and torch.equal(model.S.detach(), start) and opt.mean_release is None
+    opt.prepare(model)
     assert not torch.allclose(model.item_means, exact)  # released with noise
     S = model.S.detach()
     assert torch.equal(S.diagonal(), torch.zeros(model.n_items)) and float(S[0, 1]) == 1.0  # constant init
-    batch = sampler.sample()  # cached before the mechanism existed: centred by the exact means
-    assert not torch.allclose(batch.x.values(), batch.values - model.item_means[batch.items])
-    res = (model.batch_predict(batch) - batch.values).detach()
-    opt.clip_residuals(res, batch, model)
-    fresh = full_batch(fold.train, model.item_means)
-    assert torch.equal(batch.x.values(), fresh.x.values())  # now centred by the DP means
+    batch = PoissonBatchSampler(fold.train, model.item_means, 1.0, "user", make_generator(5)).sample()
+    assert torch.equal(batch.x.values(), full_batch(fold.train, model.item_means).x.values())  # centred by the DP means
     assert model.fallback_.global_mean == pytest.approx(opt.mean_release.global_mean)
+    with pytest.raises(RuntimeError, match="release the item means again"):
+        opt.prepare(model)
 
 
 def test_diagonal_is_dropped_before_the_noise():
@@ -208,6 +216,7 @@ def test_group_factor_covers_a_changed_rating(unit, relation, group):
     ctx = TrainingContext(total_steps=steps, steps_per_epoch=2, n_ratings=len(train), n_users=train.n_users,
                           scale=train.scale)
     opt = ClippedLaplaceDPSGD(model.parameters(), ctx, 1.0, sampling_ratio=q, unit=unit, relation=relation, model=model)
+    opt.prepare(model)
     assert opt.group == group
     # the defended epsilon is the configured one once the factor is applied
     assert composed_epsilon(opt.step_epsilon, q, steps, 0.0, group) == pytest.approx(1.0)

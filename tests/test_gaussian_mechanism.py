@@ -17,7 +17,8 @@ from dprec_torch.mechanisms.context import TrainingContext
 from dprec_torch.mechanisms.gaussian import GaussianDPSGD
 from dprec_torch.models.batching import PoissonBatchSampler
 from dprec_torch.models.mf import MF
-from dprec_torch.privacy.opacus_accounting import RDP_ORDERS, OpacusAccountant, noise_multiplier_for
+from dprec_torch.privacy.calibration import calibrate_gaussian
+from dprec_torch.privacy.opacus_accounting import RDP_ORDERS, OpacusAccountant
 from dprec_torch.seeding import make_generator
 from tests.helpers import tiny_fold
 
@@ -130,7 +131,7 @@ def test_mechanism_epsilon_spent_tracks_the_accountant():
 
 def test_small_epsilon_is_reachable_at_small_delta():
     # Opacus's default orders stop at 63, which cannot certify eps < log(1e6)/62 = 0.22
-    sigma = noise_multiplier_for(0.1, 1e-6, 0.02, 500)
+    sigma = calibrate_gaussian(0.1, 1e-6, 0.02, 500, search="opacus").sigma
     acc = OpacusAccountant("rdp")
     acc.step(sigma, 0.02, steps=500)
     assert 0.09 <= acc.get_epsilon(1e-6) <= 0.1

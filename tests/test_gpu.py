@@ -52,3 +52,25 @@ def test_every_pnbm_mechanism_same_rmse_on_cuda(mechanism, tmp_path):
                                  f"device={dev}", "compare_baselines=false", "tensorboard=false", f"output_dir={tmp_path / dev}"])
         rmse.append(run.metrics["test_rmse"])
     assert abs(rmse[0] - rmse[1]) <= RMSE_TOL, rmse
+
+
+@pytest.mark.parametrize("mechanism", ["none", "gaussian", "dpsgd", "sgld"])
+def test_lowrank_pnbm_trains_on_cuda_like_the_cpu(mechanism, tmp_path):
+    """Issue 27: ``model=pnbm_lowrank`` through the Trainer on CUDA. At epsilon = inf and full batches no random draw
+    differs between the devices (U_0 is drawn on the CPU), so the test RMSE matches the CPU's; a private run on CUDA
+    reports the typed epsilon and ``load_run`` reproduces its released model's test RMSE there."""
+    import dprec_torch
+
+    rmse = []
+    for dev in ("cpu", "cuda"):
+        run = dprec_torch.train(["data=synthetic", "model=pnbm_lowrank", f"mechanism={mechanism}", "epsilon=inf",
+                                 "mechanism.epochs=2", "mechanism.sampling_ratio=1", f"device={dev}", "compare_baselines=false",
+                                 "tensorboard=false", f"output_dir={tmp_path / dev}"])
+        rmse.append(run.metrics["test_rmse"])
+    assert abs(rmse[0] - rmse[1]) <= RMSE_TOL, rmse
+    if mechanism != "none":
+        run = dprec_torch.train(["data=synthetic", "model=pnbm_lowrank", f"mechanism={mechanism}", "epsilon=8",
+                                 "mechanism.epochs=2", "device=cuda", "compare_baselines=false", "tensorboard=false",
+                                 f"output_dir={tmp_path / 'private'}"])
+        assert run.metrics["privacy"]["epsilon"] <= 8.0 + 1e-9
+        assert run.evaluate()["test_rmse"] == pytest.approx(run.metrics["test_rmse"], abs=1e-6)

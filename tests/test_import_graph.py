@@ -27,6 +27,11 @@ never run (annotations only). Hydra ``_target_`` strings are not imports either.
 
 Target (issue 16): no cycle, at most :data:`MAX_UPWARD` import running back up (a same-layer import counts).
 A new unit must be added to :data:`LAYERS`, or this test fails.
+
+The same rules hold between MODULES (issue 26, 5; :func:`module_import_edges`): no cycle even inside one unit (the
+unit graph drops same-unit edges, so ``privacy_harness.registry`` <-> its case modules and ``mechanisms.base`` <->
+``mechanisms.context`` went unseen), and at most :data:`MAX_UPWARD` import STATEMENT running back up the layers.
+Function-level imports count there too (see :func:`module_import_edges` for why).
 """
 
 from __future__ import annotations
@@ -189,3 +194,97 @@ def test_the_checks_catch_a_cycle_and_a_function_level_import(tmp_path):
     assert edges[("privacy", "mechanisms")] == [f"{PACKAGE}/privacy/cases.py:2"]
     assert cycles(edges) == [["mechanisms", "privacy"]]
     assert list(upward(edges)) == [("privacy", "mechanisms")]
+
+
+# ------------------------------------------------------------------ modules (issue 26, 5: one house)
+def _modules(src_root: Path) -> dict[str, tuple[Path, list[str]]]:
+    """``{dotted module: (path, the package a relative import in it starts from)}``; a package's ``__init__``
+    is the package's own node."""
+    out = {}
+    for path in sorted((src_root / PACKAGE).rglob("*.py")):
+        parts = list(path.relative_to(src_root).with_suffix("").parts)
+        package_parts = parts[:-1]
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = (path, package_parts)
+    return out
+
+
+def module_import_edges(src_root: Path) -> dict[tuple[str, str], list[str]]:
+    """``{(importer module, imported module): ["path:line", ...]}`` between the package's own modules.
+
+    The same imports as :func:`import_edges`: at module level AND inside functions (decided: a function-level
+    import runs whenever its function does, so it is as real a dependency, and the circles this test was written
+    for -- ``mechanisms.context`` importing ``mechanisms.base`` inside ``prior_precision_for``, the harness
+    registry importing its case modules on first lookup -- were function-level ones); ``if TYPE_CHECKING:``
+    imports are left out (they never run). The imported module is the longest prefix of the import that is a
+    module of the package (``from dprec_torch.privacy_harness import sensitivity_cases`` -> that submodule,
+    ``from dprec_torch.models.batching import full_batch`` -> ``dprec_torch.models.batching``). The root
+    ``dprec_torch/__init__.py`` is left out, as in :func:`import_edges` (it re-exports the api, above every layer).
+    """
+    mods = _modules(src_root)
+
+    def resolve(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    edges: dict[tuple[str, str], list[str]] = {}
+    for src, (path, package_parts) in mods.items():
+        if src == PACKAGE:
+            continue
+        for node in _imports(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                base = package_parts[:len(package_parts) - node.level + 1] if node.level else []
+                module = ".".join(base + ([node.module] if node.module else []))
+                targets = [f"{module}.{a.name}" if f"{module}.{a.name}" in mods else module for a in node.names]
+            for target in targets:
+                dst = resolve(target)
+                if dst is not None and dst not in (src, PACKAGE):
+                    edges.setdefault((src, dst), []).append(f"{path.relative_to(src_root)}:{node.lineno}")
+    return edges
+
+
+def upward_imports(edges) -> list[str]:
+    """Every import statement (``path:line``) between modules of two units that does not run down :data:`LAYERS`."""
+    return [where for (a, b), places in sorted(edges.items()) for where in places
+            if _unit(a) != _unit(b) and RANK[_unit(b)] >= RANK[_unit(a)]]
+
+
+def test_no_import_cycle_between_modules():
+    """Inside a unit too: the harness registry imports its case modules, never the reverse (they import the case
+    types from ``privacy_harness.case``); ``mechanisms.base`` imports ``mechanisms.context``, never the reverse."""
+    found = cycles(module_import_edges(ROOT))
+    assert not found, f"import cycles between dprec_torch modules: {found}"
+
+
+def test_at_most_one_module_import_runs_back_up_the_layers():
+    """The unit rule counted per import statement: at most :data:`MAX_UPWARD` of them runs back up the layers."""
+    up = upward_imports(module_import_edges(ROOT))
+    assert len(up) <= MAX_UPWARD, f"imports running back up LAYERS: {up}"
+
+
+def test_the_module_checks_catch_a_cycle_inside_a_unit(tmp_path):
+    """The module-level detector: a function-level import closing a circle inside one unit is a cycle (the unit
+    graph cannot see it); the same import under ``if TYPE_CHECKING:`` is not; a submodule named in ``from pkg import``
+    is the edge's target."""
+    pkg = tmp_path / PACKAGE
+    (pkg / "privacy_harness").mkdir(parents=True)
+    (pkg / "mechanisms").mkdir()
+    for init in (pkg, pkg / "privacy_harness", pkg / "mechanisms"):
+        (init / "__init__.py").write_text("")
+    (pkg / "privacy_harness" / "registry.py").write_text("from dprec_torch.privacy_harness import cases\n")
+    (pkg / "privacy_harness" / "cases.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                                      "    from dprec_torch.privacy_harness.registry import X\n")
+    (pkg / "mechanisms" / "base.py").write_text("")
+    edges = module_import_edges(tmp_path)
+    assert set(edges) == {(f"{PACKAGE}.privacy_harness.registry", f"{PACKAGE}.privacy_harness.cases")}
+    assert not cycles(edges) and not upward_imports(edges) and not cycles(import_edges(tmp_path))
+    (pkg / "privacy_harness" / "cases.py").write_text("def build():\n    from .registry import X\n")
+    (pkg / "mechanisms" / "base.py").write_text("def f():\n    from dprec_torch.privacy_harness.registry import Y\n")
+    edges = module_import_edges(tmp_path)
+    assert cycles(edges) == [[f"{PACKAGE}.privacy_harness.cases", f"{PACKAGE}.privacy_harness.registry"]]
+    assert not cycles(import_edges(tmp_path))  # one unit: invisible to the unit graph
+    assert upward_imports(edges) == [f"{PACKAGE}/mechanisms/base.py:2"]

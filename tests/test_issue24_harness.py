@@ -57,16 +57,17 @@ def test_a_rebuilt_neighbour_shifts_the_ids_and_keeps_the_raw_keys():
 def test_dpals_per_user_sample_survives_a_rebuilt_id_map(monkeypatch):
     """DP-ALS's "at most m ratings per user" sample was keyed by the contiguous user id: removing user 0 and
     rebuilding the map re-drew user 1's sample and moved the ALS round past the user-level bound (0.93 > 0.86).
-    Keyed by the raw ids (per_user_sample_of), the round moves by user 0's contribution only."""
-    from dprec_torch.privacy import gaussian_release
+    Keyed by the raw ids (per_user_sample reads them from data.meta), the round moves by user 0's contribution only."""
+    from dprec_torch.data import preprocess
     from dprec_torch.privacy_harness import learned_similarity_cases
 
     name = "dpals als user m=2 Gu=0.3 Gr=2 d=3"
     data = _data([([1, 0, 2, 6], [1, 1, 1, 5]), ([0, 1, 2, 5], [1, 1, 1, 1])], 8)
     assert check_case(_case(name), data, 0, pick(0))
-    contiguous = gaussian_release.per_user_sample  # the old keying: by the contiguous ids
-    monkeypatch.setattr(gaussian_release, "per_user_sample_of",
-                        lambda train, m, seed: contiguous(train.users, train.items, m, seed))
+    raw_keyed = preprocess.per_user_sample
+    monkeypatch.setattr(preprocess, "per_user_sample",  # the old keying: by the contiguous ids
+                        lambda train, m, seed, **kw: raw_keyed(train, m, seed, user_keys=torch.arange(train.n_users),
+                                                               item_keys=torch.arange(train.n_items), **kw))
     old = next(c for c in learned_similarity_cases.dpals_cases() if c.name == name)
     with pytest.raises(AssertionError, match=f"remove user 0, {REBUILT} moved the release"):
         check_case(old, data, 0, pick(0))
@@ -165,7 +166,7 @@ ALLOWED = [  # user level (the filter and the cap are per-user functions) and va
     "gaussian mf unit=user", "gaussian pnbm unit=user dense/torch", "sgld mf tau=3",
     "noisy_gram item stats user gaussian", "noisy_gram item stats user laplace", "noisy_gram gram user B=2 c=3 clip",
     "dpals item stats user gaussian", "dpals als user m=3 Gu=1 Gr=1 d=2", "dpals power user m=3 Gu=1 Gr=1 d=2",
-    "lowrank_dpsgd step C=1 Gr=1 d=2 scale=1", "lowrank_dpsgd popularity counts user",
+    "gaussian lowrank-pnbm step C=0.5 d=2 U-scale=1 Gr=1", "gaussian lowrank-pnbm item means gaussian gamma=0.5",
     "dpsgd mf (residual perturbation)", "laplace_output slope_one T=2 phi_m=1", "laplace_output cosine_implicit T=2",
 ]
 

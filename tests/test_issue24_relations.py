@@ -147,7 +147,7 @@ def test_a_boolean_key_given_a_non_boolean_is_an_error(overrides, bad, good):
     check_config(_cfg(*overrides, good))
 
 
-@pytest.mark.parametrize("model", ["noisy_gram", "lowrank_dpsgd"])
+@pytest.mark.parametrize("model", ["noisy_gram", "pnbm_lowrank"])
 def test_item_features_maybe_is_an_error_not_truthy(model):
     """item_features may also take a word (``auto``): a value that is neither is refused before any data is read."""
     from dprec_torch.config import instantiate_node

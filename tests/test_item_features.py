@@ -161,22 +161,40 @@ def test_audit_canaries_carry_the_features_with_zero_rows_for_canary_items(kind)
     assert torch.isfinite(model.personalise(cs.known()).predict(cs.target_user, cs.target_item)).all()
 
 
-def test_lowrank_dpsgd_with_public_features_keeps_its_accounting_and_gains_where_ratings_follow_them():
-    from dprec_torch.predictors.lowrank_dpsgd import LowRankDPSGD
+@pytest.mark.parametrize("mech", ["gaussian", "dpsgd"])
+def test_lowrank_pnbm_with_public_features_keeps_its_accounting_and_gains_where_ratings_follow_them(tmp_path, mech):
+    """``model=pnbm_lowrank model.item_features=true`` (issue 27, item 4): each user's own weights on the public
+    features; the mechanism's noise and epsilon are the same as without them, and the error falls where the ratings
+    follow the features."""
+    from hydra import compose, initialize_config_dir
 
-    train, test, _ = genre_world(n_genres=6)  # more taste directions than the d = 1 factor can learn
-    kw = dict(epsilon=5.0, dim=1, steps=30, sampling_ratio=0.5, clip=1.0, lr=1.0, seed=0)
-    plain, feat = LowRankDPSGD(**kw).fit(train), LowRankDPSGD(**kw, item_features=True).fit(train)
-    assert feat.noise_multiplier_ == plain.noise_multiplier_ and feat.mean_multiplier_ == plain.mean_multiplier_
-    rp, rf = plain.privacy_report(), feat.privacy_report()
-    assert rp["epsilon_accountant"] == rf["epsilon_accountant"] and rf["sensitivity"] == rp["sensitivity"]
-    assert rp["public_item_features"] is None and "costs no privacy" in rf["public_item_features"]
-    assert _rmse(feat, test) < _rmse(plain, test) - 0.03
+    from dprec_torch.data.ratings import Fold
+    from dprec_torch.models.pnbm_lowrank import LowRankPNBM
+    from dprec_torch.training.run import train_fold
+    from tests.helpers import CONF_DIR
+
+    train, test, _ = genre_world(n_genres=6)  # more taste directions than the rank-1 U can learn
+    fold = Fold(1, train, test, "genre world")
+    reports, rmse = {}, {}
+    for feats in ("false", "true"):
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            cfg = compose(config_name="config", overrides=[
+                "model=pnbm_lowrank", "model.rank=1", f"model.item_features={feats}", f"mechanism={mech}", "epsilon=5",
+                "mechanism.epochs=6", "mechanism.sampling_ratio=0.5", "noise_seed=0", "device=cpu", "tensorboard=false",
+                "compare_baselines=false"])
+        rec = train_fold(cfg, fold, tmp_path / feats, torch.device("cpu"))
+        reports[feats], rmse[feats] = rec["privacy"], rec["test_rmse"]
+    plain, feat = reports["false"], reports["true"]
+    assert feat["epsilon"] == plain["epsilon"] and feat["epsilon_spent"] == plain["epsilon_spent"]
+    assert feat.get("noise_multiplier") == plain.get("noise_multiplier")
+    public = " ".join(feat["scope"]["treated_as_public"])
+    assert "costs no privacy" in public and "costs no privacy" not in " ".join(plain["scope"]["treated_as_public"])
+    assert rmse["true"] < rmse["false"] - 0.03, rmse
     bare = Ratings(train.users, train.items, train.values, train.n_users, train.n_items, SCALE)
     with pytest.raises(DataError, match="item_features=true needs public item metadata"):
-        LowRankDPSGD(epsilon=1.0, item_features=True).fit(bare)
+        LowRankPNBM(train.n_items, item_features=True).attach(bare)
     with pytest.raises(ConfigError, match="feature_reg"):
-        LowRankDPSGD(item_features=True, feature_reg=-1.0)
+        LowRankPNBM(train.n_items, item_features=True, feature_reg=-1.0)
 
 
 def test_synthetic_data_carries_random_public_genres():

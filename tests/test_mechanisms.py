@@ -86,7 +86,9 @@ def sgld(**kw) -> tuple[torch.nn.Parameter, ScaledPosteriorSGLD]:
     p = torch.nn.Parameter(torch.zeros(400, 400))
     args = dict(epsilon=20.0, lr=0.5, decay=0.3, temperature=0.004, weight_decay=0.0, max_user_ratings=200, seed=0)
     args.update(kw)
-    return p, ScaledPosteriorSGLD([p], context(), **args)
+    opt = ScaledPosteriorSGLD([p], context(), **args)
+    opt.prepare(None)  # no model in the context: only the chain's start (p x init_scale)
+    return p, opt
 
 
 def test_sgld_step_size_schedule():

@@ -241,11 +241,12 @@ def test_restore_takes_everything_from_the_state_and_nothing_from_the_data(fallb
 def test_pnbm_restore_keeps_the_released_item_means():
     """A PNBM whose item means were replaced (a DP release) is restored with THOSE means and fallback."""
     from dprec_torch.models.pnbm import PNBM
-    from dprec_torch.privacy.item_means import DPItemMeans, install_item_means
+    from dprec_torch.privacy.item_means import ItemMeansRelease, ItemMeansSpec, install_item_means
 
     fold = tiny_fold()
     m = PNBM(fold.train.n_items, floor_c=1.0, seed=0).attach(fold.train)
-    released = DPItemMeans(torch.linspace(1, 5, fold.train.n_items, dtype=torch.float64), 3.3, "user", "laplace", 1.0)
+    released = ItemMeansRelease(torch.linspace(1, 5, fold.train.n_items, dtype=torch.float64), 3.3,
+                                ItemMeansSpec("centred", "user", "laplace"), epsilon=1.0)
     install_item_means(m, released)
     users, items = fold.test.users, fold.test.items
     r = PNBM(fold.train.n_items, floor_c=1.0, seed=1).restore(fold.train, m.state_dict())

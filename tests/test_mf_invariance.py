@@ -136,6 +136,8 @@ def test_mf_sgld_step_is_normalised_by_the_number_of_ratings():
     kw = dict(epsilon=10.0, lr=2.0, decay=0.5, temperature=1.0, weight_decay=1.0, sampling_ratio=1.0, likelihood_bound="model")
     mean = ScaledPosteriorSGLD(model.parameters(), _context(train, 1.0, len(train), model=model), **kw)
     summed = ScaledPosteriorSGLD(model.parameters(), _context(train, 1.0, len(train), "sum", model), **kw)
+    mean.prepare(model)
+    summed.prepare(model)
     assert summed.step_size(4) == pytest.approx(2.0 * 4**-0.5)
     assert mean.step_size(4) == pytest.approx(2.0 * 4**-0.5 / len(train))
     assert mean.noise_std(4) == pytest.approx(math.sqrt(mean.step_size(4)))  # Langevin: noise follows the step

@@ -15,18 +15,15 @@ from dprec_torch.data.ratings import Ratings, RatingScale
 from dprec_torch.errors import ConfigError
 from dprec_torch.predictors.mcsherry import analytic_gaussian_sigma
 from dprec_torch.predictors.noisy_gram import NoisyGram, gram, gram_sensitivity, restrict_to_support, triangle, unit_vectors
-from dprec_torch.privacy.gaussian_release import (
+from dprec_torch.privacy.calibration import calibrate_gaussian, gaussian_epsilon, gdp_delta, gdp_epsilon, split_mu
+from dprec_torch.privacy.item_means import (
     ITEM_STATS_SENSITIVITY,
-    gdp_delta,
-    gdp_epsilon,
+    ItemMeansSpec,
     item_stats,
     item_stats_sensitivity,
     pooled_counts,
     popularity_counts,
-    rdp_epsilon,
     release_item_means,
-    split_mu,
-    total_mu,
 )
 from dprec_torch.training.run import instantiate_node
 from tests.contract import PredictorContract
@@ -214,8 +211,8 @@ def test_support_restriction_keeps_only_support_items():
 
 # ------------------------------------------------------------------ calibration
 @pytest.mark.parametrize("eps", [0.1, 1.0, 10.0])
-def test_total_mu_matches_the_analytic_gaussian(eps):
-    mu = total_mu(eps, 1e-6)
+def test_gdp_calibration_matches_the_analytic_gaussian(eps):
+    mu = calibrate_gaussian(eps, 1e-6, accountant="gdp").mu
     assert gdp_delta(mu, eps) <= 1e-6
     assert 1.0 / mu == pytest.approx(analytic_gaussian_sigma(1.0, eps, 1e-6), rel=1e-6)
     assert gdp_epsilon(mu, 1e-6) == pytest.approx(eps, rel=1e-6)
@@ -224,7 +221,7 @@ def test_total_mu_matches_the_analytic_gaussian(eps):
 @settings(max_examples=30, deadline=None)
 @given(eps=st.floats(0.05, 30.0), frac=st.floats(0.05, 0.95), steps=st.integers(1, 6))
 def test_split_composes_back_to_the_target(eps, frac, steps):
-    mu = total_mu(eps, 1e-6)
+    mu = calibrate_gaussian(eps, 1e-6, accountant="gdp").mu
     parts = split_mu(mu, {"a": (frac, 1), "b": (1 - frac, steps)})
     composed = math.sqrt(parts["a"] ** 2 + steps * parts["b"] ** 2)
     assert composed == pytest.approx(mu, rel=1e-9)
@@ -232,9 +229,10 @@ def test_split_composes_back_to_the_target(eps, frac, steps):
 
 
 def test_rdp_crosscheck_is_no_tighter_than_exact():
-    mu = total_mu(1.0, 1e-6)
+    mu = calibrate_gaussian(1.0, 1e-6, accountant="gdp").mu
     parts = split_mu(mu, {"a": (0.3, 1), "b": (0.7, 1)})
-    assert rdp_epsilon({k: (v, 1) for k, v in parts.items()}, 1e-6) >= 1.0 - 1e-6
+    assert gaussian_epsilon([(1.0 / v, 1.0, 1) for v in parts.values()], 1e-6) >= 1.0 - 1e-6
+    assert gaussian_epsilon([(1.0 / v, 1.0, 1) for v in parts.values()], 1e-6, "gdp") == pytest.approx(1.0, rel=1e-6)
 
 
 @settings(max_examples=80, deadline=None)
@@ -258,15 +256,16 @@ def test_popularity_weighted_stats_and_counts_move_within_their_sensitivity(data
 def test_popularity_release_splits_the_callers_mu_exactly_and_needs_gaussian_noise():
     fold = tiny_fold()
     mu = 0.8
-    rel = release_item_means(fold.train, "user", mu, 0.5, torch.Generator().manual_seed(0), "gaussian", None, 0.5, 0.2)
+    spec = ItemMeansSpec(relation="user", popularity_alpha=0.5, popularity_share=0.2)
+    rel = release_item_means(fold.train, spec, torch.Generator().manual_seed(0), mu=mu)
     mu0 = 1.0 / rel.details["popularity_noise_std"]  # stage 0: sensitivity 1
     mu1 = rel.sensitivity / rel.noise_std
     assert mu0 ** 2 + mu1 ** 2 == pytest.approx(mu ** 2, rel=1e-12)
     assert "re-weighted" in rel.describe()
-    plain = release_item_means(fold.train, "user", mu, 0.5, torch.Generator().manual_seed(0))
+    plain = release_item_means(fold.train, ItemMeansSpec(relation="user"), torch.Generator().manual_seed(0), mu=mu)
     assert plain.sensitivity / plain.noise_std == pytest.approx(mu) and "re-weighted" not in plain.describe()
     with pytest.raises(ConfigError):
-        release_item_means(fold.train, "user", 1.0, 0.5, torch.Generator(), "laplace", None, 0.5)
+        ItemMeansSpec(relation="user", noise="laplace", popularity_alpha=0.5)
     with pytest.raises(ConfigError):
         NoisyGram(relation="user", mean_noise="gaussian", mean_popularity_alpha=0.5, mean_popularity_share=1.0)
 
@@ -283,7 +282,8 @@ def test_popularity_weighting_lowers_the_error_of_user_level_means():
     def err(alpha: float) -> float:
         tot = 0.0
         for seed in range(20):
-            rel = release_item_means(train, "user", 2.0, 0.5, torch.Generator().manual_seed(seed), "gaussian", 0.5, alpha, 0.1)
+            spec = ItemMeansSpec(relation="user", count_weight=0.5, popularity_alpha=alpha)
+            rel = release_item_means(train, spec, torch.Generator().manual_seed(seed), mu=2.0)
             tot += float((counts[seen] * (rel.means.double()[seen] - exact[seen]) ** 2).sum() / counts[seen].sum())
         return tot / 20
 
@@ -302,7 +302,7 @@ def test_pooled_counts_weigh_the_two_measurements_by_their_variance():
 
 def test_means_at_zero_noise_are_the_exact_means():
     fold = tiny_fold()
-    rel = release_item_means(fold.train, "rating", math.inf, 0.5, torch.Generator().manual_seed(0))
+    rel = release_item_means(fold.train, ItemMeansSpec(relation="rating"), torch.Generator().manual_seed(0), epsilon=math.inf)
     seen = fold.train.item_counts() > 0
     assert torch.allclose(rel.means[seen], fold.train.item_means()[seen], atol=1e-5)
 
@@ -370,7 +370,7 @@ def test_pnbm_estimator_beats_means_without_noise_and_costs_no_budget():
 def test_noise_std_follows_the_calibration():
     fold = tiny_fold()
     m = NoisyGram(epsilon=2.0, relation="rating", clamp_b=1.5, mean_noise="gaussian", mean_fraction=0.25).fit(fold.train)
-    mu = total_mu(2.0, 1e-6)
+    mu = calibrate_gaussian(2.0, 1e-6, accountant="gdp").mu
     assert m.noise_std_ == pytest.approx(2 * 1.5**2 / (mu * math.sqrt(0.75)), rel=1e-9)
     rep = m.privacy_report()
     assert rep["epsilon_exact"] == pytest.approx(2.0, rel=1e-6)

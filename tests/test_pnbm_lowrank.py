@@ -1,6 +1,8 @@
-"""The low-rank PNBM (``model=pnbm model.similarity=lowrank``, S = U U^T; issue 27): its equations, its mechanisms
-(``gaussian``, the clipped ``sgld`` chain, ``dpsgd``), the SGLD accountant against an independent one, and the
-Trainer path (train, kill + resume, ``load_run``)."""
+"""The low-rank PNBM (``model=pnbm model.similarity=lowrank``, S = U U^T; issue 27): its equations (against autograd
+and, by hypothesis, the clipped step's sensitivity on adversarial datasets), its mechanisms (``gaussian``, the clipped
+``sgld`` chain, ``dpsgd``) and their calibration, the SGLD accountant against an independent one, the Trainer path
+(train, kill + resume, ``evaluate.py``, ``load_run``) and a canary audit. (The former ``lowrank_dpsgd`` predictor's
+tests, moved here with its equations.)"""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import dprec_torch
 from dprec_torch.data.ratings import Ratings, RatingScale
@@ -21,6 +25,7 @@ from dprec_torch.models.pnbm_lowrank import LowRankPNBM, clipped_sum, per_user_g
 from dprec_torch.training import trainer as trainer_mod
 from dprec_torch.training.run import setup_training, train
 from tests.helpers import CONF_DIR, tiny_fold
+from tests.test_noisy_gram import datasets
 
 LOWRANK = ["model=pnbm", "model.similarity=lowrank", "model.rank=4"]
 BASE = ["data=synthetic", "device=cpu", "compare_baselines=false", "tensorboard=false", *LOWRANK]
@@ -128,6 +133,53 @@ def test_the_similarity_key_picks_the_form_and_a_bad_one_is_one_line():
         PNBM(7, similarity="low")
     with pytest.raises(ConfigError, match="full-S form"):
         PNBM(7, similarity="lowrank").gradient_entry_bound(1.0)
+
+
+# ------------------------------------------------------------- equations on adversarial datasets (hypothesis)
+def _autograd_user_gradient(items: torch.Tensor, y: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """dL_u/dU by autograd from the definition f_ui = n^(-1/2) sum_{j != i} s_ij y_uj, S = U U^T."""
+    uu = u.clone().requires_grad_(True)
+    s = uu[items] @ uu[items].t()
+    s = s - torch.diag(torch.diagonal(s))
+    f = (s @ y) / math.sqrt(items.numel())
+    (g,) = torch.autograd.grad(((y - f) ** 2).sum(), uu)
+    return g
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), d=st.integers(1, 3), seed=st.integers(0, 10**6))
+def test_per_user_gradients_match_autograd(data, d, seed):
+    r = data.draw(datasets())
+    gen = torch.Generator().manual_seed(seed)
+    u = torch.randn(r.n_items, d, generator=gen, dtype=torch.float64)
+    y = torch.randn(len(r), generator=gen, dtype=torch.float64)
+    rows, norms = per_user_gradients(r.users, r.items, y, u, r.n_users)
+    for user in range(r.n_users):
+        sel = r.users == user
+        mine = torch.zeros_like(u).index_add_(0, r.items[sel], rows[sel])
+        ref = _autograd_user_gradient(r.items[sel], y[sel], u)
+        assert torch.allclose(mine, ref, atol=1e-9)
+        assert float(norms[user]) == pytest.approx(float(ref.norm()), abs=1e-9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), clip=st.floats(0.01, 10.0), scale=st.floats(0.01, 5.0), seed=st.integers(0, 10**6))
+def test_clipped_step_moves_at_most_c_when_a_user_leaves(data, clip, scale, seed):
+    r = data.draw(datasets())
+    gen = torch.Generator().manual_seed(seed)
+    u = torch.randn(r.n_items, 2, generator=gen, dtype=torch.float64) * scale
+    y = torch.randn(len(r), generator=gen, dtype=torch.float64).clamp(-1, 1)
+
+    def step(keep: torch.Tensor) -> torch.Tensor:
+        # the other users' residuals are unchanged by a neighbour (public means, each user's own offset)
+        rows, norms = per_user_gradients(r.users[keep], r.items[keep], y[keep], u, r.n_users)
+        return clipped_sum(r.users[keep], r.items[keep], rows, norms, clip, r.n_items)
+
+    user = data.draw(st.integers(0, r.n_users - 1))
+    full = step(torch.ones(len(r), dtype=torch.bool))
+    own = step(r.users == user)
+    assert float(own.norm()) <= clip * (1 + 1e-9)  # the user's clipped contribution
+    assert torch.allclose(full - step(r.users != user), own, atol=1e-9)  # removing the user removes exactly it
 
 
 # ---------------------------------------------------------------------------------------------- mechanisms
@@ -316,3 +368,73 @@ def test_model_pnbm_lowrank_composes_with_its_tuned_numbers(mech):
         assert rep["epsilon"] == pytest.approx(20.0, rel=0.01)
     if mech == "none":
         assert cfg.mechanism.beta == 1.0 and cfg.mechanism.unit == "user"
+
+
+# --------------------------------------------------------------------------------- calibration (gaussian)
+def _history_epsilon(history, delta: float, accountant: str = "rdp") -> float:
+    from dprec_torch.privacy.opacus_accounting import OpacusAccountant
+
+    acc = OpacusAccountant(accountant)
+    for sigma, q, steps in history:
+        acc.step(sigma, q, steps=int(steps))
+    return acc.get_epsilon(delta)
+
+
+@pytest.mark.parametrize("eps", [0.5, 1.0, 10.0])
+def test_gaussian_noise_is_the_smallest_that_meets_the_target_and_the_means_leave_room(eps):
+    """sigma of the steps is the smallest (to the calibration's tolerance) whose history [(item means), (sigma, q, T)]
+    meets eps; a large item-mean share (0.9) still leaves room for the steps."""
+    setup, _ = one_step(*GAUSSIAN, f"epsilon={eps}", "mechanism.mean_fraction=0.9", "mechanism.epochs=3")
+    opt = setup.optimizer
+    steps = opt.context.total_steps
+    hist = [(opt.mean_sigma, 1.0, 1)]
+    assert _history_epsilon([*hist, (opt.noise_multiplier, opt.sampling_ratio, steps)], 1e-6) <= eps * (1 + 1e-9)
+    assert _history_epsilon([*hist, (opt.noise_multiplier * 0.98, opt.sampling_ratio, steps)], 1e-6) > eps
+    assert _history_epsilon(hist, 1e-6) < eps  # the means alone: the share 0.9 of mu^2
+    rep = opt.privacy_report()
+    assert rep["epsilon"] <= eps * (1 + 1e-9) and rep["relation"] == "user" and rep["item_means"]["relation"] == "user"
+
+
+def test_prv_calibrates_tighter_than_rdp_and_reports_its_own_epsilon():
+    rdp, _ = one_step(*GAUSSIAN, "epsilon=2", "mechanism.accountant=rdp", "mechanism.epochs=5")
+    prv, _ = one_step(*GAUSSIAN, "epsilon=2", "mechanism.accountant=prv", "mechanism.epochs=5")
+    assert prv.optimizer.noise_multiplier < rdp.optimizer.noise_multiplier
+    rep = prv.optimizer.privacy_report()
+    assert rep["epsilon"] <= 2.0 * (1 + 1e-9) and "prv" in rep["accountant"].lower()
+
+
+def test_item_means_alone_over_budget_is_one_line():
+    with pytest.raises(ConfigError):
+        one_step(*GAUSSIAN, "epsilon=0.01", "delta=1e-9", "mechanism.mean_fraction=0.999999", "mechanism.epochs=50")
+
+
+@pytest.mark.parametrize("bad", ["model.rank=0", "model.init_std=0", "model.clamp_r=-1", "model.feature_reg=0",
+                                 "model.item_features=maybe", "mechanism.mean_fraction=1.0", "+mechanism.count_weight=-1",
+                                 "mechanism.accountant=gdp"])
+def test_bad_config_is_one_line(bad):
+    with pytest.raises(ConfigError):
+        setup_training(compose_cfg(*BASE, *GAUSSIAN, "epsilon=1", bad), tiny_fold(), torch.device("cpu"))
+
+
+def test_a_private_run_is_reproducible_under_its_noise_seed_and_finite(tmp_path):
+    a = train(compose_cfg(*BASE, *GAUSSIAN, "epsilon=2", "noise_seed=4", f"output_dir={tmp_path / 'a'}"))
+    b = train(compose_cfg(*BASE, *GAUSSIAN, "epsilon=2", "noise_seed=4", f"output_dir={tmp_path / 'b'}"))
+    assert math.isfinite(a["test_rmse"]) and a["test_rmse"] == b["test_rmse"]
+
+
+# ------------------------------------------------------------------------------------------- canary audit
+def test_canary_audit_stays_below_the_claim_and_has_power(tmp_path):
+    """scripts/audit.py on the low-rank PNBM under mechanism=gaussian: the empirical lower bound stays below the claimed
+    eps = 1, and the same pipeline without noise (eps = inf, no clipping bound) leaks more."""
+    from scripts import audit
+
+    def run(eps: str, out: str) -> dict:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            cfg = compose("audit", overrides=[*LOWRANK, *GAUSSIAN, "mechanism.clip_norm=10", eps, "audit.trials=10",
+                                              "audit.canaries=20", f"output_dir={tmp_path / out}"])
+        return audit.audit(cfg)
+
+    private, leaky = run("epsilon=1", "p"), run("epsilon=inf", "l")
+    assert private["epsilon_claimed"] == pytest.approx(1.0, rel=0.01)
+    assert private["epsilon_lower_bound"] <= 1.0
+    assert leaky["epsilon_lower_bound"] > private["epsilon_lower_bound"]

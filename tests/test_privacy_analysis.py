@@ -11,6 +11,7 @@ from opacus.accountants import RDPAccountant
 
 from dprec_torch.errors import ConfigError
 from dprec_torch.privacy import analysis as A
+from dprec_torch.privacy import calibration as C
 from dprec_torch.privacy.accountants import PureDPAccountant
 
 
@@ -50,19 +51,19 @@ def test_nothing_left_for_the_steps_is_a_config_error():
 
 
 def test_opacus_rdp_and_prv_pinned():
-    assert A.gaussian_epsilon([(1.0, 0.01, 1000)], 1e-5) == pytest.approx(2.1013652716430564, rel=1e-9)
+    assert C.gaussian_epsilon([(1.0, 0.01, 1000)], 1e-5) == pytest.approx(2.1013652716430564, rel=1e-9)
     ref = RDPAccountant()
     ref.history = [(1.0, 0.01, 1000)]
-    assert A.gaussian_epsilon([(1.0, 0.01, 1000)], 1e-5) == pytest.approx(ref.get_epsilon(1e-5), rel=1e-12)
-    assert A.gaussian_epsilon([(1.0, 0.01, 1000)], 1e-5, "prv") == pytest.approx(1.8383716376346455, rel=1e-3)
+    assert C.gaussian_epsilon([(1.0, 0.01, 1000)], 1e-5) == pytest.approx(ref.get_epsilon(1e-5), rel=1e-12)
+    assert C.gaussian_epsilon([(1.0, 0.01, 1000)], 1e-5, "prv") == pytest.approx(1.8383716376346455, rel=1e-3)
     # a one-off release (q = 1) composes in the same accountant and costs something
-    assert A.gaussian_epsilon([(5.0, 1.0, 2), (1.0, 0.01, 1000)], 1e-5) == pytest.approx(2.408779807685216, rel=1e-9)
+    assert C.gaussian_epsilon([(5.0, 1.0, 2), (1.0, 0.01, 1000)], 1e-5) == pytest.approx(2.408779807685216, rel=1e-9)
 
 
 @pytest.mark.parametrize("target,q,steps,prior", [(1.0, 0.5, 2, [(8.0, 1.0, 2)]), (5.0, 0.1, 30, []), (0.5, 1.0, 1, [])])
-def test_calibrate_sigma_hits_the_target_from_below(target, q, steps, prior):
-    sigma = A.calibrate_sigma(target, 1e-6, q, steps, prior=prior)
-    eps = A.gaussian_epsilon(prior + [(sigma, q, steps)], 1e-6)
+def test_calibrate_hits_the_target_from_below(target, q, steps, prior):
+    sigma = C.calibrate_gaussian(target, 1e-6, q, steps, prior=prior).sigma
+    eps = C.gaussian_epsilon(prior + [(sigma, q, steps)], 1e-6)
     assert eps <= target
     assert eps >= target * 0.99
 
@@ -86,4 +87,4 @@ def test_dpsgd_l1_and_gaussian_analyses():
     r = A.analyse_dpsgd_l1(1.0, 4, 0.5, 2.0, 0.5, relation="rating")
     assert r.sensitivity["group_factor"] == 2 and r.extra["epsilon_step"] < d["epsilon_step"]
     # the Gaussian mechanisms' accountant (sigma 1, q 0.01, 1000 steps, delta 1e-5; Opacus RDP)
-    assert A.gaussian_epsilon([(1.0, 0.01, 1000)], 1e-5) == pytest.approx(2.1013652716430564, rel=1e-9)
+    assert C.gaussian_epsilon([(1.0, 0.01, 1000)], 1e-5) == pytest.approx(2.1013652716430564, rel=1e-9)

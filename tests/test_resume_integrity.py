@@ -77,6 +77,35 @@ def test_resume_with_only_resume_safe_keys_changed_continues(tmp_path, monkeypat
     assert resumed["privacy"]["epsilon_spent"] == full["privacy"]["epsilon_spent"]
 
 
+@pytest.mark.parametrize("mechanism", ["dpsgd_l1", "sgld", "gaussian_pnbm"])
+def test_a_resume_restores_the_dp_item_means_and_never_releases_them_again(tmp_path, monkeypatch, mechanism):
+    """Issue 26, 1: the checkpoint restores what prepare() made (r_bar, the fallback, the release record); prepare()
+    is not called again. Secret noise, so a second release would differ from the first."""
+    from dprec_torch.mechanisms.base import MechanismOptimizer
+
+    args = (f"mechanism={mechanism}", "mechanism.epochs=2", "epsilon=2", "mechanism.sampling_ratio=1.0")
+    out = killed_after_epoch_1(tmp_path, monkeypatch, *args)
+    saved = torch.load(out / "checkpoint_fold1.pt", weights_only=False)
+    calls = []
+    monkeypatch.setattr(MechanismOptimizer, "prepare", lambda self, model: calls.append(type(self).__name__))
+    resumed = run(out, *args, "resume=true")
+    assert calls == []
+    release = saved["optimizer"]["mean_release"]
+    assert resumed["privacy"]["item_means"]["global_mean"] == release.global_mean  # the recorded release, not a new one
+    final = torch.load(out / "checkpoint_fold1.pt", weights_only=False)
+    assert torch.equal(final["model"]["item_means"], saved["model"]["item_means"])
+    assert final["model"]["_extra_state"]["fallback"]["global_mean"] == release.global_mean
+
+
+def test_a_checkpoint_without_the_release_record_is_refused(tmp_path, monkeypatch):
+    out = killed_after_epoch_1(tmp_path, monkeypatch, *PROVABLE, "epsilon=4")
+    ckpt = torch.load(out / "checkpoint_fold1.pt", weights_only=False)
+    del ckpt["optimizer"]["mean_release"]  # the format before issue 26
+    torch.save(ckpt, out / "checkpoint_fold1.pt")
+    with pytest.raises(ConfigError, match="holds no record of ClippedLaplaceDPSGD's DP item-mean release"):
+        run(out, *PROVABLE, "epsilon=4", "resume=true")
+
+
 def test_config_differences_ignore_only_safe_keys():
     old = {"epsilon": 20.0, "resume": False, "device": "cuda", "output_dir": "a", "mechanism": {"lr": 0.1}}
     new = {"epsilon": 20.0, "resume": True, "device": "cpu", "output_dir": "b", "mechanism": {"lr": 0.2, "x": 1}}

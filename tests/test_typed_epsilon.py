@@ -115,6 +115,7 @@ def test_sgld_prior_is_centred_at_the_start_with_precision_kappa():
     opt = ScaledPosteriorSGLD(model.parameters(), pnbm_context(fold, model), epsilon=4.0, lr=0.04, temperature=1.0,
                               likelihood_bound="model", prior_correction=False, prior_kappa=25.0, prior_mean=1.0, weight_decay=0.0,
                               init="constant", init_value=0.5, mean_fraction=0.5, seed=0)
+    opt.prepare(model)  # the DP item means, then the start S_0
     assert opt.posterior_scale * opt.param_groups[0]["weight_decay"] == pytest.approx(25.0)  # lambda = kappa 4B / eps_s
     assert opt.delivered_epsilon() == pytest.approx(4.0) and opt.privacy_report()["epsilon_if_exact_sample"] == pytest.approx(4.0)
     off = ~torch.eye(fold.train.n_items, dtype=torch.bool)

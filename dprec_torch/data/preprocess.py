@@ -93,13 +93,64 @@ def _id_hash(seed: int, keys: torch.Tensor) -> torch.Tensor:
     return _mix32(h ^ ((keys >> 32) & MASK32))
 
 
+#: the two per-rating hashes (:func:`rating_keys`); each feeds published numbers, so both stay
+HASHES = ("mix32", "lehmer")
+_P = 2147483647  # 2^31 - 1 (Park-Miller modulus): every product of the lehmer hash fits in int64
+
+
 def rating_keys(seed: int, user_keys: torch.Tensor, item_keys: torch.Tensor, users: torch.Tensor,
-                items: torch.Tensor) -> torch.Tensor:
-    """A pseudo-random 32-bit key per rating (users[k], items[k]), a function of (seed, the user's key,
-    the item's key) only: each id is hashed once, then one mix per rating."""
-    h_user = _id_hash(seed, user_keys)
-    h_item = _id_hash((seed >> 32) ^ 0x9E3779B9, item_keys)
-    return _mix32(h_user[users] ^ h_item[items])
+                items: torch.Tensor, hash: str = "mix32") -> torch.Tensor:
+    """A pseudo-random key per rating (users[k], items[k]), a function of (seed, the user's key, the item's key)
+    only (``user_keys`` / ``item_keys``: one key per contiguous id). The package's one definition; ``hash``:
+
+    * ``mix32`` (the cap ``data.max_user_ratings``): 32-bit; each id is hashed once (lowbias32 of (seed, its 64-bit
+      key)), then one mix per rating;
+    * ``lehmer`` (DP-ALS's per-user sample, issue 15): in [0, 2^31 - 1); three Lehmer rounds of (seed, user key,
+      item key), each key taken mod 2^31 - 1, with an xor of the item key between them.
+    """
+    if hash == "mix32":
+        h_user = _id_hash(seed, user_keys)
+        h_item = _id_hash((seed >> 32) ^ 0x9E3779B9, item_keys)
+        return _mix32(h_user[users] ^ h_item[items])
+    if hash != "lehmer":
+        raise ConfigError(f"rating_keys: hash must be one of {HASHES}, got '{hash}'")
+    u, i = user_keys[users].long() % _P, item_keys[items].long() % _P
+    x = (u * 1000003 + i * 7919 + (int(seed) % _P) * 104729 + 12345) % _P  # a 63-bit secret seed fits
+    for mult in (48271, 69621, 16807):
+        x = (x * mult) % _P
+        x = (x ^ (i % 65536)) % _P
+    return x
+
+
+def per_user_sample(ratings: Ratings, max_per_user: int | None, seed: int, *, hash: str,
+                    user_keys: torch.Tensor | None = None, item_keys: torch.Tensor | None = None) -> torch.Tensor:
+    """Bool mask keeping at most ``max_per_user`` ratings of each user (all if None): the user's ratings of smallest
+    :func:`rating_keys` (``hash``), ties by item key. The package's one per-user cap (``data.max_user_ratings``:
+    :func:`cap_user_ratings`; DP-ALS's sample: ``hash="lehmer"``).
+
+    The keys come from RAW ids: the arguments, else ``ratings.meta`` (where the loaders store
+    :func:`stable_id_keys`), else the contiguous ids (stable only while the id map is). So u's selection is a
+    function of (seed, u's raw id, u's own ratings) only: removing or adding another user never changes it, even
+    when the id map is rebuilt without that user (issue 15, defect 2; issue 24, 6). Vectorised; any device.
+    """
+    n, dev = len(ratings), ratings.device
+    if max_per_user is None:
+        return torch.ones(n, dtype=torch.bool, device=dev)
+    if isinstance(max_per_user, bool) or int(max_per_user) < 1:
+        raise ConfigError(f"the per-user cap (max_ratings_per_user) must be >= 1 or null, got {max_per_user}")
+    user_keys = ratings.meta.get(USER_KEYS) if user_keys is None else user_keys
+    item_keys = ratings.meta.get(ITEM_KEYS) if item_keys is None else item_keys
+    uk = torch.arange(ratings.n_users, device=dev) if user_keys is None else user_keys.to(dev)
+    ik = torch.arange(ratings.n_items, device=dev) if item_keys is None else item_keys.to(dev)
+    keys = rating_keys(seed, uk, ik, ratings.users, ratings.items, hash)
+    order = torch.argsort(ik[ratings.items], stable=True)  # ties in the key: by item key
+    order = order[torch.argsort(((ratings.users << 32) | keys)[order], stable=True)]  # by (user, key, item key)
+    counts = ratings.user_counts()
+    first = torch.cumsum(counts, 0) - counts  # position of each user's first rating in `order`
+    rank = torch.arange(n, device=dev) - first[ratings.users[order]]
+    keep = torch.zeros(n, dtype=torch.bool, device=dev)
+    keep[order] = rank < int(max_per_user)
+    return keep
 
 
 def _as_seed(seed: int | torch.Generator) -> int:
@@ -119,9 +170,9 @@ def cap_user_ratings(
 ) -> tuple[Ratings, int]:
     """Keep at most ``tau`` ratings per user, chosen at random PER USER (Sec. 4.3).
 
-    Each rating (u, i) gets the 32-bit key ``rating_keys(seed, key(u), key(i))``; user u keeps its
-    ``tau`` ratings of smallest key (ties by item key). So u's capped profile is a function of
-    (seed, u's raw id, u's own ratings) only: removing or adding another user never changes it,
+    :func:`per_user_sample` with ``hash="mix32"``: each rating (u, i) gets the 32-bit key
+    ``rating_keys(seed, key(u), key(i))``; user u keeps its ``tau`` ratings of smallest key (ties by item
+    key). So u's capped profile is a function of (seed, u's raw id, u's own ratings) only: removing or adding another user never changes it,
     which every user-level bound that assumes a capped profile (B = phi^2 tau, capped dpsgd_l1 /
     gaussian) needs. The neighbouring relation is add/remove one user's whole (uncapped) profile;
     the keys come from RAW ids (``stable_id_keys``: the arguments, else ``ratings.meta`` where the
@@ -133,19 +184,7 @@ def cap_user_ratings(
     n = len(ratings)
     if n == 0:
         return ratings.select(torch.zeros(0, dtype=torch.long, device=ratings.device)), 0
-    dev = ratings.device
-    user_keys = ratings.meta.get(USER_KEYS) if user_keys is None else user_keys
-    item_keys = ratings.meta.get(ITEM_KEYS) if item_keys is None else item_keys
-    uk = torch.arange(ratings.n_users, device=dev) if user_keys is None else user_keys.to(dev)
-    ik = torch.arange(ratings.n_items, device=dev) if item_keys is None else item_keys.to(dev)
-    keys = rating_keys(_as_seed(seed), uk, ik, ratings.users, ratings.items)
-    order = torch.argsort(ik[ratings.items], stable=True)  # ties in the key: by item key
-    order = order[torch.argsort(((ratings.users << 32) | keys)[order], stable=True)]  # by (user, key, item key)
-    counts = ratings.user_counts()
-    first = torch.cumsum(counts, 0) - counts  # position of each user's first rating in `order`
-    rank = torch.arange(n, device=dev) - first[ratings.users[order]]
-    keep = torch.zeros(n, dtype=torch.bool, device=dev)
-    keep[order] = rank < tau
+    keep = per_user_sample(ratings, tau, _as_seed(seed), hash="mix32", user_keys=user_keys, item_keys=item_keys)
     kept = ratings.select(keep)
     return kept, n - len(kept)
 

@@ -8,8 +8,8 @@
       r^_ui = clip(r~_i + b_u),   b_u = sum_{i in R_u} (r_ui - r~_i) / (|R_u| + beta),
 
   with r~ the item means released ONCE by the Laplace mechanism at pure epsilon (the whole budget, delta = 0;
-  :func:`dprec_torch.privacy.gaussian_release.release_item_means`, the one implementation of DP item
-  statistics) under the run's relation, and b_u read from u's own training ratings only (joint DP, as
+  :func:`dprec_torch.privacy.item_means.release_item_means`, the one release of DP item means, posterior
+  estimator) under the run's relation, and b_u read from u's own training ratings only (joint DP, as
   noisy_gram's offset). It is a SEPARATE, hypothetical release drawn only to score it: it is not part of
   the run's epsilon (publishing it beside the model would spend both by basic composition), its noise is
   secret like the run's own (``seeding.noise_generator``; reproducible only under an explicit ``noise_seed``, so
@@ -37,7 +37,7 @@ from dprec_torch.evaluation.cross_validate import score_predictor
 from dprec_torch.io import atomic_write_json
 from dprec_torch.predictors.base import BasePredictor, query_pairs
 from dprec_torch.predictors.knn import ItemKNN
-from dprec_torch.privacy.gaussian_release import release_item_means
+from dprec_torch.privacy.item_means import ItemMeansSpec, release_item_means
 from dprec_torch.seeding import noise_generator
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,8 @@ class DPMeansOffset(BasePredictor):
     def fit(self, train: Ratings) -> "DPMeansOffset":
         train = self._prepare(train)
         gen = noise_generator(self.seed, "cpu")
-        release = release_item_means(train, self.relation, self.epsilon, self.prior_std, gen, "laplace")
+        spec = ItemMeansSpec("posterior", self.relation, "laplace", self.prior_std)
+        release = release_item_means(train, spec, gen, epsilon=self.epsilon)
         self.item_avg_, self.global_avg_ = release.means.to(train.device), release.global_mean
         self.noise_std_ = release.noise_std
         e = train.values - self.item_avg_[train.items]

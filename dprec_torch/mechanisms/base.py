@@ -12,6 +12,12 @@ mechanism's accountant, which lives in ONE attribute, ``self.accountant`` (an
 :class:`~dprec_torch.privacy.accountants.Accountant`, None for a mechanism without one):
 this base class saves and restores it, so no mechanism can forget to.
 
+Two set-up steps, one job each. The constructor CALIBRATES (noise scales, budget split, accountant; no data,
+no noise drawn). :meth:`prepare` then touches the model once, after it is attached to its training data and
+before any batch is built: the releases that come first (PNBM's DP item means, into the model and its
+fallback, kept as ``mean_release``) and the parameters' start (PNBM's S = s0 (1 - I)). A resumed run skips
+``prepare``: its checkpoint restores the model, and ``load_state_dict`` the release record and the accountant.
+
 Gradient reduction (``TrainingContext.gradient_reduction``, declared by the model). Under ``sum``
 (PNBM) ``lr`` applies to the summed, clipped, noised gradient G, as in the paper. Under ``mean`` (MF)
 ``scale_grad()`` divides G -- signal AND noise -- by the expected batch size B = q x #units (Opacus's
@@ -46,6 +52,12 @@ class MechanismOptimizer(Optimizer):
     accountant: Accountant | None = None
     #: the run's facts (set by every mechanism's ``__init__``); None = a bare optimizer with summed gradients
     context: TrainingContext | None = None
+    #: whether :meth:`prepare` releases DP item means (decided by ``__init__``); the release it made, else None
+    #: (saved and restored with the state, so a resumed run reports it and never releases again)
+    releases_item_means = False
+    mean_release: Any = None
+    #: set by :meth:`prepare` (and by :meth:`load_state_dict`: a restored mechanism is prepared)
+    prepared = False
 
     def __init__(self, params: Iterable[torch.Tensor], defaults: dict[str, Any], seed: int | None = None) -> None:
         super().__init__(params, defaults)
@@ -53,6 +65,17 @@ class MechanismOptimizer(Optimizer):
         # the noise proof's randomness: secret (OS entropy) unless an explicit noise seed is given (seeding.py)
         self.generator = noise_generator(seed, device)
         self.state["mechanism"] = {"t": 0, "noise_scale": 0.0, "grad_norm": 0.0, "residual_bound": float("inf")}
+
+    # ------------------------------------------------------------------ set-up
+    def prepare(self, model: Any) -> None:
+        """The mechanism's data-dependent set-up, run once by whoever trains with it (``setup_training``, the
+        harness, the tests): after ``model`` is attached to its training data, before any batch is built (a batch
+        centres the history by the item means installed here). Draws from ``self.generator`` before any step.
+        Nothing to do by default; an override calls ``super().prepare(model)`` first. Not called on resume."""
+        if self.prepared:
+            raise RuntimeError(f"{type(self).__name__}.prepare() ran already (or the state was restored): "
+                               "a second call would release the item means again")
+        self.prepared = True
 
     # ----------------------------------------------------------------- template
     @property
@@ -159,22 +182,31 @@ class MechanismOptimizer(Optimizer):
 
     # ------------------------------------------------------------ checkpointing
     def state_dict(self) -> dict[str, Any]:
-        """torch's optimizer state (incl. ``self.state["mechanism"]``: t, ...) + noise RNG + accountant."""
+        """torch's optimizer state (incl. ``self.state["mechanism"]``: t, ...) + noise RNG + accountant + the
+        record of what :meth:`prepare` released (``mean_release``)."""
         sd = super().state_dict()
         sd["generator_state"] = self.generator.get_state()
         if self.accountant is not None:
             sd["accountant"] = self.accountant.state_dict()
+        if self.mean_release is not None:
+            sd["mean_release"] = self.mean_release
         return sd
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`; the mechanism is then prepared (the model's r_bar, fallback and S come from the
+        model's own state: nothing is released again)."""
         state_dict = dict(state_dict)
         gen = state_dict.pop("generator_state", None)
         acc = state_dict.pop("accountant", None)
+        release = state_dict.pop("mean_release", None)
         super().load_state_dict(state_dict)
         if gen is not None:
             self.generator.set_state(gen.cpu() if self.generator.device.type == "cpu" else gen)
         if acc is not None and self.accountant is not None:
             self.accountant.load_state_dict(acc)
+        if release is not None:
+            self.mean_release = release
+        self.prepared = True
 
 
 def laplace_noise(shape: torch.Size, scale: float, generator: torch.Generator, device: torch.device) -> torch.Tensor:

@@ -77,11 +77,10 @@ def prior_precision_for(mechanism_cls: type, model: Any, train: Any, batch_ratin
     """The model's SGLD prior correction H (Eq. (11)) when ``mechanism_cls`` uses it, else [].
 
     H is M x M for dense PNBM (2.9 GB at 27K items), so only the mechanisms that read it
-    (``uses_prior_precision``) pay for it.
+    (``uses_prior_precision``) pay for it. ``mechanism_cls`` is a training mechanism's class: the attribute is one
+    :class:`~dprec_torch.interfaces.TrainingMechanism` declares, read off the class, so this module needs no import
+    of ``base`` (which imports this one).
     """
-    from dprec_torch.mechanisms.base import MechanismOptimizer  # here: base imports this module
-
-    if not (isinstance(mechanism_cls, type) and issubclass(mechanism_cls, MechanismOptimizer)
-            and mechanism_cls.uses_prior_precision and isinstance(model, SupportsPriorPrecision)):
+    if not (mechanism_cls.uses_prior_precision is True and isinstance(model, SupportsPriorPrecision)):
         return []
     return model.sgld_prior_precision(train, batch_ratings)

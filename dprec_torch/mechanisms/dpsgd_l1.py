@@ -47,17 +47,16 @@ from typing import Any, Iterable
 
 import torch
 
-from dprec_torch.data.ratings import _to_csr
 from dprec_torch.errors import ConfigError
 from dprec_torch.interfaces import FactorModel, ItemSimilarityModel
 from dprec_torch.mechanisms.base import add_laplace_noise_
 from dprec_torch.mechanisms.context import TrainingContext
-from dprec_torch.mechanisms.lowrank_pnbm import MeanOptions, clip_lowrank, is_lowrank, means_report, release_means
+from dprec_torch.mechanisms.lowrank_pnbm import clip_lowrank, is_lowrank, means_report, release_means
 from dprec_torch.mechanisms.sgd import MapSGD
 from dprec_torch.privacy.accountants import PureDPAccountant
 from dprec_torch.privacy.analysis import analyse_dpsgd_l1, composed_epsilon, dpsgd_l1_group_factor, laplace_step_epsilon
 from dprec_torch.privacy.budget import check_epsilon
-from dprec_torch.privacy.item_means import dp_item_means, install_item_means
+from dprec_torch.privacy.item_means import ItemMeansSpec, install_item_means, release_item_means
 from dprec_torch.privacy.pnbm_clipping import per_user_grad_norms, zero_diagonal_
 
 UNITS = ("user", "rating")
@@ -70,22 +69,6 @@ def bound_model(context: TrainingContext) -> Any:
     if context.model is not None:
         return context.model
     return context.entry_bound.__self__ if isinstance(context.entry_bound, MethodType) else None
-
-
-@torch.no_grad()
-def recentre_batch_(batch: Any, model: Any) -> bool:
-    """Make a user-level batch's history x = (r - r_bar) I use the model's CURRENT item means.
-
-    ``PoissonBatchSampler`` caches the full batch (q = 1) when it is built, i.e. before the mechanism
-    replaced r_bar by its DP release; sampled batches are built from the live buffer and pass unchanged.
-    Rebuilds ``batch.x`` in place from the targets (= the history at user level); True if it changed.
-    """
-    x_new = _to_csr(batch.rows, batch.items, batch.values - model.item_means[batch.items],
-                    int(batch.users.numel()), int(batch.x.shape[1]))
-    if x_new.values().shape == batch.x.values().shape and torch.equal(x_new.values(), batch.x.values()):
-        return False
-    batch.x = x_new
-    return True
 
 
 def is_pnbm(model: Any) -> bool:
@@ -161,34 +144,46 @@ class ClippedLaplaceDPSGD(MapSGD):
         steps = int(context.total_steps)
         self.mean_release = None
         self.mean_epsilon = 0.0
+        self.init, self.init_value = init, float(init_value)
+        self.mean_global_fraction, self.mean_shrinkage = float(mean_global_fraction), float(mean_shrinkage)
+        self.mean_options = None
         if self.pnbm:
             if math.isfinite(epsilon) and float(mean_fraction) > 0:
-                if model.history is None:
-                    raise ConfigError("mechanism=dpsgd_l1 needs the PNBM attached to its training data before the mechanism")
                 self.mean_epsilon = float(mean_fraction) * epsilon
-                self.mean_release = dp_item_means(model.history, relation=relation, noise="laplace",
-                                                  epsilon=self.mean_epsilon, global_fraction=float(mean_global_fraction),
-                                                  shrinkage=float(mean_shrinkage), generator=self.generator)
-                install_item_means(model, self.mean_release)
             elif math.isfinite(epsilon):
                 raise ConfigError("mechanism.mean_fraction=0 would keep PNBM's exact (non-private) item means")
-            if init == "constant":
-                with torch.no_grad():
-                    model.S.fill_(float(init_value))
-                    model.S.fill_diagonal_(0.0)
         if self.lowrank:
             if math.isfinite(epsilon) and not float(mean_fraction) > 0:
                 raise ConfigError("mechanism.mean_fraction=0 would keep the exact (non-private) item means")
             if math.isfinite(epsilon):
                 self.mean_epsilon = float(mean_fraction) * epsilon
-                self.mean_release = release_means(model, self.mean_epsilon, "laplace",
-                                                  MeanOptions(float(mean_prior_std), 0.0, 0.1,
-                                                              None if count_weight is None else float(count_weight)),
-                                                  self.generator)
+                self.mean_options = ItemMeansSpec(prior_std=float(mean_prior_std),
+                                                  count_weight=None if count_weight is None else float(count_weight))
+        self.releases_item_means = self.mean_epsilon > 0  # by prepare(), at eps_0
         self.step_epsilon = (math.inf if math.isinf(epsilon)
                              else laplace_step_epsilon(epsilon, steps, q, self.mean_epsilon, self.group))
         self.accountant = PureDPAccountant()
         self.state["mechanism"].update(clipped_fraction=0.0, max_clipped_norm=0.0)
+
+    def prepare(self, model: Any) -> None:
+        """Step 0, before any batch: the DP item means at eps_0 (PNBM: :func:`release_item_means`, centred, Laplace, under the
+        configured relation; the low-rank PNBM: :func:`release_means`) from ``self.generator`` into the model and its
+        fallback, then PNBM's data-independent start S = s0 (1 - I) (``init=constant``)."""
+        super().prepare(model)
+        if self.pnbm and self.releases_item_means:
+            if model.history is None:
+                raise ConfigError("mechanism=dpsgd_l1 needs the PNBM attached to its training data before the mechanism")
+            self.mean_release = release_item_means(model.history, ItemMeansSpec("centred", self.defended_relation, "laplace",
+                                                                                global_fraction=self.mean_global_fraction,
+                                                                                shrinkage=self.mean_shrinkage),
+                                                   self.generator, epsilon=self.mean_epsilon)
+            install_item_means(model, self.mean_release)
+        if self.pnbm and self.init == "constant":
+            with torch.no_grad():
+                model.S.fill_(self.init_value)
+                model.S.fill_diagonal_(0.0)
+        if self.lowrank and self.releases_item_means:
+            self.mean_release = release_means(model, self.mean_epsilon, "laplace", self.mean_options, self.generator)
 
     # ------------------------------------------------------------- pieces
     @property
@@ -215,8 +210,6 @@ class ClippedLaplaceDPSGD(MapSGD):
                               "the runner must sample users (mechanism.unit=user)")
         if self.lowrank:
             return clip_lowrank(self, residuals, batch, model, p=1)
-        if self.pnbm and recentre_batch_(batch, model):  # a batch cached before the DP means were installed
-            residuals = (model.batch_predict(batch) - batch.values).detach()
         norms = self.unit_norms(residuals, batch, model)
         return self.clip_by_norm(residuals, norms, batch.rows if self.unit == "user" else None)
 

@@ -20,8 +20,8 @@ one user's whole profile (``unit=user``). The L2 sensitivity of sum_x g_x is c, 
 step is the Poisson-subsampled Gaussian mechanism with noise multiplier sigma and rate
 q; T = epochs x round(1/q) steps compose under Opacus's RDP (default) or PRV accountant
 to (eps, delta), ``delta`` the top-level key. Given ``epsilon``, sigma is
-``get_noise_multiplier(epsilon, delta, q, T, accountant)``; given ``noise_multiplier``
-instead, the reported epsilon is the accountant's for that sigma. The weight decay is
+``calibrate_gaussian(epsilon, delta, q, T, accountant, search="opacus")`` (Opacus's ``get_noise_multiplier``);
+given ``noise_multiplier`` instead, the reported epsilon is the accountant's for that sigma. The weight decay is
 data-independent; model initialisation and the public rating scale are data-independent.
 """
 
@@ -38,7 +38,8 @@ from dprec_torch.interfaces import SupportsPerExampleNorms
 from dprec_torch.mechanisms.base import MechanismOptimizer
 from dprec_torch.mechanisms.context import TrainingContext
 from dprec_torch.privacy.budget import check_epsilon
-from dprec_torch.privacy.opacus_accounting import ACCOUNTANTS, OpacusAccountant, noise_multiplier_for
+from dprec_torch.privacy.calibration import calibrate_gaussian, gaussian_epsilon
+from dprec_torch.privacy.opacus_accounting import ACCOUNTANTS, OpacusAccountant
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +97,8 @@ class GaussianDPSGD(MechanismOptimizer):
         if noise_multiplier is not None:
             self.noise_multiplier = float(noise_multiplier)
         elif math.isfinite(epsilon):
-            self.noise_multiplier = noise_multiplier_for(epsilon, delta, self.sampling_ratio, context.total_steps, accountant)
+            self.noise_multiplier = calibrate_gaussian(epsilon, delta, self.sampling_ratio, context.total_steps, accountant,
+                                              search="opacus").sigma
         else:
             self.noise_multiplier = 0.0
         self.accountant = OpacusAccountant(accountant)
@@ -129,9 +131,8 @@ class GaussianDPSGD(MechanismOptimizer):
     # ---------------------------------------------------------- reporting
     def planned_epsilon(self) -> float:
         """The accountant's epsilon after all T = context.total_steps steps."""
-        acc = OpacusAccountant(self.accountant_name)
-        acc.step(self.noise_multiplier, self.sampling_ratio, steps=self.context.total_steps)
-        return acc.get_epsilon(self.delta)
+        return gaussian_epsilon([(self.noise_multiplier, self.sampling_ratio, self.context.total_steps)], self.delta,
+                                self.accountant_name)
 
     def epsilon_spent(self) -> float:
         """The Opacus accountant's epsilon for the steps taken so far (at ``delta``)."""

@@ -7,10 +7,10 @@ needs for the guarantee to cover the released model:
   :func:`dprec_torch.privacy.pnbm_clipping.per_user_grad_norms` (closed form, no M x M per user),
   and diag(G) := 0 before the noise (the diagonal is discarded by ``project_``);
 * the item means r_bar are released first by two Gaussian mechanisms with noise multiplier sigma_0
-  (:func:`dprec_torch.privacy.item_means.dp_item_means`, L2 sensitivity 1 after per-user weights),
+  (:func:`dprec_torch.privacy.item_means.release_item_means`, ``centred``; L2 sensitivity 1 after per-user weights),
   recorded in the same Opacus accountant as (sigma_0, q = 1, 2 steps). sigma_0 is chosen so that the
   means alone would cost ``mean_fraction`` x eps; the SGD's sigma is then calibrated so that the
-  composition of everything is eps (:func:`dprec_torch.privacy.analysis.calibrate_sigma`);
+  composition of everything is eps (:func:`dprec_torch.privacy.calibration.calibrate_gaussian`);
 * ``init=constant`` starts from S = s0 (1 - I) (data-independent; Eq. (2) is then the item mean plus
   the user's mean centred rating).
 
@@ -36,12 +36,11 @@ import torch
 
 from dprec_torch.errors import ConfigError
 from dprec_torch.mechanisms.context import TrainingContext
-from dprec_torch.mechanisms.dpsgd_l1 import INITS, bound_model, is_pnbm, recentre_batch_
+from dprec_torch.mechanisms.dpsgd_l1 import INITS, bound_model, is_pnbm
 from dprec_torch.mechanisms.gaussian import GaussianDPSGD
-from dprec_torch.mechanisms.lowrank_pnbm import (MeanOptions, clip_lowrank, gaussian_mean_multiplier, history_epsilon, is_lowrank,
-                                                 means_report, release_means)
-from dprec_torch.privacy.analysis import calibrate_sigma, gaussian_epsilon
-from dprec_torch.privacy.item_means import dp_item_means, install_item_means
+from dprec_torch.mechanisms.lowrank_pnbm import clip_lowrank, gaussian_mean_multiplier, is_lowrank, means_report, release_means
+from dprec_torch.privacy.calibration import calibrate_gaussian, gaussian_epsilon
+from dprec_torch.privacy.item_means import ItemMeansSpec, install_item_means, release_item_means
 from dprec_torch.privacy.pnbm_clipping import per_user_grad_norms, zero_diagonal_
 
 MEAN_RELEASES = 2  # global mean, then the item statistics
@@ -89,8 +88,9 @@ class GaussianPNBM(GaussianDPSGD):
             raise ConfigError(f"GaussianPNBM trains PNBM only, got {type(model).__name__}")
         q, steps = min(1.0, float(sampling_ratio)), int(context.total_steps)
         self.mean_releases = 1 if self.lowrank else MEAN_RELEASES
-        self.mean_options = MeanOptions(float(mean_prior_std), float(mean_popularity_alpha), float(mean_popularity_share),
-                                        None if count_weight is None else float(count_weight)) if self.lowrank else None
+        self.mean_options = ItemMeansSpec(prior_std=float(mean_prior_std), popularity_alpha=float(mean_popularity_alpha),
+                                          popularity_share=float(mean_popularity_share),
+                                          count_weight=None if count_weight is None else float(count_weight)) if self.lowrank else None
         self.mean_sigma, sigma = 0.0, None
         if math.isfinite(epsilon):
             if not 0 < delta < 1:
@@ -98,24 +98,34 @@ class GaussianPNBM(GaussianDPSGD):
             if self.lowrank:
                 self.mean_sigma = gaussian_mean_multiplier(epsilon, delta, float(mean_fraction), accountant)
             else:
-                self.mean_sigma = calibrate_sigma(float(mean_fraction) * epsilon, delta, 1.0, MEAN_RELEASES, accountant)
-            sigma = calibrate_sigma(epsilon, delta, q, steps, accountant, prior=[(self.mean_sigma, 1.0, self.mean_releases)])
+                self.mean_sigma = calibrate_gaussian(float(mean_fraction) * epsilon, delta, 1.0, MEAN_RELEASES, accountant).sigma
+            sigma = calibrate_gaussian(epsilon, delta, q, steps, accountant, prior=[(self.mean_sigma, 1.0, self.mean_releases)]).sigma
         super().__init__(params, context, epsilon, delta=delta, unit="user", clip_norm=clip_norm, noise_multiplier=sigma,
                          accountant=accountant, lr=lr, weight_decay=weight_decay, sampling_ratio=q, seed=seed)
         self.model_ref = model
         self.mean_release = None
-        if self.mean_sigma > 0 and self.lowrank:
+        self.releases_item_means = self.mean_sigma > 0  # by prepare(), recorded in the accountant as (sigma_0, 1, releases)
+        self.mean_global_fraction, self.mean_shrinkage = float(mean_global_fraction), float(mean_shrinkage)
+        self.init, self.init_value = init, float(init_value)
+
+    def prepare(self, model: Any) -> None:
+        """Before any batch: the item means released by the Gaussian mechanism(s) with multiplier sigma_0 from
+        ``self.generator`` into the model and its fallback (one accountant entry), then S = s0 (1 - I) (``init=constant``,
+        full form)."""
+        super().prepare(model)
+        if self.releases_item_means and self.lowrank:
             self.mean_release = release_means(model, 1.0 / self.mean_sigma, "gaussian", self.mean_options, self.generator)
             self.accountant.step(self.mean_sigma, 1.0, steps=1)
-        elif self.mean_sigma > 0:
-            self.mean_release = dp_item_means(model.history, relation="user", noise="gaussian",
-                                              noise_multiplier=self.mean_sigma, global_fraction=float(mean_global_fraction),
-                                              shrinkage=float(mean_shrinkage), generator=self.generator)
+        elif self.releases_item_means:
+            self.mean_release = release_item_means(model.history, ItemMeansSpec("centred", "user", "gaussian",
+                                                                                global_fraction=self.mean_global_fraction,
+                                                                                shrinkage=self.mean_shrinkage),
+                                                   self.generator, noise_multiplier=self.mean_sigma)
             install_item_means(model, self.mean_release)
             self.accountant.step(self.mean_sigma, 1.0, steps=MEAN_RELEASES)
-        if init == "constant" and not self.lowrank:
+        if self.init == "constant" and not self.lowrank:
             with torch.no_grad():
-                model.S.fill_(float(init_value))
+                model.S.fill_(self.init_value)
                 model.S.fill_diagonal_(0.0)
 
     def clip_residuals(self, residuals: torch.Tensor, batch: Any = None, model: Any = None) -> torch.Tensor:
@@ -126,8 +136,6 @@ class GaussianPNBM(GaussianDPSGD):
             raise ConfigError("mechanism=gaussian with PNBM needs user-level batches (every rating of each sampled user)")
         if self.lowrank:
             return clip_lowrank(self, residuals, batch, model)
-        if self.mean_release is not None and recentre_batch_(batch, model):
-            residuals = (model.batch_predict(batch) - batch.values).detach()
         return self.clip_by_norm(residuals, per_user_grad_norms(model, batch, residuals, p=2), batch.rows)
 
     def add_noise(self) -> None:
@@ -143,14 +151,14 @@ class GaussianPNBM(GaussianDPSGD):
         if self.noise_multiplier <= 0:
             return math.inf
         if self.lowrank:  # memoised (asked every epoch)
-            return history_epsilon((*hist, (self.noise_multiplier, self.sampling_ratio, self.context.total_steps)),
-                                   self.delta, self.accountant_name)
+            return gaussian_epsilon((*hist, (self.noise_multiplier, self.sampling_ratio, self.context.total_steps)),
+                                    self.delta, self.accountant_name)
         return gaussian_epsilon(hist + [(self.noise_multiplier, self.sampling_ratio, self.context.total_steps)],
                                 self.delta, self.accountant_name)
 
     def epsilon_spent(self) -> float:
         if self.lowrank:  # the same accountant's figure, memoised per history
-            return history_epsilon(tuple(tuple(h) for h in self.accountant.history), self.delta, self.accountant_name)
+            return gaussian_epsilon(self.accountant.history, self.delta, self.accountant_name)
         return super().epsilon_spent()
 
     def privacy_report(self) -> dict[str, Any]:

@@ -53,7 +53,7 @@ sigma = sqrt(rho eta) / (eta C / (q N)). The DP item means (:mod:`dprec_torch.me
 release, multiplier sigma_m) and the T steps are one history [(sigma_m, 1, 1), (sigma, q, T)] for Opacus's RDP or PRV
 accountant (``accountant``), which gives (eps, delta) with delta = the typed ``delta``: an SGLD whose delta is a number.
 The typed eps calibrates the chain's temperature: sigma is the smallest multiplier whose history meets (eps, delta)
-(:func:`~dprec_torch.privacy.analysis.calibrate_sigma`) and rho = eta (sigma C / (q N))^2 (``temperature`` is not read).
+(:func:`~dprec_torch.privacy.calibration.calibrate_gaussian`) and rho = eta (sigma C / (q N))^2 (``temperature`` is not read).
 At a constant step the chain is therefore Gaussian DP-SGD with step ``lr`` and weight decay lambda / N, and the
 settings validated for one serve the other. The posterior-sampling argument is stated beside the accountant's figure
 and does not apply here: L_u = sum_i (y_ui - f_ui)^2 is unbounded in U, so no B bounds it.
@@ -70,13 +70,12 @@ from dprec_torch.errors import ConfigError
 from dprec_torch.interfaces import ClipsTrainingPredictions, HasItemMeans
 from dprec_torch.mechanisms.base import MechanismOptimizer
 from dprec_torch.mechanisms.context import TrainingContext
-from dprec_torch.mechanisms.dpsgd_l1 import bound_model, is_pnbm, recentre_batch_
-from dprec_torch.mechanisms.lowrank_pnbm import (MeanOptions, clip_lowrank, gaussian_mean_multiplier, history_epsilon, is_lowrank,
-                                                 means_report, release_means)
-from dprec_torch.privacy.analysis import calibrate_sigma
+from dprec_torch.mechanisms.dpsgd_l1 import bound_model, is_pnbm
+from dprec_torch.mechanisms.lowrank_pnbm import clip_lowrank, gaussian_mean_multiplier, is_lowrank, means_report, release_means
+from dprec_torch.privacy.calibration import calibrate_gaussian, gaussian_epsilon
 from dprec_torch.privacy.opacus_accounting import ACCOUNTANT_TEXT, ACCOUNTANTS, OpacusAccountant
 from dprec_torch.privacy.budget import check_epsilon
-from dprec_torch.privacy.item_means import dp_item_means, install_item_means
+from dprec_torch.privacy.item_means import ItemMeansSpec, install_item_means, release_item_means
 
 BOUNDS = ("paper", "model")
 INITS = ("random", "constant")
@@ -116,8 +115,6 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
         weight_decay: float = 0.02,
         sampling_ratio: float = 1.0,
         max_user_ratings: int = 200,
-        burn_in_epochs: int = 0,
-        average_samples: bool = False,
         init_scale: float = 1.0,
         seed: int | None = None,
         likelihood_bound: str = "paper",
@@ -158,8 +155,9 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
         if self.clipped or is_lowrank(model):  # the accounted chain (module docstring, "Clipped chain")
             self._init_clipped(model, context, epsilon, float(lr), float(decay), float(sampling_ratio), clip_norm, float(delta),
                                accountant, float(mean_fraction), prior_kappa, float(prior_mean),
-                               MeanOptions(float(mean_prior_std), float(mean_popularity_alpha), float(mean_popularity_share),
-                                           None if count_weight is None else float(count_weight)))
+                               ItemMeansSpec(prior_std=float(mean_prior_std), popularity_alpha=float(mean_popularity_alpha),
+                                             popularity_share=float(mean_popularity_share),
+                                             count_weight=None if count_weight is None else float(count_weight)))
             return
         self.pnbm = is_pnbm(model)
         if float(prior_mean) != 0.0 and not self.pnbm:
@@ -167,7 +165,6 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
         self.context, self.epsilon = context, epsilon
         self.eta1, self.decay, self.rho = float(lr), float(decay), float(temperature)
         self.sampling_ratio, self.tau = float(sampling_ratio), int(max_user_ratings)
-        self.burn_in_epochs, self.average_samples = int(burn_in_epochs), bool(average_samples)
         self.bound_mode, self.prior_mean = likelihood_bound, float(prior_mean)
         span = context.scale.span
         self.e_max = error_bound(model, span)
@@ -177,36 +174,51 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
         # B used in the update (Alg. 2's eps/4B) and the B that truly bounds a user's log-likelihood
         self.B = (span**2 if likelihood_bound == "paper" else self.e_max**2) * self.tau
         self.B_true = None if self.e_max is None else self.e_max**2 * self.tau
-        # DP item means first (PNBM): the rest of the budget goes to the sample
+        # DP item means first (PNBM, released by prepare()): the rest of the budget goes to the sample
         self.mean_release, self.mean_epsilon = None, 0.0
         if self.pnbm and float(mean_fraction) > 0 and math.isfinite(epsilon):
-            if model.history is None:
-                raise ConfigError("mechanism=sgld needs the PNBM attached to its training data before the mechanism")
             self.mean_epsilon = float(mean_fraction) * epsilon
-            self.mean_release = dp_item_means(model.history, relation="user", noise="laplace", epsilon=self.mean_epsilon,
-                                              global_fraction=float(mean_global_fraction),
-                                              shrinkage=float(mean_shrinkage), generator=self.generator)
-            install_item_means(model, self.mean_release)
+        self.releases_item_means = self.mean_epsilon > 0
+        self.mean_global_fraction, self.mean_shrinkage = float(mean_global_fraction), float(mean_shrinkage)
+        self.init, self.init_value, self.init_scale = init, float(init_value), float(init_scale)
         self.sample_epsilon = epsilon - self.mean_epsilon  # eps_s
         if prior_kappa is not None:  # lambda = kappa 4B / eps_s (kappa itself for the unscaled posterior, epsilon = inf)
             self.param_groups[0]["weight_decay"] = float(prior_kappa) / self.posterior_scale
         self.prior_kappa = None if prior_kappa is None else float(prior_kappa)
-        with torch.no_grad():  # starting point of the chain only (data-independent)
-            for p in params:
-                if init == "constant" and self.pnbm and p.dim() == 2 and p.shape[0] == p.shape[1]:
-                    p.fill_(float(init_value)).fill_diagonal_(0.0)
-                else:
-                    p.mul_(float(init_scale))
         pp = list(context.prior_precision) if prior_correction else []
         self.prior_correction = bool(prior_correction)
         self.prior_precision = pp or [None] * len(params)
         if self.prior_mean != 0.0 and any(h is not None for h in self.prior_precision):
             raise ConfigError("mechanism.prior_mean != 0 needs prior_correction=false (H is data-dependent anyway)")
-        self.state["mechanism"]["samples_averaged"] = 0
+
+    def prepare(self, model: Any) -> None:
+        """Before the chain's first step: PNBM's DP item means (Laplace at eps_0, user level) from ``self.generator``
+        into the model and its fallback, then the chain's data-independent start (S = s0 (1 - I) for ``init=constant``,
+        else the parameters scaled by ``init_scale``). The clipped chain: the Gaussian item means (one accountant entry)."""
+        super().prepare(model)
+        if self.clipped:
+            if self.releases_item_means:
+                self.mean_release = release_means(model, 1.0 / self.mean_sigma, "gaussian", self.mean_options, self.generator)
+                self.accountant.step(self.mean_sigma, 1.0)
+            return
+        if self.releases_item_means:
+            if model.history is None:
+                raise ConfigError("mechanism=sgld needs the PNBM attached to its training data before the mechanism")
+            self.mean_release = release_item_means(model.history, ItemMeansSpec("centred", "user", "laplace",
+                                                                                global_fraction=self.mean_global_fraction,
+                                                                                shrinkage=self.mean_shrinkage),
+                                                   self.generator, epsilon=self.mean_epsilon)
+            install_item_means(model, self.mean_release)
+        with torch.no_grad():  # starting point of the chain only (data-independent)
+            for p in self.param_groups[0]["params"]:
+                if self.init == "constant" and self.pnbm and p.dim() == 2 and p.shape[0] == p.shape[1]:
+                    p.fill_(self.init_value).fill_diagonal_(0.0)
+                else:
+                    p.mul_(self.init_scale)
 
     def _init_clipped(self, model: Any, context: TrainingContext, epsilon: float, eta: float, decay: float, q: float,
                       clip_norm: float | None, delta: float, accountant: str, mean_fraction: float, prior_kappa: float | None,
-                      prior_mean: float, options: MeanOptions) -> None:
+                      prior_mean: float, options: ItemMeansSpec) -> None:
         """The clipped chain on the low-rank PNBM: calibrate the temperature rho to (eps, delta) and release the means."""
         if not is_lowrank(model):
             raise ConfigError("mechanism.clip_norm (the accounted, clipped SGLD chain) is implemented for the low-rank PNBM "
@@ -237,15 +249,13 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
         self.mean_sigma, self.noise_multiplier = 0.0, 0.0
         if private:
             self.mean_sigma = gaussian_mean_multiplier(epsilon, delta, mean_fraction, accountant)
-            self.noise_multiplier = calibrate_sigma(epsilon, delta, q, int(context.total_steps), accountant,
-                                                    prior=[(self.mean_sigma, 1.0, 1)])
+            self.noise_multiplier = calibrate_gaussian(epsilon, delta, q, int(context.total_steps), accountant,
+                                              prior=[(self.mean_sigma, 1.0, 1)]).sigma
         # rho from sigma: the step's noise std sqrt(rho eta) against its sensitivity eta C / (q N)
         self.rho = eta * (self.noise_multiplier * self.clip_norm / context.grad_divisor) ** 2
         self.accountant = OpacusAccountant(accountant)
         self.mean_release = None
-        if private:
-            self.mean_release = release_means(model, 1.0 / self.mean_sigma, "gaussian", options, self.generator)
-            self.accountant.step(self.mean_sigma, 1.0)
+        self.releases_item_means = private  # by prepare(): one Gaussian release, (sigma_m, q = 1, 1 step)
         self.state["mechanism"].update(clipped_fraction=0.0, max_clipped_norm=0.0)
 
     # ------------------------------------------------------------------ pieces
@@ -269,14 +279,12 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
         return math.sqrt(self.rho * self.step_size(t))
 
     def clip_residuals(self, residuals: torch.Tensor, batch: Any = None, model: Any = None) -> torch.Tensor:
-        """No clipping (B bounds the log-likelihood); re-centre a batch cached before the DP means were installed.
-        The clipped chain: each sampled user's whole gradient of U clipped to Frobenius norm C."""
+        """No clipping (B bounds the log-likelihood). The clipped chain: each sampled user's whole gradient of U
+        clipped to Frobenius norm C."""
         if self.clipped:
             if batch is None or model is None or batch.n_targets != batch.ind.values().numel():
                 raise ConfigError("mechanism=sgld (clipped chain) needs user-level batches and the model to clip per user")
             return clip_lowrank(self, residuals, batch, model)
-        if self.mean_release is not None and batch is not None and model is not None and recentre_batch_(batch, model):
-            residuals = (model.batch_predict(batch) - batch.values).detach()
         return residuals
 
     def add_noise(self) -> None:
@@ -345,15 +353,15 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
         if self.clipped:
             if self.noise_multiplier <= 0:
                 return math.inf
-            return history_epsilon(tuple(tuple(h) for h in self.accountant.history), self.delta, self.accountant_name)
+            return gaussian_epsilon(self.accountant.history, self.delta, self.accountant_name)
         return math.inf
 
     def planned_epsilon(self) -> float:
         """The clipped chain: the accountant's epsilon after the item means and all T = context.total_steps steps."""
         if not (self.clipped and self.noise_multiplier > 0):
             return math.inf
-        return history_epsilon(((self.mean_sigma, 1.0, 1), (self.noise_multiplier, self.sampling_ratio, self.context.total_steps)),
-                               self.delta, self.accountant_name)
+        return gaussian_epsilon(((self.mean_sigma, 1.0, 1), (self.noise_multiplier, self.sampling_ratio, self.context.total_steps)),
+                                self.delta, self.accountant_name)
 
     def releases_exact_statistics(self) -> bool:
         """True when the model also releases non-private training statistics (PNBM's exact item means)."""
@@ -364,9 +372,8 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
         if self.clipped:
             return self._clipped_report()
         k = self.context.total_steps
-        m = max(1, int(self.state["mechanism"]["samples_averaged"])) if self.average_samples else 1
         sample = self.sample_epsilon_delivered()
-        eps_sample = None if sample is None else sample * m
+        eps_sample = sample  # one sample is released (the last state of the chain)
         exact_means = self.releases_exact_statistics()
         # what an EXACT posterior sample would cost; the chain's delta is unknown (~1), so nothing is defended
         eps_exact = None if (exact_means or eps_sample is None) else self.mean_epsilon + eps_sample
@@ -406,7 +413,7 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
             "posterior_scale": self.posterior_scale,
             "prior": {"weight_decay_lambda": self.param_groups[0]["weight_decay"], "kappa": self.prior_kappa,
                       "centre": self.prior_mean, "H_correction": self.prior_correction},
-            "samples_released": m,
+            "samples_released": 1,
             "epsilon_nominal": self.epsilon,
             "epsilon_item_means": self.mean_epsilon,
             "epsilon_sample": self.sample_epsilon,
@@ -468,7 +475,7 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
                            f"1 step) and {k} chain steps (noise multiplier {self.noise_multiplier:.4g}, q = {q:g})"),
             "accountant_history": [[self.mean_sigma, 1.0, 1], [self.noise_multiplier, q, k]],
             "calibration": ("the typed epsilon sets the temperature rho: sigma is the smallest noise multiplier whose "
-                            "history meets (epsilon, delta) (privacy/analysis.calibrate_sigma), rho = eta (sigma C / (q N))^2"),
+                            "history meets (epsilon, delta) (privacy/calibration.calibrate_gaussian), rho = eta (sigma C / (q N))^2"),
             "item_means": means_report(self.mean_release, "gaussian", 1.0 / self.mean_sigma) if self.mean_release else None,
             "posterior_sampling": posterior,
             "epsilon_if_exact_sample": None,

@@ -97,11 +97,20 @@ def full_batch(train: Ratings, item_means: torch.Tensor) -> UserBatch:
     return make_batch(train, item_means, torch.ones(len(train), dtype=torch.bool, device=train.device), all_users)
 
 
+def poisson_steps_per_epoch(ratio: float) -> int:
+    """Steps of one epoch at sampling ratio gamma: round(1 / gamma), at least 1 (known before any sampler exists)."""
+    if not 0 < ratio <= 1:
+        raise ValueError(f"sampling ratio must be in (0, 1], got {ratio}")
+    return max(1, round(1.0 / float(ratio)))
+
+
 class PoissonBatchSampler:
     """Poisson sampling with ratio gamma of ratings (``unit=rating``) or of users (``unit=user``).
 
     Each unit is included independently with probability gamma, which is the
-    sampling scheme the subsampling-amplification bounds assume.
+    sampling scheme the subsampling-amplification bounds assume. Every batch is built from the live
+    ``item_means`` when it is first drawn (the full batch of gamma = 1 once, then reused), so it centres
+    the history by whatever the mechanism's ``prepare`` or a restored checkpoint installed.
     """
 
     def __init__(self, train: Ratings, item_means: torch.Tensor, ratio: float, unit: str, generator: torch.Generator,
@@ -114,13 +123,15 @@ class PoissonBatchSampler:
         # rating-level batches of a targets-only model (MF) skip the history; user-level ones keep it (targets = history,
         # which the mechanisms' unit=user checks read)
         self.history = bool(history) or unit == "user"
-        self._full = full_batch(train, item_means) if ratio >= 1 else None
+        self._full: UserBatch | None = None  # gamma = 1: built by the first sample(), then reused
 
     def steps_per_epoch(self) -> int:
-        return max(1, round(1.0 / self.ratio))
+        return poisson_steps_per_epoch(self.ratio)
 
     def sample(self) -> UserBatch:
-        if self._full is not None:
+        if self.ratio >= 1:
+            if self._full is None:
+                self._full = full_batch(self.train, self.item_means)
             return self._full
         t = self.train
         if self.unit == "rating":

@@ -149,7 +149,7 @@ class _SimilarityForm:
 
 
 #: the model keys the low-rank form reads (the others are the full form's)
-LOWRANK_KEYS = ("rank", "init_std", "clamp_r", "beta_p")
+LOWRANK_KEYS = ("rank", "init_std", "clamp_r", "beta_p", "item_features", "feature_reg")
 
 
 class PNBM(BindsHistory, _SimilarityForm, nn.Module):
@@ -171,8 +171,8 @@ class PNBM(BindsHistory, _SimilarityForm, nn.Module):
         similarity: ``full`` (this class, S is M x M) or ``lowrank`` (S = U U^T, built as
             :class:`~dprec_torch.models.pnbm_lowrank.LowRankPNBM`, which reads ``rank``, ``init_std``, ``clamp_r``,
             ``beta_p``, ``seed``, ``device`` and none of the full form's other keys).
-        rank, init_std, clamp_r, beta_p: the low-rank form's d, U_0's entry std, Gamma_r and the user-offset damping
-            (unused here).
+        rank, init_std, clamp_r, beta_p, item_features, feature_reg: the low-rank form's d, U_0's entry std, Gamma_r,
+            the user-offset damping and its public item features with their ridge (unused here).
         pair_backend: sparse-pair kernels on the CPU: ``numba`` (fused compiled loops,
             :mod:`dprec_torch.models.pair_numba`), ``torch`` (chunked tensor ops, any device) or
             ``auto`` (numba on the CPU when it imports); same numbers either way.
@@ -202,6 +202,8 @@ class PNBM(BindsHistory, _SimilarityForm, nn.Module):
         init_std: float = 0.03,
         clamp_r: float = 1.0,
         beta_p: float = 5.0,
+        item_features: bool | str = False,
+        feature_reg: float = 10.0,
     ) -> None:
         super().__init__()
         if gradient not in GRADIENTS:

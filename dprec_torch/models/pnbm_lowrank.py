@@ -31,6 +31,13 @@ the clamped target r_bar_i + b_u + y_ui), and ``surrogate_loss`` is 2 sum e'_ui 
 sum_u dL_u/dU: scaling a user's residuals by min(1, C / ||g_u||_F) clips that user's whole gradient. No clamp, max or
 abs acts on U, so there is no kink for autograd to choose a subgradient at (the clamp of y reads data only).
 
+Public item features (``model.item_features``, the catalogue's genres and release decade,
+:mod:`dprec_torch.data.item_features`): each user also fits their own ridge weights on them,
+w_u = (Phi_Ru^T Phi_Ru + lambda I)^-1 Phi_Ru^T y_u (:func:`dprec_torch.models.content.feature_weights`), and the
+model then reads y'_uj = clamp(y_uj - w_u . phi_j, -Gamma_r, Gamma_r) in place of y and adds w_u . phi_i to the
+prediction. w_u is a function of u's own ratings and public data only (never released), so each user's gradient is
+still a function of that user alone and the per-user clip bounds it: the release and its epsilon are unchanged.
+
 ``gradient_reduction = "mean"``: the mechanisms divide the (clipped, noised) sum by the expected batch size q N
 (Opacus's ``scale_grad``, ``lowrank_dpsgd``'s g / (q N)), so ``lr`` is a step on the mean per-user loss.
 """
@@ -48,6 +55,7 @@ from dprec_torch.errors import ConfigError
 from dprec_torch.interfaces import MeanFallback
 from dprec_torch.models.batching import UserBatch
 from dprec_torch.models.history import BindsHistory
+from dprec_torch.models.content import check_item_features, public_features_text, resolve_item_features, row_feature_weights
 
 DENOMINATOR_RULE = "n_u^(1/2)"  # d_ui of Eq. (2) in the low-rank form (module docstring)
 
@@ -106,6 +114,7 @@ class _BatchTerms:
     w: torch.Tensor  # n_u^(-1/2) per batch row
     y_target: torch.Tensor  # y at the batch targets
     targets_are_history: bool  # user-level batch: the targets ARE the history, in the same order
+    content: torch.Tensor | None  # w_u . phi_i at the batch targets (public item features), None without them
 
 
 class LowRankPNBM(BindsHistory, nn.Module):
@@ -114,6 +123,8 @@ class LowRankPNBM(BindsHistory, nn.Module):
     Args:
         n_items: M. rank: d (U is M x d). init_std: U_0 ~ N(0, init_std^2) entrywise (seeded by ``seed``,
         data-independent). clamp_r: Gamma_r, the clamp of a residual. beta_p: damping of the user's own offset b_u.
+        item_features: ``true`` | ``false`` | ``auto`` (on when the data has a public catalogue attached): each user's
+        own ridge weights on the public item features (module docstring). feature_reg: lambda of that ridge.
         device: where U is initialised.
     """
 
@@ -123,7 +134,8 @@ class LowRankPNBM(BindsHistory, nn.Module):
     gradient_reduction = "mean"  # mechanisms divide the clipped, noised sum by q N (module docstring)
 
     def __init__(self, n_items: int, rank: int = 8, init_std: float = 0.03, clamp_r: float = 1.0, beta_p: float = 5.0,
-                 seed: int = 0, device: torch.device | str | None = None) -> None:
+                 item_features: bool | str = False, feature_reg: float = 10.0, seed: int = 0,
+                 device: torch.device | str | None = None) -> None:
         super().__init__()
         if int(rank) < 1:
             raise ConfigError(f"model.rank (d of S = U U^T) must be >= 1, got {rank}")
@@ -132,6 +144,11 @@ class LowRankPNBM(BindsHistory, nn.Module):
                               f"(got {clamp_r}, {beta_p}, {init_std})")
         self.n_items, self.rank = int(n_items), int(rank)
         self.clamp_r, self.beta_p, self.init_std = float(clamp_r), float(beta_p), float(init_std)
+        if not feature_reg > 0:
+            raise ConfigError(f"model.feature_reg={feature_reg} must be > 0 (the ridge of each user's feature weights)")
+        self.item_features = check_item_features(item_features, "model.item_features")
+        self.feature_reg = float(feature_reg)
+        self.features_ = None  # the public item features bound with the data (bind)
         gen = torch.Generator().manual_seed(int(seed))  # drawn on the CPU: the same U_0 on every device
         init = (torch.randn(self.n_items, self.rank, generator=gen, dtype=torch.float64) * self.init_std).float()
         self.U = nn.Parameter(init.to(device or "cpu"))
@@ -141,6 +158,32 @@ class LowRankPNBM(BindsHistory, nn.Module):
         self._predict_cache: dict = {}
 
     # ---------------------------------------------------------------- set-up
+    def bind(self, train: Ratings) -> "LowRankPNBM":
+        """Bind the histories and resolve the public item features the model reads (``item_features``)."""
+        super().bind(train)
+        self.features_ = resolve_item_features(self.item_features, train, "model.item_features")
+        return self
+
+    def public_item_features(self) -> str | None:
+        """The privacy report's statement of the public item features read (None without them)."""
+        return public_features_text(self.features_, self.feature_reg, "; U learns what they leave")
+
+    def _residuals(self, rows: torch.Tensor, items: torch.Tensor, values: torch.Tensor, n_rows: int
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(b_u, y per rating, w_u per row or None): y is what the user's own feature weights leave, clamped."""
+        b, y = user_residuals(rows, items, values, self.item_means, n_rows, self.beta_p, self.clamp_r)
+        if self.features_ is None:
+            return b, y, None
+        w, y = row_feature_weights(rows, items, y, self.features_, self.feature_reg, n_rows)
+        return b, y.clamp(-self.clamp_r, self.clamp_r), w
+
+    def _content(self, w: torch.Tensor | None, rows: torch.Tensor, items: torch.Tensor) -> torch.Tensor | None:
+        """w_u . phi_i for the pairs (rows, items), None without features."""
+        if w is None or self.features_ is None:
+            return None
+        phi = self.features_.matrix.to(w.device, w.dtype)
+        return (w[rows] * phi[items]).sum(1)
+
     # --------------------------------------------------------------- training
     def _terms(self, batch: UserBatch) -> _BatchTerms:
         """The batch's data terms for the current r_bar (cached on the batch, keyed by r_bar's version)."""
@@ -158,12 +201,18 @@ class LowRankPNBM(BindsHistory, nn.Module):
             rows = torch.repeat_interleave(torch.arange(n_rows, device=crow.device), crow[1:] - crow[:-1])
             items = batch.x.col_indices()
             values = batch.x.values() + self.item_means[items]
-        b, y = user_residuals(rows, items, values, self.item_means, n_rows, self.beta_p, self.clamp_r)
+        b, y, wf = self._residuals(rows, items, values, n_rows)
         w = torch.bincount(rows, minlength=n_rows).float().clamp_min(1.0).rsqrt()
         same = rows is batch.rows
-        y_t = y if same else (batch.values.double() - self.item_means.double()[batch.items]
-                              - b.double()[batch.rows]).clamp(-self.clamp_r, self.clamp_r).float()
-        terms = _BatchTerms(rows, items, y, b, w, y_t, same)
+        content = self._content(wf, batch.rows, batch.items)
+        if same:
+            y_t = y
+        else:  # the targets' residuals, as the history's (clamp, then the feature weights' part, clamp)
+            y_t = (batch.values.double() - self.item_means.double()[batch.items]
+                   - b.double()[batch.rows]).clamp(-self.clamp_r, self.clamp_r).float()
+            if content is not None:
+                y_t = (y_t - content).clamp(-self.clamp_r, self.clamp_r)
+        terms = _BatchTerms(rows, items, y, b, w, y_t, same, content)
         batch.__dict__["_lowrank_terms"] = (key, batch.values, terms)
         return terms
 
@@ -182,12 +231,14 @@ class LowRankPNBM(BindsHistory, nn.Module):
         f = self._f(batch, terms, self.U)
         if torch.is_grad_enabled() and f.requires_grad:
             batch.__dict__["_forward_f"] = (weakref.ref(self.U), self.U._version, f)
-        return self.item_means[batch.items] + terms.b[batch.rows] + f
+        base = self.item_means[batch.items] + terms.b[batch.rows]
+        return base + f if terms.content is None else base + terms.content + f
 
     def training_targets(self, batch: UserBatch) -> torch.Tensor:
         """The clamped targets r_bar_i + b_u + y_ui: the Trainer's residual is then f_ui - y_ui (module docstring)."""
         terms = self._terms(batch)
-        return self.item_means[batch.items] + terms.b[batch.rows] + terms.y_target
+        base = self.item_means[batch.items] + terms.b[batch.rows] + terms.y_target
+        return base if terms.content is None else base + terms.content
 
     def surrogate_loss(self, batch: UserBatch, residuals: torch.Tensor) -> torch.Tensor:
         """2 sum e'_ui f_ui with e' = ``residuals`` (f - y, possibly scaled per user) held constant: its gradient in U is
@@ -222,22 +273,22 @@ class LowRankPNBM(BindsHistory, nn.Module):
                           "use model.similarity=full with mechanism=dpsgd_paper")
 
     # ------------------------------------------------------------- prediction
-    def _user_state(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(b_u [N], p_u [N, d], n_u^(-1/2) [N], sorted keys u M + j of the history, y in that order) for the current
-        U and r_bar, cached per version of both."""
+    def _user_state(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(b_u [N], p_u [N, d], n_u^(-1/2) [N], sorted keys u M + j of the history, y in that order, the feature
+        weights w_u [N, F] or None) for the current U and r_bar, cached per version of both."""
         assert self.history is not None
         key = (self.U._version, self.U.data_ptr(), self.item_means._version, self.item_means.data_ptr(), self.U.device)
         hit = self._predict_cache.get("users")
         if hit is not None and hit[0] == key:
             return hit[1]
         h = self.history.to(self.U.device)
-        b, y = user_residuals(h.users, h.items, h.values, self.item_means, h.n_users, self.beta_p, self.clamp_r)
+        b, y, wf = self._residuals(h.users, h.items, h.values, h.n_users)
         U = self.U.detach()
         p, _ = user_aggregates(h.users, h.items, y, U, h.n_users)
         w = torch.bincount(h.users, minlength=h.n_users).float().clamp_min(1.0).rsqrt()
         keys = h.users * self.n_items + h.items
         order = torch.argsort(keys)
-        out = (b, p, w, keys[order], y[order])
+        out = (b, p, w, keys[order], y[order], wf)
         self._predict_cache["users"] = (key, out)
         return out
 
@@ -248,7 +299,7 @@ class LowRankPNBM(BindsHistory, nn.Module):
             raise RuntimeError("PNBM.predict called before attach(train)")
         dev = self.U.device
         users, items = users.to(dev), items.to(dev)
-        b, p, w, keys, y_sorted = self._user_state()
+        b, p, w, keys, y_sorted, wf = self._user_state()
         uc = users.clamp(0, self.history.n_users - 1)
         ic = items.clamp(0, self.n_items - 1)
         ui = self.U.detach()[ic]
@@ -258,6 +309,9 @@ class LowRankPNBM(BindsHistory, nn.Module):
             pos = torch.searchsorted(keys, q).clamp_max(keys.numel() - 1)
             rated = keys[pos] == q
             f = f - torch.where(rated, (ui * ui).sum(1) * y_sorted[pos] * w[uc], torch.zeros_like(f))
+        content = self._content(wf, uc, ic)
+        if content is not None:
+            f = f + content
         return self.fallback_.finish(users, items, self.item_means[ic] + b[uc] + f)
 
     @property

@@ -9,10 +9,12 @@ factor p_u from V and their own ratings; p_u is never released, and u's predicti
 
 Algorithm (numbers refer to the steps in the code):
 
-0. DP item means r~ (:func:`dprec_torch.privacy.gaussian_release.release_item_means`); residuals
-   y_ui = clamp(r_ui - r~_i - b_u, -Gamma_r, Gamma_r) with the user's own damped offset b_u.
+0. DP item means r~ (:func:`dprec_torch.privacy.item_means.release_item_means`, the ``posterior`` estimator with the
+   ``mean_*`` options, :attr:`DPALS.means_spec`); residuals y_ui = clamp(r_ui - r~_i - b_u, -Gamma_r, Gamma_r) with the
+   user's own damped offset b_u.
    Per-user sampling (the paper's "at most m ratings per user"): the item-side statistics read only the ratings
-   kept by :func:`per_user_sample_of` (a function of the seed and the user's own raw ids).
+   kept by :func:`~dprec_torch.data.preprocess.per_user_sample` (``hash="lehmer"``; a function of the seed and the
+   user's own raw ids).
 1. Noisy power iteration (initialisation, ``power_iters`` rounds, Hardt & Roth / the paper's Alg. 2):
    W = sum_u x_u (x_u^T Q) + N(0, s_0^2)^{M x d}, Q = qr(W), with x_u the sampled residuals scaled to
    ||x_u|| <= c_0 = Gamma_r sqrt(m): one user moves W by ||x x^T Q||_F <= ||x||^2 <= c_0^2 (Q orthonormal).
@@ -42,24 +44,21 @@ from typing import Any
 
 import torch
 
+from dprec_torch.data.preprocess import per_user_sample
 from dprec_torch.data.ratings import Ratings, _to_csr
 from dprec_torch.errors import ConfigError, DataError
 from dprec_torch.predictors.base import BasePredictor, query_pairs
 from dprec_torch.predictors.release import fallback_release
 from dprec_torch.privacy.budget import check_epsilon_delta
-from dprec_torch.privacy.gaussian_release import (
+from dprec_torch.privacy.calibration import calibrate_gaussian, gaussian_epsilon, gdp_epsilon, split_mu
+from dprec_torch.privacy.item_means import (
     NOISES,
     RELATION_TEXT,
     RELATIONS,
-    check_popularity,
-    gdp_epsilon,
+    ItemMeansSpec,
     install_private_fallback,
     item_stats_sensitivity,
-    per_user_sample_of,
-    rdp_epsilon,
     release_item_means,
-    split_mu,
-    total_mu,
 )
 from dprec_torch.seeding import noise_generator, noise_seed_or_secret
 
@@ -148,9 +147,10 @@ class DPALS(BasePredictor):
         dim: factor dimension d. iterations: ALS rounds T. power_iters: noisy power-iteration rounds.
         max_ratings_per_user: m (null: no sampling; only with epsilon=inf).
         clip_factor: Gamma_u. clamp_r: Gamma_r. reg: lambda (user solve). item_reg: lambda_v (item solve).
-        mean_fraction, mean_noise, mean_prior_std: the item-mean release (share of mu^2, or of epsilon for laplace).
-        mean_popularity_alpha, mean_popularity_share: its popularity re-weighting (Gaussian only, inside the same mu).
-        count_weight: gamma of the item statistics (null: the default; :mod:`dprec_torch.privacy.gaussian_release`).
+        mean_fraction: the item-mean release's share of mu^2 (or of epsilon for laplace).
+        mean_noise, mean_prior_std, mean_popularity_alpha, mean_popularity_share, count_weight: its noise, prior std,
+            popularity re-weighting (Gaussian only, inside the same mu) and gamma of the item statistics (null: the
+            default); kept as one posterior :class:`~dprec_torch.privacy.item_means.ItemMeansSpec`, :attr:`means_spec`.
         init_fraction: share of the Gaussian budget (mu^2) spent on the power iteration. beta_p: user-offset damping.
         init_scale: RMS entry of the initial item factors. seed: noise and sampling seed (None: secret, drawn from the OS entropy source).
     """
@@ -190,6 +190,10 @@ class DPALS(BasePredictor):
             raise ConfigError(f"dpals: relation={relation!r}; use one of {RELATIONS}")
         if mean_noise not in NOISES:
             raise ConfigError(f"dpals: mean_noise={mean_noise!r}; use one of {NOISES}")
+        #: the item-mean release's estimator and options (the mean_* keys; validated here)
+        self.means_spec = ItemMeansSpec("posterior", relation, mean_noise, float(mean_prior_std),
+                                        None if count_weight is None else float(count_weight), float(mean_popularity_alpha),
+                                        float(mean_popularity_share))
         if int(dim) < 1 or int(iterations) < 1 or int(power_iters) < 0:
             raise ConfigError(f"dpals: need dim >= 1, iterations >= 1, power_iters >= 0 (got {dim}, {iterations}, {power_iters})")
         if math.isfinite(self.epsilon) and (max_ratings_per_user is None or math.isinf(clip_factor) or math.isinf(clamp_r)):
@@ -204,13 +208,9 @@ class DPALS(BasePredictor):
         self.max_ratings_per_user = None if max_ratings_per_user is None else int(max_ratings_per_user)
         self.clip_factor, self.clamp_r, self.reg, self.item_reg = float(clip_factor), float(clamp_r), float(reg), float(item_reg)
         self.noise_reg = float(noise_reg)
-        self.mean_fraction, self.mean_noise, self.mean_prior_std = float(mean_fraction), mean_noise, float(mean_prior_std)
-        check_popularity(mean_popularity_alpha, mean_popularity_share, mean_noise)
-        self.mean_popularity_alpha, self.mean_popularity_share = float(mean_popularity_alpha), float(mean_popularity_share)
+        self.mean_fraction = float(mean_fraction)
         self.init_fraction, self.beta_p, self.init_scale = float(init_fraction), float(beta_p), float(init_scale)
         self.seed = None if seed is None else int(seed)  # None: secret noise (seeding.py)
-        self.count_weight = None if count_weight is None else float(count_weight)
-        item_stats_sensitivity(relation, mean_noise, self.count_weight)  # validates gamma (ConfigError)
 
     @property
     def private(self) -> bool:
@@ -219,7 +219,8 @@ class DPALS(BasePredictor):
     def release_sensitivities(self) -> dict[str, float]:
         """What ``fit`` calibrates its noise to: item statistics, one power-iteration round, one ALS round."""
         m = self.max_ratings_per_user
-        return {"item_stats": item_stats_sensitivity(self.relation, self.mean_noise, self.count_weight),
+        spec = self.means_spec
+        return {"item_stats": item_stats_sensitivity(spec.relation, spec.noise, spec.count_weight),
                 "power": power_sensitivity(m, self.clamp_r, self.relation) if m is not None else math.inf,
                 "als": als_sensitivity(m, self.clip_factor, self.clamp_r, self.relation) if m is not None else math.inf}
 
@@ -227,14 +228,14 @@ class DPALS(BasePredictor):
     def _plan(self) -> None:
         """Per-release mu (and eps of Laplace means) so that the whole run is (epsilon, delta)."""
         gauss_share = {"power": self.init_fraction if self.power_iters > 0 else 0.0}
-        if self.mean_noise == "laplace":
+        if self.means_spec.noise == "laplace":
             self.mean_epsilon_ = self.mean_fraction * self.epsilon
-            mu = total_mu(self.epsilon - self.mean_epsilon_, self.delta) if self.private else math.inf
+            mu = calibrate_gaussian(self.epsilon - self.mean_epsilon_, self.delta, accountant="gdp").mu if self.private else math.inf
             rest = 1.0 - gauss_share["power"]
             plan = {"als": (rest, self.iterations)}
         else:
             self.mean_epsilon_ = None
-            mu = total_mu(self.epsilon, self.delta) if self.private else math.inf
+            mu = calibrate_gaussian(self.epsilon, self.delta, accountant="gdp").mu if self.private else math.inf
             plan = {"item_stats": (self.mean_fraction, 1), "als": (1.0 - self.mean_fraction - gauss_share["power"], self.iterations)}
         if gauss_share["power"] > 0:
             plan["power"] = (gauss_share["power"], self.power_iters)
@@ -251,14 +252,18 @@ class DPALS(BasePredictor):
         gen = noise_generator(self.seed, dev, private=math.isfinite(self.epsilon))
         self._plan()
         # step 0: item means, offsets, residuals, per-user sample
-        budget = self.mean_epsilon_ if self.mean_noise == "laplace" else self.mu_["item_stats"]
-        rel = release_item_means(train, self.relation, budget if self.private else math.inf, self.mean_prior_std, gen, self.mean_noise,
-                                 self.count_weight, self.mean_popularity_alpha, self.mean_popularity_share)
+        if not self.private:
+            rel = release_item_means(train, self.means_spec, gen, epsilon=math.inf)
+        elif self.means_spec.noise == "laplace":
+            rel = release_item_means(train, self.means_spec, gen, epsilon=self.mean_epsilon_)
+        else:
+            rel = release_item_means(train, self.means_spec, gen, mu=self.mu_["item_stats"])
         self.means_release_ = rel
         self.item_avg_, self.global_avg_ = rel.means.to(dev), rel.global_mean
         install_private_fallback(self, self.item_avg_, self.global_avg_)
         self.user_offset_, y = user_residuals(train, self.item_avg_, self.beta_p, self.clamp_r)
-        keep = per_user_sample_of(train, self.max_ratings_per_user, noise_seed_or_secret(self.seed, private=math.isfinite(self.epsilon)))  # raw-id keys
+        keep = per_user_sample(train, self.max_ratings_per_user, noise_seed_or_secret(self.seed, private=math.isfinite(self.epsilon)),
+                               hash="lehmer")  # keyed by the raw ids in train.meta
         mask = train.csr(torch.ones_like(y))
         resid = train.csr(y)
         m_cap = self.max_ratings_per_user
@@ -346,7 +351,6 @@ class DPALS(BasePredictor):
         if not self.private:
             return {"mechanism": "dpals at epsilon=inf (no noise)", "relation": None, "epsilon": math.inf, "delta": 0.0,
                     "released": released, "analysis": "non-private"}
-        mus = {k: (self.mu_[k], n) for k, (_, n) in self.plan_.items()}
         gauss_mu = math.sqrt(sum(self.mu_[k] ** 2 * n for k, (_, n) in self.plan_.items()))
         eps_gauss = gdp_epsilon(gauss_mu, self.delta)
         mean_eps = self.mean_epsilon_ or 0.0
@@ -355,21 +359,22 @@ class DPALS(BasePredictor):
             "relation": self.relation,
             "relation_text": RELATION_TEXT[self.relation],
             "sensitivity": {"item_means": self.means_release_.sensitivity,
-                            "item_means_norm": "L1" if self.mean_noise == "laplace" else "L2",
+                            "item_means_norm": "L1" if self.means_spec.noise == "laplace" else "L2",
                             "als_round_l2": self.als_sensitivity_,
                             "power_round_l2": power_sensitivity(self.max_ratings_per_user, self.clamp_r, self.relation),
                             "rule": "sqrt(m) Gamma_u sqrt(Gamma_u^2 + Gamma_r^2) and m Gamma_r^2, x2 at rating level"},
             "item_means_release": self.means_release_.describe(),
-            "noise": (f"item means: {self.mean_noise} (std {self.means_release_.noise_std:.4g}); ALS rounds: N(0, {self.als_std_:.4g}^2) "
+            "noise": (f"item means: {self.means_spec.noise} (std {self.means_release_.noise_std:.4g}); ALS rounds: N(0, {self.als_std_:.4g}^2) "
                       f"on every (A_j triangle, b_j) entry x {self.iterations}; power iteration: N(0, {self.power_std_:.4g}^2) "
                       f"on every entry of W x {self.power_iters}"),
             "epsilon": self.epsilon,
             "delta": self.delta,
             "mu_gdp_per_release": dict(self.mu_),
             "epsilon_exact": mean_eps + eps_gauss,
-            "epsilon_rdp_crosscheck": mean_eps + rdp_epsilon(mus, self.delta),
+            "epsilon_rdp_crosscheck": mean_eps + gaussian_epsilon([(1.0 / self.mu_[k], 1.0, n) for k, (_, n) in self.plan_.items()],
+                                                                  self.delta),
             "accountant": ("Gaussian DP: exact composition of all Gaussian releases (Dong, Roth & Su 2022, Cor. 3.3, 2.13)"
-                           + ("; Laplace item means (pure eps) by basic composition" if self.mean_noise == "laplace" else "")
+                           + ("; Laplace item means (pure eps) by basic composition" if self.means_spec.noise == "laplace" else "")
                            + "; Opacus RDP figure as a looser cross-check"),
             "released": released,
             "joint_dp": joint,

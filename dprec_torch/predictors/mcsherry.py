@@ -56,7 +56,7 @@ from dprec_torch.data.ratings import Ratings
 from dprec_torch.errors import ConfigError, DataError
 from dprec_torch.predictors.base import BasePredictor
 from dprec_torch.predictors.release import fallback_release
-from dprec_torch.privacy.gaussian_release import install_private_fallback
+from dprec_torch.privacy.item_means import install_private_fallback
 from dprec_torch.privacy.budget import check_epsilon_delta
 from dprec_torch.seeding import noise_generator
 

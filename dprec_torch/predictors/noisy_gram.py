@@ -1,9 +1,9 @@
 """Noisy item Gram released once, then a similarity *learned* from it by post-processing (issue 17, item 1).
 
-Release (two Gaussian mechanisms, composed exactly as one mu-GDP mechanism,
-:mod:`dprec_torch.privacy.gaussian_release`):
+Release (two Gaussian mechanisms, composed exactly as one mu-GDP mechanism, :mod:`dprec_torch.privacy.calibration`):
 
-1. item statistics (S_i, C_i) -> DP item means r~_i and global mean g (``mean_fraction`` of mu^2);
+1. item statistics (S_i, C_i) -> DP item means r~_i and global mean g (``mean_fraction`` of mu^2; the ``posterior``
+   estimator of :func:`dprec_torch.privacy.item_means.release_item_means`, options ``mean_*`` -> :attr:`means_spec`);
 2. the item Gram G = sum_u x_u x_u^T of clipped centred rating vectors, upper triangle incl. diagonal,
    plus N(0, (Delta_G / mu_G)^2) per entry, mirrored (the rest of mu^2). The unit vectors x_u:
 
@@ -63,22 +63,19 @@ import torch
 from dprec_torch.data.ratings import Ratings, dense_rows
 from dprec_torch.errors import ConfigError, DataError
 from dprec_torch.predictors.base import BasePredictor, query_pairs
-from dprec_torch.predictors.content import (JOINT_DP_SUFFIX, check_item_features, feature_weights, public_features_text,
+from dprec_torch.models.content import (JOINT_DP_SUFFIX, check_item_features, feature_weights, public_features_text,
                                             resolve_item_features)
 from dprec_torch.predictors.release import fallback_release
 from dprec_torch.privacy.budget import check_epsilon_delta
-from dprec_torch.privacy.gaussian_release import (
+from dprec_torch.privacy.calibration import calibrate_gaussian, gaussian_epsilon, gdp_epsilon, split_mu
+from dprec_torch.privacy.item_means import (
     NOISES,
     RELATION_TEXT,
     RELATIONS,
-    check_popularity,
-    gdp_epsilon,
+    ItemMeansSpec,
     install_private_fallback,
     item_stats_sensitivity,
-    rdp_epsilon,
     release_item_means,
-    split_mu,
-    total_mu,
 )
 from dprec_torch.seeding import noise_generator
 
@@ -190,11 +187,11 @@ class NoisyGram(BasePredictor):
         estimator: ``knn`` | ``ease`` | ``lowrank``.
         clamp_b: B, clamp of each centred entry. clip_norm: c, user-level L2 clip of x_u.
         weighting: ``clip`` | ``normalize`` (user level).
-        mean_fraction: share of mu^2 spent on the item statistics. mean_prior_std: prior std of item deviations (posterior-mean shrinkage).
-        mean_popularity_alpha, mean_popularity_share: the item statistics' popularity re-weighting (Gaussian only,
-        inside the same mu; :func:`release_item_means`).
-        count_weight: gamma, weight of the counts beside the sums in the item statistics (null: the default;
-            :mod:`dprec_torch.privacy.gaussian_release`).
+        mean_fraction: share of mu^2 spent on the item statistics.
+        mean_noise, mean_prior_std, mean_popularity_alpha, mean_popularity_share, count_weight: the item-mean release's
+            noise, prior std of item deviations (posterior-mean shrinkage), popularity re-weighting (Gaussian only,
+            inside the same mu) and gamma, the weight of the counts beside the sums (null: the default); kept as one
+            posterior :class:`~dprec_torch.privacy.item_means.ItemMeansSpec`, :attr:`means_spec`.
         beta_p: damping of the user's own offset b_u.
         k, variance_floor, knn_shrinkage: kNN neighbours per item, tau / s, lambda (knn).
         reg: ridge lambda (ease, lowrank). rank, eig_threshold, prior_power: low-rank options.
@@ -244,6 +241,10 @@ class NoisyGram(BasePredictor):
             raise ConfigError(f"noisy_gram: estimator={estimator!r}; use one of {ESTIMATORS}")
         if mean_noise not in NOISES:
             raise ConfigError(f"noisy_gram: mean_noise={mean_noise!r}; use one of {NOISES}")
+        #: the item-mean release's estimator and options (the mean_* keys; validated here)
+        self.means_spec = ItemMeansSpec("posterior", relation, mean_noise, float(mean_prior_std),
+                                        None if count_weight is None else float(count_weight), float(mean_popularity_alpha),
+                                        float(mean_popularity_share))
         if weighting not in WEIGHTINGS:
             raise ConfigError(f"noisy_gram: weighting={weighting!r}; use one of {WEIGHTINGS}")
         if not (clamp_b > 0 and clip_norm > 0 and 0 < mean_fraction < 1 and beta_p >= 0 and reg >= 0):
@@ -254,18 +255,14 @@ class NoisyGram(BasePredictor):
             raise ConfigError(f"noisy_gram: estimator=pnbm needs reg > 0 (the surrogate's ridge), got reg={reg}")
         if int(k) < 1 or int(rank) < 1 or int(block) < 1:
             raise ConfigError(f"noisy_gram: k={k}, rank={rank}, block={block} must be positive integers")
-        self.relation, self.estimator, self.weighting, self.mean_noise = relation, estimator, weighting, mean_noise
+        self.relation, self.estimator, self.weighting = relation, estimator, weighting
         self.clamp_b, self.clip_norm = float(clamp_b), float(clip_norm)
-        self.mean_fraction, self.mean_prior_std, self.beta_p = float(mean_fraction), float(mean_prior_std), float(beta_p)
-        check_popularity(mean_popularity_alpha, mean_popularity_share, mean_noise)
-        self.mean_popularity_alpha, self.mean_popularity_share = float(mean_popularity_alpha), float(mean_popularity_share)
+        self.mean_fraction, self.beta_p = float(mean_fraction), float(beta_p)
         self.k, self.variance_floor, self.knn_shrinkage = int(k), float(variance_floor), float(knn_shrinkage)
         self.reg, self.rank, self.eig_threshold, self.prior_power = float(reg), int(rank), float(eig_threshold), float(prior_power)
         if support is not None and int(support) < 2:
             raise ConfigError(f"noisy_gram: support={support} must be >= 2 items or null (all items)")
         self.support = None if support is None else int(support)
-        self.count_weight = None if count_weight is None else float(count_weight)
-        item_stats_sensitivity(relation, mean_noise, self.count_weight)  # validates gamma (ConfigError)
         if not feature_reg > 0:
             raise ConfigError(f"noisy_gram: feature_reg={feature_reg} must be > 0 (the ridge of each user's feature weights)")
         self.item_features, self.feature_reg = check_item_features(item_features, "noisy_gram"), float(feature_reg)
@@ -277,7 +274,8 @@ class NoisyGram(BasePredictor):
 
     def release_sensitivities(self) -> dict[str, float]:
         """What ``fit`` calibrates its noise to: item statistics (L2, or L1 for Laplace) and the Gram triangle (L2)."""
-        return {"item_stats": item_stats_sensitivity(self.relation, self.mean_noise, self.count_weight),
+        spec = self.means_spec
+        return {"item_stats": item_stats_sensitivity(spec.relation, spec.noise, spec.count_weight),
                 "gram": gram_sensitivity(self.relation, self.clamp_b, self.clip_norm)}
 
     # ----------------------------------------------------------------- fit
@@ -293,18 +291,16 @@ class NoisyGram(BasePredictor):
         if not self.private:
             self.mean_epsilon_ = None
             self.mu_ = {"item_stats": math.inf, "gram": math.inf}
-            rel = release_item_means(train, self.relation, math.inf, self.mean_prior_std, gen, self.mean_noise, self.count_weight,
-                                     self.mean_popularity_alpha, self.mean_popularity_share)
-        elif self.mean_noise == "laplace":  # pure eps_m + (eps - eps_m, delta) Gaussian, basic composition
+            rel = release_item_means(train, self.means_spec, gen, epsilon=math.inf)
+        elif self.means_spec.noise == "laplace":  # pure eps_m + (eps - eps_m, delta) Gaussian, basic composition
             self.mean_epsilon_ = self.mean_fraction * self.epsilon
-            self.mu_ = {"gram": total_mu(self.epsilon - self.mean_epsilon_, self.delta)}
-            rel = release_item_means(train, self.relation, self.mean_epsilon_, self.mean_prior_std, gen, "laplace", self.count_weight)
+            self.mu_ = {"gram": calibrate_gaussian(self.epsilon - self.mean_epsilon_, self.delta, accountant="gdp").mu}
+            rel = release_item_means(train, self.means_spec, gen, epsilon=self.mean_epsilon_)
         else:  # one GDP budget split between the two Gaussian releases
             self.mean_epsilon_ = None
-            self.mu_ = split_mu(total_mu(self.epsilon, self.delta),
+            self.mu_ = split_mu(calibrate_gaussian(self.epsilon, self.delta, accountant="gdp").mu,
                                 {"item_stats": (self.mean_fraction, 1), "gram": (1.0 - self.mean_fraction, 1)})
-            rel = release_item_means(train, self.relation, self.mu_["item_stats"], self.mean_prior_std, gen, "gaussian",
-                                     self.count_weight, self.mean_popularity_alpha, self.mean_popularity_share)
+            rel = release_item_means(train, self.means_spec, gen, mu=self.mu_["item_stats"])
         self.means_release_ = rel
         self.item_avg_, self.global_avg_ = rel.means.to(dev), rel.global_mean
         install_private_fallback(self, self.item_avg_, self.global_avg_)
@@ -507,7 +503,6 @@ class NoisyGram(BasePredictor):
         if not self.private:
             return {"mechanism": f"noisy_gram/{self.estimator} at epsilon=inf (no noise)", "relation": None, "epsilon": math.inf,
                     "delta": 0.0, "released": released, "analysis": "non-private", "public_item_features": public}
-        mus = {k: (v, 1) for k, v in self.mu_.items()}
         mean_eps = self.mean_epsilon_ or 0.0
         return {
             "mechanism": f"noisy_gram/{self.estimator}: one-shot Gaussian release of item statistics + item Gram",
@@ -522,7 +517,7 @@ class NoisyGram(BasePredictor):
             "delta": self.delta,
             "mu_gdp": {k: v for k, v in self.mu_.items()},
             "epsilon_exact": mean_eps + gdp_epsilon(math.sqrt(sum(v * v for v in self.mu_.values())), self.delta),
-            "epsilon_rdp_crosscheck": mean_eps + rdp_epsilon(mus, self.delta),
+            "epsilon_rdp_crosscheck": mean_eps + gaussian_epsilon([(1.0 / v, 1.0, 1) for v in self.mu_.values()], self.delta),
             "accountant": ("Gaussian DP, exact composition of the Gaussian releases (Dong, Roth & Su 2022, Cor. 3.3 and 2.13)"
                            + (f"; Laplace item means at pure eps = {mean_eps:.4g} by basic composition" if self.mean_epsilon_ else "")
                            + "; Opacus RDP figure given as a looser cross-check"),

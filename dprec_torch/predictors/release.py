@@ -16,7 +16,7 @@ ratings (:func:`check_no_secrets` refuses a state that names them). ``train.py``
 :func:`dprec_torch.training.evaluate.restore_predictor` reads it back for ``load_run`` and ``evaluate.py run=``.
 
 What the file is depends on the claim (``meta["covered_by_epsilon"]``): for a predictor whose own epsilon is finite
-(``noisy_gram``, ``dpals``, ``lowrank_dpsgd``, ``mcsherry``) it is the release that epsilon covers, and publishing it
+(``noisy_gram``, ``dpals``, ``mcsherry``) it is the release that epsilon covers, and publishing it
 costs nothing more. For a non-private predictor (epsilon = inf), for PNCF (per-query noise, no end-to-end claim)
 and for an output mechanism (``laplace_output``, ``exponential_topk``, whose epsilon covers the noised answers, not
 the model) it is the curator's fitted state: keep it as private as the training data.

@@ -19,9 +19,9 @@ So T steps of per-step eps_s after a one-off release of eps_0 spend
 
     eps = eps_0 + g T ln(1 + q (e^{eps_s} - 1))          (g = 1 user level, 2 rating level)
 
-and :func:`laplace_step_epsilon` inverts it. Gaussian mechanisms are composed by Opacus
-(:mod:`dprec_torch.privacy.opacus_accounting`), including any one-off Gaussian release as an
-extra history entry (sigma, q = 1, 1 step).
+and :func:`laplace_step_epsilon` inverts it. Gaussian mechanisms are composed and calibrated in
+:mod:`dprec_torch.privacy.calibration` (``gaussian_epsilon``, ``calibrate_gaussian``), including any one-off Gaussian
+release as an extra history entry (sigma, q = 1, 1 step).
 
 :func:`analyse_dpsgd_l1` (``mechanism=dpsgd_l1``'s report) and :func:`analyse_dpsgd_paper` (the
 whole-update analysis of Wang & Tang's Alg. 1, docs/privacy.md) return a :class:`MechanismAnalysis`
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
 from typing import Any
 
 from dprec_torch.errors import ConfigError
@@ -167,49 +166,3 @@ def analyse_dpsgd_l1(epsilon: float, steps: int, q: float, clip_norm: float, mea
         epsilon=composed_epsilon(eps_s, q, steps, mean_epsilon, group),
         extra={"epsilon_step": eps_s, "epsilon_item_means": mean_epsilon, "steps": steps, "sampling_ratio": q},
     )
-
-
-# --------------------------------------------------------------------------- Gaussian calibration
-def gaussian_epsilon(history: list[tuple[float, float, int]], delta: float, accountant: str = "rdp") -> float:
-    """Opacus's epsilon at ``delta`` for a history of (sigma, q, steps) subsampled-Gaussian entries."""
-    from dprec_torch.privacy.opacus_accounting import OpacusAccountant
-
-    acc = OpacusAccountant(accountant)
-    for sigma, q, n in history:
-        acc.step(sigma, q, steps=n)
-    return acc.get_epsilon(delta)
-
-
-def calibrate_sigma(target_epsilon: float, delta: float, q: float, steps: int, accountant: str = "rdp",
-                    prior: list[tuple[float, float, int]] | None = None, tolerance: float = 0.005) -> float:
-    """Smallest sigma (within ``tolerance`` of eps) with eps(prior + [(sigma, q, steps)]) <= target (bisection).
-
-    Memoised: repeated runs with one configuration (sweeps, audits) calibrate once.
-    """
-    return _calibrate_sigma(float(target_epsilon), float(delta), float(q), int(steps), accountant,
-                            tuple(tuple(h) for h in (prior or [])), float(tolerance))
-
-
-@lru_cache(maxsize=256)
-def _calibrate_sigma(target_epsilon: float, delta: float, q: float, steps: int, accountant: str,
-                     prior_t: tuple, tolerance: float) -> float:
-    prior = [tuple(h) for h in prior_t]
-
-    def eps(sigma: float) -> float:
-        return gaussian_epsilon(prior + [(sigma, q, steps)], delta, accountant)
-
-    lo, hi = 0.05, 1.0
-    while eps(hi) > target_epsilon:
-        lo, hi = hi, hi * 2
-        if hi > 1e5:
-            raise ConfigError(f"no noise multiplier reaches epsilon={target_epsilon} at delta={delta} "
-                              f"(the one-off releases alone spend {gaussian_epsilon(prior, delta, accountant):.4g})")
-    while hi - lo > 1e-4 * hi:
-        mid = (lo + hi) / 2
-        if eps(mid) > target_epsilon:
-            lo = mid
-        else:
-            hi = mid
-        if target_epsilon - eps(hi) < tolerance * target_epsilon:
-            break
-    return hi

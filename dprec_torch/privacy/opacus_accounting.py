@@ -14,8 +14,8 @@ Poisson sampling rate q, number of steps) of the subsampled Gaussian mechanism:
 * ``prv``: numerical composition of privacy random variables (Gopi et al. 2021;
   Opacus's ``PRVAccountant``), tighter, with Opacus's default ``eps_error``.
 
-:func:`noise_multiplier_for` is ``opacus.accountants.utils.get_noise_multiplier``:
-the sigma for which the chosen accountant reaches ``target_epsilon`` after ``steps``.
+Calibrating sigma to a target (eps, delta) under these accountants is
+:func:`dprec_torch.privacy.calibration.calibrate_gaussian` (its ``search="opacus"`` is Opacus's ``get_noise_multiplier``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 from opacus.accountants import RDPAccountant, create_accountant
-from opacus.accountants.utils import get_noise_multiplier
 
 from dprec_torch.errors import ConfigError
 
@@ -46,19 +45,6 @@ def _check(mechanism: str) -> str:
     if mechanism not in ACCOUNTANTS:
         raise ConfigError(f"mechanism.accountant must be one of {ACCOUNTANTS}, got '{mechanism}'")
     return mechanism
-
-
-def noise_multiplier_for(target_epsilon: float, target_delta: float, sample_rate: float, steps: int,
-                         accountant: str = "rdp", epsilon_tolerance: float = 0.01) -> float:
-    """sigma such that ``accountant`` gives eps <= target_epsilon (within ``epsilon_tolerance`` below it)."""
-    _check(accountant)
-    try:
-        return float(get_noise_multiplier(target_epsilon=target_epsilon, target_delta=target_delta,
-                                          sample_rate=sample_rate, steps=steps, accountant=accountant,
-                                          epsilon_tolerance=epsilon_tolerance, **_epsilon_kwargs(accountant)))
-    except ValueError as err:  # "The privacy budget is too low."
-        raise ConfigError(f"no noise multiplier reaches epsilon={target_epsilon} at delta={target_delta}, "
-                          f"q={sample_rate}, {steps} steps ({err})") from err
 
 
 class OpacusAccountant:

@@ -22,6 +22,7 @@ from typing import Any
 from dprec_torch.data.ratings import ITEM_UNIVERSE, ItemUniverse, Ratings
 from dprec_torch.errors import ConfigError
 from dprec_torch.interfaces import DeclaresFallback, DeclaresPrivacyCaveat, HasItemMeans, ReadsUserHistory
+from dprec_torch.models.pnbm_lowrank import LowRankPNBM
 
 #: quantities computed from the exact training ratings without noise: never covered by epsilon
 NON_PRIVATE_DIAGNOSTICS = {
@@ -108,6 +109,8 @@ def privacy_scope(report: dict[str, Any], model: Any = None, diagnostics: bool =
     public = universe.scope() if universe is not None else [
         "the item universe (the items the loaded data indexes) and the number of users are treated as public, "
         "not protected by epsilon"]
+    if isinstance(model, LowRankPNBM) and model.features_ is not None:  # public item metadata the model reads
+        public = [*public, model.public_item_features()]
     return {
         "epsilon_covers": covered,
         "not_covered": extra + not_covered + [f"{k}: {v}" for k, v in logged.items()],

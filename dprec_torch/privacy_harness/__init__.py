@@ -5,7 +5,11 @@ It sits ABOVE ``mechanisms/``, ``models/`` and ``predictors/`` (its cases build 
 ``privacy/`` can stay pure privacy math (accountants, budgets, sensitivity formulas, scope) that
 the mechanisms import from below.
 
-* :mod:`.registry`: ``register_sensitivity`` / ``check_claim`` (no finite epsilon without a case);
+* :mod:`.case`: what a case is (``SensitivityCase``, ``Release``), imported by every case module;
+* :mod:`.registry`: collects the case modules' tables, ``check_claim`` (no finite epsilon without a case);
 * :mod:`.sensitivity_cases`: the built-in mechanisms' cases;
-* :mod:`.learned_similarity_cases`: the issue-17 noisy Gram and DP-ALS cases.
+* :mod:`.learned_similarity_cases`: the issue-17 noisy Gram and DP-ALS cases;
+* :mod:`.lowrank_pnbm_cases`: the low-rank PNBM's mechanisms (added to the full form's cases).
+
+Imports run one way: registry -> case modules -> case (no case module imports the registry).
 """

@@ -10,8 +10,7 @@ Each release runs the predictor module's own pre-noise functions on the harness'
 * :class:`~dprec_torch.predictors.dpals.DPALS`: one ALS round's (tri(A_j), b_j) over all items, and one
   power-iteration round's W = sum_u x_u x_u^T Q; per-user rows at user level; rating level is the
   replace-one-user bound (2x), checked for removed and changed ratings.
-* :class:`~dprec_torch.predictors.lowrank_dpsgd.LowRankDPSGD`: the Gaussian item statistics with its count weight, and
-  one DP-SGD step's sum of per-user clipped gradients of S = U U^T (per-user rows, bound C, user level).
+* the low-rank PNBM's mechanisms (the former ``lowrank_dpsgd``): :mod:`dprec_torch.privacy_harness.lowrank_pnbm_cases`.
 * ``count_weight``: the item statistics with a non-default gamma (user and rating level, both noises).
 * ``mean_popularity_alpha``: the popularity counts K (bound 1) and the item statistics re-weighted by public
   a_i in (0, 1] (adversarial: some tiny, some 1), for every class, user and rating level.
@@ -24,7 +23,7 @@ import math
 import torch
 
 from dprec_torch.data.ratings import Ratings
-from dprec_torch.privacy_harness.registry import Release, SensitivityCase, register_sensitivity
+from dprec_torch.privacy_harness.case import Builder, Release, SensitivityCase
 
 
 def _public_means(data: Ratings, seed: int) -> torch.Tensor:
@@ -59,7 +58,7 @@ def _public_item_weights(n_items: int, seed: int) -> torch.Tensor:
 
 def _item_stats_case(cls_name: str, relation: str, noise: str, make, count_weight: float | None = None,
                      weighted: bool = False) -> SensitivityCase:
-    from dprec_torch.privacy.gaussian_release import item_stats, item_stats_sensitivity
+    from dprec_torch.privacy.item_means import item_stats, item_stats_sensitivity
 
     def release(data: Ratings, seed: int, units: bool) -> Release:
         a = _public_item_weights(data.n_items, seed) if weighted else None
@@ -75,8 +74,8 @@ def _item_stats_case(cls_name: str, relation: str, noise: str, make, count_weigh
 
 
 def _popularity_cases(cls_name: str, make, relations: tuple[str, ...]) -> list[SensitivityCase]:
-    """The stage-0 counts K (L2 bound 1) and the re-weighted Gaussian item statistics (gaussian_release)."""
-    from dprec_torch.privacy.gaussian_release import popularity_counts
+    """The stage-0 counts K (L2 bound 1) and the re-weighted Gaussian item statistics (privacy/item_means.py)."""
+    from dprec_torch.privacy.item_means import popularity_counts
 
     def counts_case(relation: str) -> SensitivityCase:
         def release(data: Ratings, seed: int, units: bool) -> Release:
@@ -128,7 +127,7 @@ def noisy_gram_cases() -> list[SensitivityCase]:
 
 def dpals_cases() -> list[SensitivityCase]:
     from dprec_torch.predictors.dpals import DPALS, als_round_statistics, power_statistics, user_residuals
-    from dprec_torch.privacy.gaussian_release import per_user_sample_of
+    from dprec_torch.data.preprocess import per_user_sample
 
     cases = [_item_stats_case("dpals", rel, noise, lambda rel=rel, noise=noise: DPALS(relation=rel, mean_noise=noise))
              for rel in ("user", "rating") for noise in ("gaussian", "laplace")]
@@ -141,7 +140,7 @@ def dpals_cases() -> list[SensitivityCase]:
 
         def stats(data: Ratings, seed: int) -> torch.Tensor:
             _, y = user_residuals(data, _public_means(data, seed), mech.beta_p, gr)
-            keep = per_user_sample_of(data, m, seed)  # as DPALS.fit keys it: by the raw ids in data.meta
+            keep = per_user_sample(data, m, seed, hash="lehmer")  # as DPALS.fit keys it: by the raw ids in data.meta
             if power:
                 q = _public_factors(data.n_items, min(d, data.n_items), seed, orthonormal=True)
                 return power_statistics(data, y, keep, q, gr * math.sqrt(m)).reshape(-1)
@@ -168,48 +167,8 @@ def dpals_cases() -> list[SensitivityCase]:
     return cases
 
 
-def lowrank_dpsgd_cases() -> list[SensitivityCase]:
-    from dprec_torch.data.item_features import random_item_features
-    from dprec_torch.predictors.dpals import user_residuals
-    from dprec_torch.predictors.lowrank_dpsgd import LowRankDPSGD, clipped_sum, per_user_gradients
-
-    cases = [_item_stats_case("lowrank_dpsgd", "user", "gaussian", lambda g=g: LowRankDPSGD(count_weight=g), g) for g in (None, 0.5)]
-    cases += _popularity_cases("lowrank_dpsgd", lambda rel, g=None: LowRankDPSGD(count_weight=g, mean_popularity_alpha=0.5), ("user",))
-
-    def step_case(clip: float, clamp_r: float, d: int, scale: float, features: bool = False) -> SensitivityCase:
-        mech = LowRankDPSGD(clip=clip, clamp_r=clamp_r, dim=d, beta_p=2.0, item_features=features)
-
-        def step(data: Ratings, seed: int) -> torch.Tensor:
-            if features:  # the fitted path: y after each user's own weights on public features (mech._residuals)
-                mech.item_avg_ = _public_means(data, seed)
-                mech.features_ = random_item_features(data.n_items, n_genres=3, seed=seed)
-                _, y, _ = mech._residuals(data)
-            else:
-                _, y = user_residuals(data, _public_means(data, seed), mech.beta_p, clamp_r)
-            u = _public_factors(data.n_items, d, seed, orthonormal=False) * scale
-            rows, norms = per_user_gradients(data.users, data.items, y, u, data.n_users)
-            return clipped_sum(data.users, data.items, rows, norms, clip, data.n_items).reshape(-1)
-
-        def release(data: Ratings, seed: int, units: bool) -> Release:
-            rows = _rows(data, "user", lambda sub: step(sub, seed)) if units and len(data) else None
-            return Release(step(data, seed), rows, mech.release_sensitivities()["sgd_step"])
-
-        return SensitivityCase(name=f"lowrank_dpsgd step C={clip:g} Gr={clamp_r:g} d={d} scale={scale:g}"
-                                    + (" public item features" if features else ""), relation="user",
-                               norm=2, sensitivity=clip, clip_bound=clip, release=release, max_items=8)
-
-    return cases + [step_case(1.0, 1.0, 2, 1.0), step_case(0.05, 2.0, 3, 3.0), step_case(10.0, 1.0, 1, 0.01),
-                    step_case(1.0, 1.0, 2, 1.0, True), step_case(0.05, 2.0, 3, 3.0, True)]
-
-
-def register() -> None:
-    from dprec_torch.predictors.dpals import DPALS
-    from dprec_torch.predictors.lowrank_dpsgd import LowRankDPSGD
-    from dprec_torch.predictors.noisy_gram import NoisyGram
-
-    register_sensitivity(NoisyGram, noisy_gram_cases)
-    register_sensitivity(DPALS, dpals_cases)
-    register_sensitivity(LowRankDPSGD, lowrank_dpsgd_cases)
-
-
-register()
+#: What this module harnesses: a class's qualified name -> the builder of its cases (collected by the registry).
+SENSITIVITY_CASES: dict[str, Builder] = {
+    "dprec_torch.predictors.noisy_gram.NoisyGram": noisy_gram_cases,
+    "dprec_torch.predictors.dpals.DPALS": dpals_cases,
+}

@@ -2,15 +2,18 @@
 
 The low-rank form is trained by the same mechanism classes as the full form (``gaussian`` = :class:`GaussianPNBM`,
 ``sgld`` = :class:`ScaledPosteriorSGLD`'s clipped chain, ``dpsgd`` = :class:`ClippedLaplaceDPSGD`), so its cases
-are ADDED to each class's registered builder (:func:`register`). Each release runs the model's and the mechanism's
-own code on the harness's dataset: a :class:`~dprec_torch.models.pnbm_lowrank.LowRankPNBM` whose U and item means
+are ADDED to each class's registered cases (:data:`SENSITIVITY_CASES`, concatenated by the registry). Each release
+runs the model's and the mechanism's own code on the harness's dataset: a :class:`~dprec_torch.models.pnbm_lowrank.LowRankPNBM` whose U and item means
 are public (drawn from the seed and the item count only), one user-level full batch, the Trainer's residuals
 (``batch_predict - training_targets``), the mechanism's ``clip_residuals`` and the model's ``surrogate_loss``
 backward; the release is the gradient of U (the pre-noise clipped sum), and a user's row is the same with every
 other user's residuals zeroed. Claims: (a) each user's clipped gradient has norm <= C (Frobenius for the Gaussian
 mechanisms, L1 for the Laplace one); (b) adding or removing one user moves the sum by <= C.
 
-Plus the item statistics of the DP item means (:func:`~dprec_torch.privacy.gaussian_release.release_item_means`,
+With public item features (``model.item_features``): the same steps where each user's y is what their own ridge
+weights on seeded random public genres leave (a function of the user's ratings and public data only).
+
+Plus the item statistics of the DP item means (:func:`~dprec_torch.privacy.item_means.release_item_means`,
 user level, Gaussian L2 / Laplace L1 sensitivity 1) with the count weight the low-rank mechanisms use.
 """
 
@@ -21,7 +24,7 @@ import math
 import torch
 
 from dprec_torch.data.ratings import Ratings
-from dprec_torch.privacy_harness.registry import Release, SensitivityCase, builder_for, register_sensitivity
+from dprec_torch.privacy_harness.case import Builder, Release, SensitivityCase
 
 
 def _public_means(data: Ratings, seed: int) -> torch.Tensor:
@@ -30,10 +33,15 @@ def _public_means(data: Ratings, seed: int) -> torch.Tensor:
     return choices[torch.randint(0, 4, (data.n_items,), generator=torch.Generator().manual_seed(int(seed) + 1))]
 
 
-def _model(data: Ratings, seed: int, rank: int, init_std: float, clamp_r: float, beta_p: float):
+def _model(data: Ratings, seed: int, rank: int, init_std: float, clamp_r: float, beta_p: float, features: bool = False):
+    from dprec_torch.data.item_features import ITEM_FEATURES, random_item_features
     from dprec_torch.models.pnbm_lowrank import LowRankPNBM
 
-    model = LowRankPNBM(data.n_items, rank=rank, init_std=init_std, clamp_r=clamp_r, beta_p=beta_p, seed=seed)
+    model = LowRankPNBM(data.n_items, rank=rank, init_std=init_std, clamp_r=clamp_r, beta_p=beta_p, seed=seed,
+                        item_features=features)
+    if features:  # public item features drawn from the seed alone (each user's own weights on them enter y)
+        data = Ratings(data.users, data.items, data.values, data.n_users, data.n_items, data.scale,
+                       meta={**data.meta, ITEM_FEATURES: random_item_features(data.n_items, n_genres=3, seed=seed)})
     model.bind(data)
     with torch.no_grad():
         model.item_means.copy_(_public_means(data, seed))  # public: released before the steps
@@ -73,39 +81,44 @@ def _step_release(model, opt, data: Ratings, units: bool) -> Release:
 
 
 def _make(mechanism: str, model, data: Ratings, clip: float):
+    """The mechanism at epsilon = inf, prepared (it releases nothing: the item means stay the public ones)."""
     ctx = _context(data, model)
     if mechanism == "gaussian":
         from dprec_torch.mechanisms.gaussian_pnbm import GaussianPNBM
 
-        return GaussianPNBM(model.parameters(), ctx, math.inf, clip_norm=clip, sampling_ratio=1.0, model=model)
-    if mechanism == "sgld":
+        opt = GaussianPNBM(model.parameters(), ctx, math.inf, clip_norm=clip, sampling_ratio=1.0, model=model)
+    elif mechanism == "sgld":
         from dprec_torch.mechanisms.sgld import ScaledPosteriorSGLD
 
-        return ScaledPosteriorSGLD(model.parameters(), ctx, math.inf, clip_norm=clip, decay=0.0, temperature=1.0,
-                                   sampling_ratio=1.0, prior_correction=False)
-    from dprec_torch.mechanisms.dpsgd_l1 import ClippedLaplaceDPSGD
+        opt = ScaledPosteriorSGLD(model.parameters(), ctx, math.inf, clip_norm=clip, decay=0.0, temperature=1.0,
+                                  sampling_ratio=1.0, prior_correction=False)
+    else:
+        from dprec_torch.mechanisms.dpsgd_l1 import ClippedLaplaceDPSGD
 
-    return ClippedLaplaceDPSGD(model.parameters(), ctx, math.inf, clip_norm=clip, sampling_ratio=1.0, model=model)
+        opt = ClippedLaplaceDPSGD(model.parameters(), ctx, math.inf, clip_norm=clip, sampling_ratio=1.0, model=model)
+    opt.prepare(model)
+    return opt
 
 
-def _step_case(mechanism: str, clip: float, rank: int, init_std: float, clamp_r: float = 1.0, beta_p: float = 2.0
-               ) -> SensitivityCase:
+def _step_case(mechanism: str, clip: float, rank: int, init_std: float, clamp_r: float = 1.0, beta_p: float = 2.0,
+               features: bool = False) -> SensitivityCase:
     norm = 1 if mechanism == "dpsgd" else 2
 
     def release(data: Ratings, seed: int, units: bool) -> Release:
-        model = _model(data, seed, rank, init_std, clamp_r, beta_p)
+        model = _model(data, seed, rank, init_std, clamp_r, beta_p, features)
         opt = _make(mechanism, model, data, clip)
-        out = _step_release(model, opt, data, units)
+        out = _step_release(model, opt, model.history, units)
         out.stated = float(opt.clip_norm)  # what the mechanism calibrates its noise to (one step's sensitivity)
         return out
 
-    return SensitivityCase(name=f"{mechanism} lowrank-pnbm step C={clip:g} d={rank} U-scale={init_std:g} Gr={clamp_r:g}",
-                           relation="user", norm=norm, sensitivity=clip, clip_bound=clip, release=release, max_items=8)
+    return SensitivityCase(name=f"{mechanism} lowrank-pnbm step C={clip:g} d={rank} U-scale={init_std:g} Gr={clamp_r:g}"
+                                + (" public item features" if features else ""), relation="user", norm=norm,
+                           sensitivity=clip, clip_bound=clip, release=release, max_items=8)
 
 
 def _item_stats_case(mechanism: str, noise: str, count_weight: float | None) -> SensitivityCase:
     """The item statistics (S, gamma C) the low-rank mechanisms' DP item means release (user level)."""
-    from dprec_torch.privacy.gaussian_release import item_stats, item_stats_sensitivity
+    from dprec_torch.privacy.item_means import item_stats, item_stats_sensitivity
 
     def per_user(data: Ratings) -> torch.Tensor:
         return torch.stack([item_stats(data.select(data.users == u), "user", noise, count_weight)
@@ -122,7 +135,8 @@ def _item_stats_case(mechanism: str, noise: str, count_weight: float | None) -> 
 
 def gaussian_cases() -> list[SensitivityCase]:
     return [_step_case("gaussian", 0.5, 2, 1.0), _step_case("gaussian", 0.05, 3, 3.0, clamp_r=2.0),
-            _step_case("gaussian", 10.0, 1, 0.01), _item_stats_case("gaussian", "gaussian", 0.5)]
+            _step_case("gaussian", 10.0, 1, 0.01), _step_case("gaussian", 0.5, 2, 1.0, features=True),
+            _step_case("gaussian", 0.05, 3, 3.0, clamp_r=2.0, features=True), _item_stats_case("gaussian", "gaussian", 0.5)]
 
 
 def sgld_cases() -> list[SensitivityCase]:
@@ -130,18 +144,14 @@ def sgld_cases() -> list[SensitivityCase]:
 
 
 def dpsgd_cases() -> list[SensitivityCase]:
-    return [_step_case("dpsgd", 0.5, 2, 1.0), _step_case("dpsgd", 0.05, 3, 3.0, clamp_r=2.0), _item_stats_case("dpsgd", "laplace", 0.5)]
+    return [_step_case("dpsgd", 0.5, 2, 1.0), _step_case("dpsgd", 0.05, 3, 3.0, clamp_r=2.0),
+            _step_case("dpsgd", 0.5, 2, 1.0, features=True), _item_stats_case("dpsgd", "laplace", 0.5)]
 
 
-def register() -> None:
-    """Add the low-rank cases to the builders already registered for the three mechanism classes."""
-    from dprec_torch.mechanisms.dpsgd_l1 import ClippedLaplaceDPSGD
-    from dprec_torch.mechanisms.gaussian_pnbm import GaussianPNBM
-    from dprec_torch.mechanisms.sgld import ScaledPosteriorSGLD
-
-    for cls, extra in ((GaussianPNBM, gaussian_cases), (ScaledPosteriorSGLD, sgld_cases), (ClippedLaplaceDPSGD, dpsgd_cases)):
-        base = builder_for(cls)
-        register_sensitivity(cls, lambda base=base, extra=extra: (base() if base is not None else []) + extra())
-
-
-register()
+#: What this module harnesses: a class's qualified name -> the builder of its cases. The registry appends these to
+#: the full form's cases of the same classes (``sensitivity_cases``, collected first).
+SENSITIVITY_CASES: dict[str, Builder] = {
+    "dprec_torch.mechanisms.gaussian_pnbm.GaussianPNBM": gaussian_cases,
+    "dprec_torch.mechanisms.sgld.ScaledPosteriorSGLD": sgld_cases,
+    "dprec_torch.mechanisms.dpsgd_l1.ClippedLaplaceDPSGD": dpsgd_cases,
+}

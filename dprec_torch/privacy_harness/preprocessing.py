@@ -15,7 +15,7 @@ from dataclasses import replace
 from dprec_torch.config import RATING_LEVEL
 from dprec_torch.data.preprocess import cap_seed, cap_user_ratings, filter_min_user_ratings
 from dprec_torch.data.ratings import Ratings
-from dprec_torch.privacy_harness.registry import Release, SensitivityCase
+from dprec_torch.privacy_harness.case import Release, SensitivityCase
 
 
 def preprocess(data: Ratings, seed: int, min_user_ratings: int = 0, tau: int | None = None) -> Ratings:

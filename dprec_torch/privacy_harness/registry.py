@@ -9,18 +9,22 @@ MATERIALISING what the mechanism's own code releases:
 (b) for neighbouring datasets under the mechanism's relation (one unit added/removed, or one
     rating's value changed) the released pre-noise aggregate moves by at most Delta.
 
-Registering a mechanism (a class: a ``MechanismOptimizer`` subclass or a predictor) -- two forms::
+Registering a mechanism (a class: a ``MechanismOptimizer`` subclass or a predictor). Registration runs one way:
+a built-in case module (``privacy_harness/<family>_cases.py``) imports the case types from :mod:`.case`, never this
+module, and exports a table that this module imports and collects (:data:`CASE_MODULES`)::
 
-    from dprec_torch.privacy_harness.registry import SensitivityCase, harnessed, register_sensitivity
+    from dprec_torch.privacy_harness.case import SensitivityCase
 
     def my_cases() -> list[SensitivityCase]:
         return [SensitivityCase(name="noisy_gram user", relation="user", norm=2, sensitivity=1.0,
                                 clip_bound=1.0, release=my_pre_noise_release)]
 
-    @harnessed(my_cases)              # on the class
-    class NoisyGram: ...
+    SENSITIVITY_CASES = {"dprec_torch.predictors.noisy_gram.NoisyGram": my_cases}   # qualified name -> builder
+    NON_PRIVATE = {"dprec_torch.predictors.knn.ItemKNN": "epsilon = inf"}           # optional
 
-    register_sensitivity(NoisyGram, my_cases)    # or from another module
+The builders import the classes they check inside their bodies, so the tables are read without importing any
+mechanism or predictor. Code outside the package registers at run time with ``register_sensitivity(cls, builder)``
+(or the ``@harnessed(builder)`` class decorator) and ``declare_non_private(cls, reason)``.
 
 ``release(data, seed, units)`` runs the mechanism's code on ``data`` (a small :class:`Ratings`) WITHOUT its
 noise and returns a :class:`Release`: the flattened pre-noise aggregate and, if the mechanism clips
@@ -45,85 +49,43 @@ declared predictor and checks its report says epsilon = inf), nor listed in :dat
 mechanism file fails the fast suite until it registers. :func:`check_claim` is the runtime form (a
 finite epsilon from an unregistered class raises a ``ConfigError``): the runner calls it in ``train_fold``
 (mechanisms) and ``fit_fold`` (fitted predictors and output mechanisms) before anything is scored.
-Built-in registrations live in :mod:`dprec_torch.privacy_harness.sensitivity_cases` (imported on first lookup).
+Built-in registrations live in the case modules (:data:`CASE_MODULES`), resolved to classes on first lookup.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import math
-from dataclasses import dataclass
 from typing import Any, Callable
 
-import torch
-
 from dprec_torch.errors import ConfigError
+from dprec_torch.privacy_harness import learned_similarity_cases, lowrank_pnbm_cases, sensitivity_cases
+from dprec_torch.privacy_harness.case import RELATIONS, Builder, Release, SensitivityCase
+
+__all__ = ["RELATIONS", "Builder", "Release", "SensitivityCase", "PENDING", "HARNESSED", "register_sensitivity", "harnessed",
+           "declare_non_private", "builder_for", "registered", "registered_classes", "non_private_classes", "check_claim"]
 
 log = logging.getLogger(__name__)
-
-RELATIONS = ("user", "rating", "rating_value", "score_entry")
 
 #: Known gaps: classes (``module.Class``) whose privacy_report can print a finite epsilon but that have no harness
 #: case yet. :func:`check_claim` lets them through with a warning naming the gap (so their runs keep working);
 #: the harness test fails for a class that is registered AND still listed here, so registering removes the entry.
 PENDING: dict[str, str] = {}
 
+#: The built-in case modules, in registration order: each exports ``SENSITIVITY_CASES`` (qualified class name ->
+#: builder) and may export ``NON_PRIVATE`` (qualified class name -> reason). A class harnessed by several modules
+#: (the low-rank PNBM's cases are added to the full form's) gets their cases concatenated in this order.
+CASE_MODULES = (sensitivity_cases, learned_similarity_cases, lowrank_pnbm_cases)
 
-@dataclass
-class Release:
-    """What a mechanism releases before its noise: ``total`` (flattened, float64) and the per-unit
-    clipped contributions ``units`` ([n_units, len(total)], or None where nothing is clipped per unit)."""
+#: The harnessed classes by qualified name, collected from the case modules' tables (no class imported): the runner's
+#: :func:`check_claim` reads this set before the registrations are resolved (importing every mechanism, predictor and
+#: Opacus takes seconds of start-up). It is the registrations' own keys, so it cannot drift from them.
+HARNESSED = frozenset(name for module in CASE_MODULES for name in module.SENSITIVITY_CASES)
 
-    total: torch.Tensor
-    units: torch.Tensor | None = None
-    stated: float | None = None  # the sensitivity the mechanism OBJECT calibrates its noise to (checked == the case's)
-
-
-@dataclass(frozen=True)
-class SensitivityCase:
-    """One configuration of a mechanism and the sensitivity it claims (see the module docstring)."""
-
-    name: str
-    relation: str
-    norm: float  # p of both bounds (1, 2 or math.inf)
-    sensitivity: float  # Delta: ||total(D) - total(D')||_p for neighbours D, D'
-    release: Callable[[Any, int], Release]
-    clip_bound: float | None = None  # c: ||unit contribution||_p (None: no per-unit clipping)
-    also_change: bool = False  # relation=rating also covers changing a rating's value
-    tau: int | None = None  # users capped at tau ratings before the release
-    max_items: int = 12  # the harness draws datasets with at most this many items
-    sensitivity_for: Callable[[int], float] | None = None  # Delta as a function of the (public) n_items, if it depends
-
-    def claimed(self, n_items: int) -> float:
-        """The case's Delta on a dataset of ``n_items`` items."""
-        return float(self.sensitivity_for(n_items)) if self.sensitivity_for is not None else float(self.sensitivity)
-
-    def __post_init__(self) -> None:
-        if self.relation not in RELATIONS:
-            raise ConfigError(f"SensitivityCase.relation must be one of {RELATIONS}, got '{self.relation}'")
-
-
-Builder = Callable[[], list[SensitivityCase]]
 _BUILDERS: dict[type, Builder] = {}
 _NON_PRIVATE: dict[type, str] = {}
 _LOADED = False
-
-#: The registered classes by qualified name: the runner's :func:`check_claim` reads this set instead of importing
-#: every case module (mechanisms, predictors, Opacus: seconds of start-up). tests/test_harness_fast_path.py
-#: checks it equals the registrations, so a name here is always a class the harness really checks.
-HARNESSED = frozenset({
-    "dprec_torch.mechanisms.dpsgd_l1.ClippedLaplaceDPSGD",
-    "dprec_torch.mechanisms.dpsgd_mf.DPSGDMF",
-    "dprec_torch.mechanisms.exponential_topk.ExponentialTopKRecommender",
-    "dprec_torch.mechanisms.gaussian.GaussianDPSGD",
-    "dprec_torch.mechanisms.gaussian_pnbm.GaussianPNBM",
-    "dprec_torch.mechanisms.output_perturbation.LaplaceOutputPredictor",
-    "dprec_torch.mechanisms.sgld.ScaledPosteriorSGLD",
-    "dprec_torch.predictors.dpals.DPALS",
-    "dprec_torch.predictors.lowrank_dpsgd.LowRankDPSGD",
-    "dprec_torch.predictors.mcsherry.McSherryMironov",
-    "dprec_torch.predictors.noisy_gram.NoisyGram",
-})
 
 
 def register_sensitivity(cls: type, builder: Builder) -> type:
@@ -145,13 +107,35 @@ def declare_non_private(cls: type, reason: str) -> type:
     return cls
 
 
+def class_named(name: str) -> type:
+    """The class a case module's table names (``module.Class``); imports its module."""
+    module, _, qualname = name.rpartition(".")
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _concatenated(builders: list[Builder]) -> Builder:
+    return builders[0] if len(builders) == 1 else (lambda: [case for build in builders for case in build()])
+
+
 def _load_builtin() -> None:
+    """Resolve the case modules' tables into the registrations (once). A class registered by
+    :func:`register_sensitivity` / :func:`declare_non_private` before this keeps that registration."""
     global _LOADED
-    if not _LOADED:
-        _LOADED = True
-        import dprec_torch.privacy_harness.sensitivity_cases  # noqa: F401  (registers the built-in mechanisms)
-        import dprec_torch.privacy_harness.learned_similarity_cases  # noqa: F401  (noisy_gram, dpals: issue 17)
-        import dprec_torch.privacy_harness.lowrank_pnbm_cases  # noqa: F401  (the low-rank PNBM's mechanisms: issue 27)
+    if _LOADED:
+        return
+    _LOADED = True
+    collected: dict[str, list[Builder]] = {}
+    for module in CASE_MODULES:
+        for name, builder in module.SENSITIVITY_CASES.items():
+            collected.setdefault(name, []).append(builder)
+    for name, builders in collected.items():
+        _BUILDERS.setdefault(class_named(name), _concatenated(builders))
+    for module in CASE_MODULES:
+        for name, reason in getattr(module, "NON_PRIVATE", {}).items():
+            _NON_PRIVATE.setdefault(class_named(name), reason)
 
 
 def builder_for(cls: type) -> Builder | None:

@@ -21,27 +21,21 @@ Stated sensitivities are read from the mechanism objects themselves (``group`` x
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from dprec_torch.data.preprocess import USER_KEYS
 from dprec_torch.data.ratings import Ratings
 from dprec_torch.errors import DataError
 from dprec_torch.interfaces import HasItemMeans
-from dprec_torch.mechanisms.base import MechanismOptimizer
-from dprec_torch.mechanisms.context import TrainingContext
-from dprec_torch.mechanisms.dpsgd import DPSGDLaplace
-from dprec_torch.mechanisms.dpsgd_l1 import ClippedLaplaceDPSGD
-from dprec_torch.mechanisms.dpsgd_mf import DPSGDMF
-from dprec_torch.mechanisms.gaussian import GaussianDPSGD
-from dprec_torch.mechanisms.gaussian_pnbm import GaussianPNBM
-from dprec_torch.mechanisms.sgd import MapSGD
-from dprec_torch.mechanisms.sgld import ScaledPosteriorSGLD
 from dprec_torch.models.batching import full_batch
-from dprec_torch.models.mf import MF
-from dprec_torch.models.pnbm import PNBM
-from dprec_torch.privacy_harness.registry import Release, SensitivityCase, declare_non_private, register_sensitivity
+from dprec_torch.privacy_harness.case import Builder, Release, SensitivityCase
+
+if TYPE_CHECKING:  # the classes are imported by the builders that use them (reading the tables below imports none)
+    from dprec_torch.mechanisms.base import MechanismOptimizer
+    from dprec_torch.mechanisms.context import TrainingContext
+    from dprec_torch.models.mf import MF
+    from dprec_torch.models.pnbm import PNBM
 
 HARNESS_FLOOR = 3.0
 DYADIC = torch.tensor([-1.0, -0.5, 0.0, 0.5, 1.0])
@@ -72,12 +66,16 @@ def public_means(data: Ratings, seed: int) -> torch.Tensor:
 
 
 def _context(data: Ratings, model: Any, tau: int | None = None) -> TrainingContext:
+    from dprec_torch.mechanisms.context import TrainingContext
+
     return TrainingContext(total_steps=1, steps_per_epoch=1, n_ratings=max(len(data), 1), n_users=data.n_users,
                            scale=data.scale, max_user_ratings=tau, entry_bound=model.gradient_entry_bound,
                            model=model)
 
 
 def _pnbm(data: Ratings, seed: int, formulation: str, backend: str) -> PNBM:
+    from dprec_torch.models.pnbm import PNBM
+
     model = PNBM(data.n_items, floor_c=HARNESS_FLOOR, n_neighbors=data.n_items, formulation=formulation,
                  pair_backend=backend).attach(data)
     with torch.no_grad():
@@ -87,6 +85,9 @@ def _pnbm(data: Ratings, seed: int, formulation: str, backend: str) -> PNBM:
 
 
 def _mf(data: Ratings, seed: int) -> MF:
+    from dprec_torch.data.preprocess import USER_KEYS
+    from dprec_torch.models.mf import MF
+
     model = MF(data.n_users, data.n_items, dim=2, init_std=0.5, seed=seed).attach(data)
     gen = torch.Generator().manual_seed(int(seed) + 2)
     with torch.no_grad():  # non-zero user factors and biases, so every gradient channel is exercised
@@ -144,9 +145,12 @@ def _gradient_release(model: Any, opt: MechanismOptimizer, data: Ratings, units:
 def _dpsgd_l1_case(model_kind: str, unit: str, relation: str, clip: float, tau: int | None = None,
                    backend: tuple[str, str] = PNBM_BACKENDS[0]) -> SensitivityCase:
     def make(data: Ratings, seed: int):
+        from dprec_torch.mechanisms.dpsgd_l1 import ClippedLaplaceDPSGD
+
         model = _pnbm(data, seed, *backend) if model_kind == "pnbm" else _mf(data, seed)
         opt = ClippedLaplaceDPSGD(model.parameters(), _context(data, model, tau), math.inf, clip_norm=clip,
                                   sampling_ratio=1.0, unit=unit, relation=relation, init="random", model=model)
+        opt.prepare(model)  # at epsilon = inf with init=random: releases nothing, keeps the public S
         return model, opt
 
     def release(data: Ratings, seed: int, units: bool) -> Release:
@@ -181,6 +185,9 @@ def dpsgd_l1_cases() -> list[SensitivityCase]:
 # ------------------------------------------------------------------ gaussian
 def _gaussian_case(model_kind: str, unit: str, clip: float, backend: tuple[str, str] = PNBM_BACKENDS[0]) -> SensitivityCase:
     def release(data: Ratings, seed: int, units: bool) -> Release:
+        from dprec_torch.mechanisms.gaussian import GaussianDPSGD
+        from dprec_torch.mechanisms.gaussian_pnbm import GaussianPNBM
+
         if model_kind == "pnbm":
             model = _pnbm(data, seed, *backend)
             opt = GaussianPNBM(model.parameters(), _context(data, model), math.inf, clip_norm=clip, sampling_ratio=1.0,
@@ -189,6 +196,7 @@ def _gaussian_case(model_kind: str, unit: str, clip: float, backend: tuple[str, 
             model = _mf(data, seed)
             opt = GaussianDPSGD(model.parameters(), _context(data, model), math.inf, unit=unit, clip_norm=clip,
                                 sampling_ratio=1.0)
+        opt.prepare(model)
         out = _gradient_release(model, opt, data, units, per_rating=(unit == "rating"))
         out.stated = opt.clip_norm  # L2 sensitivity of the sum under add/remove one unit
         return out
@@ -212,8 +220,11 @@ def dpsgd_mf_cases() -> list[SensitivityCase]:
     visited rating's error e_ui; a changed rating value moves its own error only, by at most Delta r."""
 
     def release(data: Ratings, seed: int, units: bool) -> Release:
+        from dprec_torch.mechanisms.dpsgd_mf import DPSGDMF
+
         model = _mf(data, seed)
         opt = DPSGDMF(model.parameters(), _context(data, model), math.inf, sampling_ratio=1.0)
+        opt.prepare(model)
         batch = full_batch(data, data.item_means())
         out = Release((model.batch_predict(batch) - batch.values).detach().double())  # what perturb_residuals_ noises
         out.stated = float(opt.privacy_report()["sensitivity"]["delta_r"])
@@ -229,10 +240,13 @@ def _sgld_case(model_kind: str, tau: int) -> SensitivityCase:
     public parameter by at most B (the mechanism's ``B_true`` = e_max^2 tau), after the per-user tau cap."""
 
     def release(data: Ratings, seed: int, units: bool) -> Release:
+        from dprec_torch.mechanisms.sgld import ScaledPosteriorSGLD
+
         data = _cap(data, tau, seed)
         model = _pnbm(data, seed, *PNBM_BACKENDS[0]) if model_kind == "pnbm" else _mf(data, seed)
         opt = ScaledPosteriorSGLD(model.parameters(), _context(data, model, tau), math.inf, temperature=1.0,
                                   max_user_ratings=tau, likelihood_bound="model", prior_correction=False, init="random")
+        opt.prepare(model)  # the chain's start: the public parameters times init_scale = 1
         if len(data) == 0:
             total = torch.zeros(1, dtype=torch.float64)
         else:
@@ -301,40 +315,16 @@ def laplace_output_cases() -> list[SensitivityCase]:
     ]
 
 
-register_sensitivity(ClippedLaplaceDPSGD, dpsgd_l1_cases)
-register_sensitivity(GaussianDPSGD, gaussian_cases)
-register_sensitivity(GaussianPNBM, gaussian_pnbm_cases)
-register_sensitivity(DPSGDMF, dpsgd_mf_cases)
-register_sensitivity(ScaledPosteriorSGLD, sgld_cases)
-
-
-def _register_output_mechanisms() -> None:
-    from dprec_torch.mechanisms.output_perturbation import LaplaceOutputPredictor
-
-    register_sensitivity(LaplaceOutputPredictor, laplace_output_cases)
-
-
-_register_output_mechanisms()
-declare_non_private(MechanismOptimizer, "the template: privacy_report() says non-private, epsilon = inf")
-declare_non_private(MapSGD, "mechanism=none: plain MAP SGD, epsilon = inf")
-declare_non_private(DPSGDLaplace, "mechanism=dpsgd_paper (Alg. 1 as printed): epsilon = None, the paper's per-entry "
-                                  "figure is epsilon_claimed_by_paper, never a defended epsilon")
-
-
-def _declare_predictors() -> None:
-    """Predictors whose privacy_report is non-private (the harness test fits each and checks it says so)."""
-    from dprec_torch.predictors.base import BasePredictor
-    from dprec_torch.predictors.cosine_implicit import CosineImplicit
-    from dprec_torch.predictors.d2p import D2P
-    from dprec_torch.predictors.knn import ItemKNN
-    from dprec_torch.predictors.pncf import PNCF
-    from dprec_torch.predictors.slope_one import SlopeOne
-
-    for cls in (BasePredictor, ItemKNN, SlopeOne, CosineImplicit, PNCF, D2P):
-        declare_non_private(cls, "privacy_report() says non-private (epsilon = inf)")
-
-
-_declare_predictors()
+#: Classes whose privacy_report never gives a finite epsilon (the harness test fits each predictor and checks it says so).
+NON_PRIVATE: dict[str, str] = {
+    "dprec_torch.mechanisms.base.MechanismOptimizer": "the template: privacy_report() says non-private, epsilon = inf",
+    "dprec_torch.mechanisms.sgd.MapSGD": "mechanism=none: plain MAP SGD, epsilon = inf",
+    "dprec_torch.mechanisms.dpsgd.DPSGDLaplace": ("mechanism=dpsgd_paper (Alg. 1 as printed): epsilon = None, the paper's "
+                                                  "per-entry figure is epsilon_claimed_by_paper, never a defended epsilon"),
+    **{f"dprec_torch.predictors.{name}": "privacy_report() says non-private (epsilon = inf)"
+       for name in ("base.BasePredictor", "knn.ItemKNN", "slope_one.SlopeOne", "cosine_implicit.CosineImplicit",
+                    "pncf.PNCF", "d2p.D2P")},
+}
 
 
 # ------------------------------------------------------------------ McSherry & Mironov
@@ -461,12 +451,14 @@ def exponential_topk_cases() -> list[SensitivityCase]:
     ]
 
 
-def _register_fitted_predictors() -> None:
-    from dprec_torch.mechanisms.exponential_topk import ExponentialTopKRecommender
-    from dprec_torch.predictors.mcsherry import McSherryMironov
-
-    register_sensitivity(McSherryMironov, mcsherry_cases)
-    register_sensitivity(ExponentialTopKRecommender, exponential_topk_cases)
-
-
-_register_fitted_predictors()
+#: What this module harnesses: a class's qualified name -> the builder of its cases (collected by the registry).
+SENSITIVITY_CASES: dict[str, Builder] = {
+    "dprec_torch.mechanisms.dpsgd_l1.ClippedLaplaceDPSGD": dpsgd_l1_cases,
+    "dprec_torch.mechanisms.gaussian.GaussianDPSGD": gaussian_cases,
+    "dprec_torch.mechanisms.gaussian_pnbm.GaussianPNBM": gaussian_pnbm_cases,
+    "dprec_torch.mechanisms.dpsgd_mf.DPSGDMF": dpsgd_mf_cases,
+    "dprec_torch.mechanisms.sgld.ScaledPosteriorSGLD": sgld_cases,
+    "dprec_torch.mechanisms.output_perturbation.LaplaceOutputPredictor": laplace_output_cases,
+    "dprec_torch.predictors.mcsherry.McSherryMironov": mcsherry_cases,
+    "dprec_torch.mechanisms.exponential_topk.ExponentialTopKRecommender": exponential_topk_cases,
+}

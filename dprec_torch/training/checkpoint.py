@@ -6,13 +6,15 @@ Resume trusts nothing it is given (issue 15 #8):
 * the run dir's ``config_resolved.json`` (written before training) and each checkpoint's own copy of
   the config are compared with the new config; any difference outside :data:`RESUME_SAFE_KEYS`
   refuses to resume, naming the keys (a model trained at epsilon=20 must not be reported at 5);
-* a truncated or corrupt checkpoint, or one that lacks the mechanism's accountant state, gives one
-  line naming the file and the fix, and nothing is written over it.
+* a truncated or corrupt checkpoint, or one that lacks the mechanism's accountant state or the record of
+  its DP item-mean release (a resume restores what ``MechanismOptimizer.prepare`` made, never makes it again),
+  gives one line naming the file and the fix, and nothing is written over it.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import logging
 import threading
@@ -116,6 +118,8 @@ def _on_cpu(obj: Any) -> Any:
         return type(obj)((k, _on_cpu(v)) for k, v in obj.items())
     if isinstance(obj, (list, tuple)):
         return type(obj)(_on_cpu(v) for v in obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):  # a mechanism's release record (``mean_release``)
+        return dataclasses.replace(obj, **{f.name: _on_cpu(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init})
     return copy.deepcopy(obj)
 
 
@@ -186,6 +190,9 @@ def load_checkpoint(path: Path, *, model: torch.nn.Module, optimizer: torch.opti
     if isinstance(optimizer, MechanismOptimizer) and optimizer.accountant is not None and "accountant" not in ckpt["optimizer"]:
         raise ConfigError(f"checkpoint {path} holds no accountant state for {type(optimizer).__name__} (an older "
                           f"format): resuming would forget the epsilon already spent; {FIX}")
+    if isinstance(optimizer, MechanismOptimizer) and optimizer.releases_item_means and "mean_release" not in ckpt["optimizer"]:
+        raise ConfigError(f"checkpoint {path} holds no record of {type(optimizer).__name__}'s DP item-mean release (an "
+                          f"older format): a resume restores that release, never makes it again; {FIX}")
     try:
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])

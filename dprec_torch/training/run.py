@@ -29,7 +29,7 @@ from dprec_torch.interfaces import HasItemMeans, OutputMechanism, ReadsTargetsOn
 from dprec_torch.io import atomic_write_json
 from dprec_torch.mechanisms.base import MechanismOptimizer
 from dprec_torch.mechanisms.context import TrainingContext, gradient_reduction_of, prior_precision_for
-from dprec_torch.models.batching import PoissonBatchSampler
+from dprec_torch.models.batching import PoissonBatchSampler, poisson_steps_per_epoch
 from dprec_torch.privacy_harness.registry import check_claim
 from dprec_torch.privacy.provenance import hyperparameter_provenance
 from dprec_torch.privacy.scope import diagnostics_enabled, item_universe_of, privacy_scope, reference_scope
@@ -37,7 +37,7 @@ from dprec_torch.seeding import SAMPLER_STREAM, noise_generator, randomness_repo
 from dprec_torch.sweep_cache import shared
 from dprec_torch.evaluation.baselines import (baseline_metrics, dp_reference_metrics, dp_reference_target, log_references, reference_hparams,
                                               reference_info, reference_label)
-from dprec_torch.training.checkpoint import prepare_run_dir
+from dprec_torch.training.checkpoint import load_checkpoint, prepare_run_dir
 from dprec_torch.training.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -127,24 +127,22 @@ class TrainingSetup:
     epochs: int
 
 
-def setup_training(cfg: DictConfig, fold: Fold, device: torch.device) -> TrainingSetup:
-    """Cap the fold for the mechanism, build and attach the model, the batch sampler and the mechanism."""
+def setup_training(cfg: DictConfig, fold: Fold, device: torch.device, prepare: bool = True) -> TrainingSetup:
+    """Cap the fold for the mechanism, build and attach the model, build the mechanism (it calibrates), let it
+    prepare the model (:meth:`~dprec_torch.mechanisms.base.MechanismOptimizer.prepare`: the DP item means, S's
+    start), then build the batch sampler. ``prepare=False`` for a resumed fold: its checkpoint restores what
+    ``prepare`` made (``train_fold``), so nothing is released twice."""
     fold = mechanism_fold(cfg, fold)
     mech_cls = training_mechanism(cfg)
     train = fold.train
     model = build_model(cfg, fold, device).to(device)
     model.attach(train)
     ratio = float(cfg.mechanism.get("sampling_ratio", 1.0))
-    # Poisson sampling is part of the privacy proof (amplification): secret unless noise_seed is explicit
-    sampler_seed = cfg.get("noise_seed") if mech_cls.relation is not None else int(cfg.seed)
     unit = cfg.mechanism.get("unit") or ("user" if mech_cls.relation == "user" else "rating")
-    sampler = PoissonBatchSampler(train, model.item_means if isinstance(model, HasItemMeans) else train.item_means(),
-                                  ratio, unit, noise_generator(sampler_seed, device, SAMPLER_STREAM),
-                                  history=not (isinstance(model, ReadsTargetsOnly) and not model.reads_history))
-    epochs = int(cfg.mechanism.epochs)
+    epochs, steps = int(cfg.mechanism.epochs), poisson_steps_per_epoch(ratio)
     prior = prior_precision_for(mech_cls, model, train, ratio * len(train))
     context = TrainingContext(
-        total_steps=epochs * sampler.steps_per_epoch(), steps_per_epoch=sampler.steps_per_epoch(),
+        total_steps=epochs * steps, steps_per_epoch=steps,
         n_ratings=len(train), n_users=train.n_users, scale=train.scale,
         max_user_ratings=cfg.mechanism.get("max_user_ratings"),
         entry_bound=model.gradient_entry_bound, prior_precision=prior, model=model,
@@ -153,6 +151,13 @@ def setup_training(cfg: DictConfig, fold: Fold, device: torch.device) -> Trainin
         gradient_reduction=gradient_reduction_of(model),
     )
     optimizer = instantiate_node(cfg.mechanism, _convert_="all")(params=model.parameters(), context=context)
+    if prepare:
+        optimizer.prepare(model)
+    # Poisson sampling is part of the privacy proof (amplification): secret unless noise_seed is explicit
+    sampler_seed = cfg.get("noise_seed") if mech_cls.relation is not None else int(cfg.seed)
+    sampler = PoissonBatchSampler(train, model.item_means if isinstance(model, HasItemMeans) else train.item_means(),
+                                  ratio, unit, noise_generator(sampler_seed, device, SAMPLER_STREAM),
+                                  history=not (isinstance(model, ReadsTargetsOnly) and not model.reads_history))
     return TrainingSetup(fold, model, sampler, optimizer, epochs)
 
 
@@ -163,9 +168,17 @@ def train_fold(cfg: DictConfig, fold: Fold, out: Path, device: torch.device, ref
     """Train a model under ``cfg.mechanism`` on one fold; returns its fold record. ``references(fold, report)``
     scores the non-private references on the fold as loaded (before the tau cap), for the record and hparams."""
     loaded = fold
-    setup = setup_training(cfg, fold, device)
+    path = out / f"checkpoint_fold{fold.index}.pt"
+    resuming = bool(cfg.resume) and path.exists()
+    setup = setup_training(cfg, fold, device, prepare=not resuming)
     fold, model, sampler, optimizer, epochs = setup.fold, setup.model, setup.sampler, setup.optimizer, setup.epochs
     train = fold.train
+    restored = None
+    if resuming:  # restores what prepare() made (r_bar, the fallback, S, the release record, the accountant) first
+        ckpt = load_checkpoint(path, model=model, optimizer=optimizer, sampler_generator=sampler.generator,
+                               config=resolved_config(cfg))
+        restored = {k: ckpt[k] for k in ("epoch", "history", "extra", "rng")}  # the Trainer's part, not the tensors
+        del ckpt
     report = optimizer.privacy_report()
     check_scale_declared(train, report)  # a finite epsilon needs data.rating_scale on custom data (issue 15, 7)
     check_claim(optimizer, report)  # no finite epsilon without a sensitivity harness (privacy_harness/registry.py)
@@ -176,10 +189,10 @@ def train_fold(cfg: DictConfig, fold: Fold, out: Path, device: torch.device, ref
 
         writer = SummaryWriter(log_dir=str(out / "tb" / f"fold{fold.index}"))
     diagnostics = diagnostics_enabled(cfg.get("log_private_diagnostics"), report)
-    trainer = Trainer(model, optimizer, sampler, epochs, out / f"checkpoint_fold{fold.index}.pt", writer, bool(cfg.resume),
+    trainer = Trainer(model, optimizer, sampler, epochs, path, writer, bool(cfg.resume),
                       config=resolved_config(cfg), private_diagnostics=diagnostics)
     try:
-        result = trainer.fit(fold)
+        result = trainer.fit(fold, restored)
         metrics = score_predictor(model, fold)  # overlaps the last checkpoint's write
         report = optimizer.privacy_report()
         report["scope"] = privacy_scope(report, model, diagnostics, item_universe_of(train))

@@ -27,6 +27,7 @@ from dprec_torch.evaluation.metrics import rating_metrics
 from dprec_torch.interfaces import HasTrainingTargets, SupportsProjection
 from dprec_torch.mechanisms.base import MechanismOptimizer
 from dprec_torch.models.batching import PoissonBatchSampler
+from dprec_torch.seeding import set_rng_state
 from dprec_torch.training.checkpoint import CheckpointWriter, load_checkpoint
 
 log = logging.getLogger(__name__)
@@ -71,12 +72,18 @@ class Trainer:
             self.model.project_()
         return (residuals.double() ** 2).sum(), batch.n_targets  # summed on the device: no host sync per step
 
-    def fit(self, fold: Fold) -> TrainResult:
+    def fit(self, fold: Fold, restored: dict[str, Any] | None = None) -> TrainResult:
+        """Train (from the checkpoint when resuming). ``restored``: the checkpoint the caller already loaded into the
+        model, mechanism and sampler (``train_fold`` loads it before the privacy report; it is not loaded again)."""
         result = TrainResult()
         start_epoch = 1
-        if self.resume and self.checkpoint_path is not None and self.checkpoint_path.exists():
+        ckpt = restored
+        if ckpt is not None:  # the global RNGs as the checkpoint left them, whatever ran since the caller loaded it
+            set_rng_state(ckpt["rng"])
+        elif self.resume and self.checkpoint_path is not None and self.checkpoint_path.exists():
             ckpt = load_checkpoint(self.checkpoint_path, model=self.model, optimizer=self.optimizer,
                                    sampler_generator=self.sampler.generator, config=self.config)
+        if ckpt is not None:
             result.history = [self._filtered(row) for row in ckpt["history"]]
             result.train_seconds = float(ckpt["extra"].get("train_seconds", 0.0))
             start_epoch = int(ckpt["epoch"]) + 1

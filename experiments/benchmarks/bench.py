@@ -248,6 +248,7 @@ def train_case(kind: str, mech: str, fold, impl: str, epochs: int, topk_k: int =
                           n_units=n_units, expected_batch_size=n_units,  # full batch: q = 1, as the runner builds it
                           gradient_reduction=gradient_reduction_of(model))
     opt = cls(model.parameters(), ctx, **kwargs)
+    opt.prepare(model)  # DP item means and the start of S, before any batch is built (as setup_training)
     dense = None
     if impl == "dense":
         dense = (DenseMFEpoch if kind == "mf" else DensePNBMEpoch)(model, train)

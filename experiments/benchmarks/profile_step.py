@@ -45,6 +45,7 @@ def main() -> None:
                           scale=train.scale, max_user_ratings=None, entry_bound=model.gradient_entry_bound,
                           prior_precision=prior_precision_for(cls, model, train, len(train)))
     opt = cls(model.parameters(), ctx, **kwargs)
+    opt.prepare(model)  # DP item means and the start of S, before the batch (as setup_training)
     batch = full_batch(train, model.item_means)
     print(f"{args.data}: {train.n_users} users x {train.n_items} items, {len(train)} ratings; "
           f"{args.mechanism}, backend {args.backend}, {args.threads} thread(s)")

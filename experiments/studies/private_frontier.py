@@ -1,4 +1,7 @@
-"""Issue 17 / 24: RMSE vs epsilon of the provable learned-similarity mechanisms (noisy_gram, dpals, lowrank_dpsgd), end to end.
+"""Issue 17 / 24: RMSE vs epsilon of the provable learned-similarity predictors (noisy_gram, dpals), end to end.
+
+The low-rank PNBM (S = U U^T, trained by the Trainer under gaussian, sgld and dpsgd) has its own table,
+``experiments/studies/pnbm_lowrank_table.py`` (issue 27), which this report includes.
 
 Protocol (everything below is run by this script; nothing is hand-edited):
 
@@ -67,9 +70,8 @@ from dprec_torch.study.markers import splice  # noqa: E402
 from dprec_torch.errors import ConfigError  # noqa: E402
 from dprec_torch.io import atomic_write_json  # noqa: E402
 from dprec_torch.predictors.dpals import DPALS  # noqa: E402
-from dprec_torch.predictors.lowrank_dpsgd import LowRankDPSGD  # noqa: E402
 from dprec_torch.predictors.noisy_gram import NoisyGram  # noqa: E402
-from dprec_torch.privacy.gaussian_release import RELATION_TEXT  # noqa: E402
+from dprec_torch.privacy.item_means import RELATION_TEXT  # noqa: E402
 
 log = logging.getLogger("private_frontier")
 OUT = ROOT / "docs" / "results" / "private_frontier"
@@ -77,7 +79,7 @@ DOC = ROOT / "docs" / "private_frontier.md"
 EPS = [0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0]
 TUNE_EPS = [1.0, 10.0]
 DELTA = 1e-6
-CLASSES = {"noisy_gram": NoisyGram, "dpals": DPALS, "lowrank_dpsgd": LowRankDPSGD}
+CLASSES = {"noisy_gram": NoisyGram, "dpals": DPALS}
 EXPERIMENTS = ROOT / "conf" / "experiment"
 RELATIONS = ("rating", "user")
 DATASETS = ("ml-100k", "ml-1m")
@@ -107,8 +109,6 @@ BASE: dict[tuple[str, str], dict[str, Any]] = {
     ("dpals", "user"): dict(relation="user", mean_noise="gaussian", mean_fraction=0.4, mean_prior_std=0.5, dim=5,
                             iterations=2, power_iters=1, init_fraction=0.1, reg=1.0, item_reg=5.0, noise_reg=1.0,
                             clip_factor=1.0, clamp_r=1.0),
-    ("lowrank_dpsgd", "user"): dict(dim=8, steps=200, sampling_ratio=0.1, clip=1.0, lr=5.0, weight_decay=0.0, clamp_r=1.0,
-                                    beta_p=5.0, init_scale=0.1, mean_fraction=0.5, mean_prior_std=0.5, count_weight=0.5),
 }
 _KNN300 = dict(estimator="knn", support=300, variance_floor=10.0, knn_shrinkage=3.0, k=50)
 _PNBM300 = dict(estimator="pnbm", support=300, k=50, reg=5.0, knn_shrinkage=3.0)
@@ -150,28 +150,6 @@ GRID: dict[tuple[str, str], list[dict[str, Any]]] = {
                         dict(max_ratings_per_user=30, dim=3, iterations=1, count_weight=0.5, mean_fraction=0.7, mean_popularity_alpha=0.5),
                         dict(max_ratings_per_user=30, dim=3, iterations=1, count_weight=0.3, mean_fraction=0.8, mean_popularity_alpha=0.5,
                              mean_popularity_share=0.2)],
-    ("lowrank_dpsgd", "user"): [dict(), dict(weight_decay=0.01), dict(mean_fraction=0.3),
-                                dict(lr=1.0, mean_fraction=0.8, weight_decay=0.05), dict(lr=0.5, mean_fraction=0.9, weight_decay=0.1),
-                                # larger expected batches, a smaller clip, Opacus's tighter PRV accountant, a smaller init
-                                dict(sampling_ratio=0.3, clip=0.5, lr=10.0, accountant="prv"),
-                                dict(sampling_ratio=0.3, clip=0.5, lr=10.0, accountant="prv", init_scale=0.03),
-                                dict(sampling_ratio=0.3, clip=0.5, lr=10.0, accountant="prv", init_scale=0.01),
-                                dict(sampling_ratio=0.3, steps=400, clip=0.5, lr=5.0, accountant="prv", init_scale=0.03),
-                                dict(sampling_ratio=0.5, steps=100, clip=0.5, lr=2.0, weight_decay=0.01, accountant="prv", init_scale=0.03),
-                                dict(lr=0.5, mean_fraction=0.9, weight_decay=0.1, accountant="prv", init_scale=0.03),
-                                dict(sampling_ratio=0.3, clip=0.5, lr=10.0, accountant="prv", init_scale=0.01, mean_popularity_alpha=0.5),
-                                dict(sampling_ratio=0.3, steps=400, clip=0.5, lr=5.0, accountant="prv", init_scale=0.03,
-                                     mean_popularity_alpha=0.5),
-                                dict(sampling_ratio=0.5, steps=100, clip=0.5, lr=2.0, weight_decay=0.01, accountant="prv", init_scale=0.03,
-                                     mean_popularity_alpha=0.5),
-                                dict(lr=0.5, mean_fraction=0.9, weight_decay=0.1, accountant="prv", init_scale=0.03, mean_popularity_alpha=0.5),
-                                dict(lr=0.5, mean_fraction=0.9, weight_decay=0.1, accountant="prv", init_scale=0.03, mean_popularity_alpha=0.5,
-                                     count_weight=0.3, mean_popularity_share=0.2),
-                                # U learns what each user's own weights on the public item features leave
-                                dict(sampling_ratio=0.3, steps=400, clip=0.5, lr=5.0, accountant="prv", init_scale=0.03,
-                                     mean_popularity_alpha=0.5, item_features=True),
-                                dict(lr=0.5, mean_fraction=0.9, weight_decay=0.1, accountant="prv", init_scale=0.03, mean_popularity_alpha=0.5,
-                                     count_weight=0.3, mean_popularity_share=0.2, item_features=True)],
 }
 LOADERS = {"ml-1m": lambda k: ml1m_fold(k), "ml-100k": lambda k: ml100k_fold(k)}
 GRID_FILE, SELECTION_FILE = OUT / "grid.json", OUT / "selection.json"
@@ -305,7 +283,7 @@ def tune(data: str, n_folds: int, grid: dict[str, Any]) -> dict[str, Any]:
                                    "post-processing: a model chosen here has no end-to-end epsilon on these users (it "
                                    "serves as the upper reference); the headline uses the other dataset's choice",
                 }
-        by_fold[str(k)] = {**saved, **cells}
+        by_fold[str(k)] = cells  # cells of the frozen grid only (a mechanism dropped from it leaves the record)
         atomic_write_json(path, out)
     return out
 
@@ -601,6 +579,7 @@ def audit_lines(tuning: dict[str, Any], selection: dict[str, Any]) -> list[str]:
     if not path.exists():
         return []
     aud = json.loads(path.read_text())
+    aud["rows"] = {k: a for k, a in aud["rows"].items() if tuple(k.split("/")[:2]) in BASE}  # mechanisms still in the grid
     # runs before issue 24 audited ML-1M fold 1's own eps = 1 choices and did not record them
     fold1 = tuning["by_fold"]["ml-1m"]["1"]
     stale = [key for key, a in aud["rows"].items() if not _same(
@@ -633,9 +612,7 @@ def _short(cfg: dict[str, Any], mech: str) -> str:
     keys = {"noisy_gram": ("estimator", "support", "k", "variance_floor", "knn_shrinkage", "reg", "count_weight", "mean_fraction",
                            "mean_popularity_alpha", "mean_popularity_share", "item_features"),
             "dpals": ("max_ratings_per_user", "dim", "iterations", "count_weight", "mean_fraction", "mean_popularity_alpha",
-                      "mean_popularity_share"),
-            "lowrank_dpsgd": ("dim", "steps", "sampling_ratio", "clip", "lr", "weight_decay", "mean_fraction", "init_scale",
-                              "accountant", "mean_popularity_alpha", "mean_popularity_share", "item_features")}[mech]
+                      "mean_popularity_share")}[mech]
     return ",".join(f"{k}={cfg[k]}" for k in keys if k in cfg)
 
 
@@ -827,12 +804,6 @@ NOTES = [
     "μ (counts with 10 % of μ², then the statistics with each user's unit norm re-weighted by a_i = (K~_i / floor)^-α "
     "towards rarely rated items, whose means have the fewest contributions); the released counts are pooled with the "
     "stage-0 counts by inverse variance (post-processing of the release).",
-    "- `lowrank_dpsgd` on ML-100K has about 6x fewer users per expected batch (q N) than on ML-1M, so the noise per "
-    "step is about 6x larger relative to the mean gradient; a configuration chosen on one dataset need not suit the "
-    "other, and the end-to-end columns show what that transfer costs against the upper reference. At ε = 0.1 the "
-    "ε = 1 choice's steps are swamped by noise; no configuration is tuned there.",
-    "- `lowrank_dpsgd` is user level only: a changed rating replaces one user's clipped gradient, and the Poisson-"
-    "subsampled replace-one analysis is not implemented, so no rating-level ε is claimed for it.",
     "",
 ]
 
@@ -848,8 +819,8 @@ def report() -> str:
              "Generated by `nice -n 10 python experiments/studies/private_frontier.py` (do not edit by hand). "
              "Mechanisms: `model=noisy_gram` (one-shot noisy item Gram + learned kNN/EASE/low-rank/PNBM Eq. (2) "
              "surrogate, `dprec_torch/predictors/noisy_gram.py`), `model=dpals` (private ALS, Chien et al. ICML 2021, "
-             "`dprec_torch/predictors/dpals.py`) and `model=lowrank_dpsgd` (DP-SGD with per-user clipping on S = U U^T, "
-             "Opacus RDP accounting, user level only, `dprec_torch/predictors/lowrank_dpsgd.py`). δ = 1e-6. "
+             "`dprec_torch/predictors/dpals.py`). δ = 1e-6. The low-rank PNBM trained by the named mechanisms (the former "
+             "`model=lowrank_dpsgd` column) has its own table below, from `experiments/studies/pnbm_lowrank_table.py`. "
              "Joint DP: only item-side statistics/models are released; a prediction for u reads u's own ratings.", "",
              "Protocol: a grid frozen in `docs/results/private_frontier/grid.json` (sha256 "
              f"`{grid['sha256'][:16]}…`); every entry validated at ε in {TUNE_EPS} on every fold's validation split of "
@@ -888,6 +859,7 @@ def report() -> str:
     lines += targets(e2e.get("ml-1m", {}).get("rows", {}), refs.get("ml-1m", {}), selection, grid)
     lines += ladder_lines(selection)
     lines += NOTES
+    lines += lowrank_table_lines()
     text = "\n".join(lines) + "\n"
     (OUT / "tables.md").write_text(text)
     DOC.write_text(text + "\n![frontier](results/private_frontier/frontier.png)\n")
@@ -895,6 +867,15 @@ def report() -> str:
     splice(ROOT / "README.md", "headline", headline(e2e, up, refs))
     write_experiments(selection)
     return text
+
+
+def lowrank_table_lines() -> list[str]:
+    """The low-rank PNBM's table (issue 27), as ``pnbm_lowrank_table.py`` last wrote it, between its markers."""
+    path = ROOT / "docs" / "results" / "pnbm_lowrank" / "table.md"
+    body = path.read_text().strip() if path.exists() else (
+        "Not run yet: `python experiments/studies/pnbm_lowrank_table.py`.")
+    return ["## The low-rank PNBM under the named mechanisms (issue 27)", "", "<!-- pnbm_lowrank:start -->", body,
+            "<!-- pnbm_lowrank:end -->", ""]
 
 
 def headline(e2e: dict[str, Any], up: dict[str, Any], refs: dict[str, Any]) -> str:
@@ -929,8 +910,7 @@ def headline(e2e: dict[str, Any], up: dict[str, Any], refs: dict[str, Any]) -> s
         lines.append(f"| {name} (non-private) | – | ∞ | " + " | ".join(cells) + " | – | – |")
     for mech, rel, label in (("noisy_gram", "rating", "noisy Gram (`model=noisy_gram`)"),
                              ("noisy_gram", "user", "noisy Gram (`model=noisy_gram`)"),
-                             ("dpals", "user", "DP-ALS (`model=dpals`)"),
-                             ("lowrank_dpsgd", "user", "low-rank DP-SGD (`model=lowrank_dpsgd`)")):
+                             ("dpals", "user", "DP-ALS (`model=dpals`)")):
         for eps in (1.0, 10.0):
             key = f"{mech}/{rel}/{eps:g}"
             cells = [_fmt(e2e[d]["rows"][key]) if key in e2e.get(d, {}).get("rows", {}) else "pending" for d in DATASETS]

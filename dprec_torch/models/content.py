@@ -15,9 +15,8 @@ import logging
 import torch
 
 from dprec_torch.data.item_features import ITEM_FEATURES, ItemFeatures, item_features_of
-from dprec_torch.data.ratings import Ratings
+from dprec_torch.data.ratings import Ratings, _to_csr
 from dprec_torch.errors import ConfigError
-from dprec_torch.predictors.dpals import solve_rows
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +47,25 @@ def resolve_item_features(setting: bool | str, train: Ratings, who: str) -> Item
     return item_features_of(train, who) if setting else None
 
 
+def row_feature_weights(rows: torch.Tensor, items: torch.Tensor, y: torch.Tensor, features: ItemFeatures, reg: float,
+                        n_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q_r for every row ``[n_rows, F]``, the residual y - q_r . phi_i per rating), in ``y``'s dtype, for the ratings
+    (rows, items, y): the batched ridge solve q_r = (sum_{i in row r} phi_i phi_i^T + reg I)^-1 sum_i y_ri phi_i."""
+    phi = features.matrix.to(y.device, y.dtype)
+    n_items, f = phi.shape
+
+    def csr(v: torch.Tensor) -> torch.Tensor:
+        return _to_csr(rows, items, v, n_rows, n_items)
+
+    outer = (phi[:, :, None] * phi[:, None, :]).reshape(n_items, f * f)
+    a = (csr(torch.ones_like(y)) @ outer).reshape(-1, f, f) + reg * torch.eye(f, device=y.device, dtype=y.dtype)
+    q = torch.linalg.solve(a, (csr(y) @ phi).unsqueeze(-1)).squeeze(-1)
+    return q, y - (q[rows] * phi[items]).sum(1)
+
+
 def feature_weights(train: Ratings, y: torch.Tensor, features: ItemFeatures, reg: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(q_u for every user ``[N, F]``, the residual y_ui - q_u . phi_i per rating ``[R]``), in ``y``'s dtype."""
-    phi = features.matrix.to(y.device, y.dtype)
-    q = solve_rows(train.indicator_csr().to(y.dtype), train.csr(y), phi, reg)
-    return q, y - (q[train.users] * phi[train.items]).sum(1)
+    return row_feature_weights(train.users, train.items, y, features, reg, train.n_users)
 
 
 #: what a privacy report's ``joint_dp`` line adds when a model reads public item features
