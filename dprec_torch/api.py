@@ -42,7 +42,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from dprec_torch.config import CONF_DIR, check_command_line, instantiate_node
+from dprec_torch.config import CONF_DIR, check_command_line, instantiate_node, upgrade_recorded
 from dprec_torch.data.ratings import Fold, RatingDataset
 from dprec_torch.device import resolve_device
 from dprec_torch.errors import ConfigError, DataError
@@ -255,7 +255,7 @@ def load_run(run_dir: str | Path, device: str | None = None) -> Run:
         raise ConfigError(f"{run_dir} is not a train.py run dir (no config_resolved.json)")
     if not metrics_path.exists():
         raise ConfigError(f"{run_dir} holds no metrics.json: the run did not finish (resume it with resume=true)")
-    cfg = OmegaConf.create(json.loads(cfg_path.read_text()))
+    cfg = upgrade_recorded(OmegaConf.create(json.loads(cfg_path.read_text())))
     metrics = json.loads(metrics_path.read_text())
     dev = resolve_device(device or cfg.get("device", "auto"))
     from dprec_torch.predictors.release import release_path

@@ -52,16 +52,35 @@ NODE_RUNNER_KEYS: dict[str, tuple[str, ...]] = {
 }
 RUNNER_KEYS: tuple[str, ...] = tuple(dict.fromkeys(k for keys in NODE_RUNNER_KEYS.values() for k in keys))
 
-#: Keys a target inherits from the base yaml it is swapped into but does not implement: allowed only
-#: at null, and dropped before instantiation (mechanism=gaussian model=pnbm merges
-#: conf/mechanism/gaussian_pnbm.yaml onto conf/mechanism/gaussian.yaml, whose ``noise_multiplier`` it has no use for).
-NULL_ONLY_KEYS: dict[str, tuple[str, ...]] = {
-    "dprec_torch.mechanisms.gaussian_pnbm.GaussianPNBM": ("noise_multiplier",),
-}
 
 #: Keys that no longer exist -> the one line naming what replaced them (an old override fails with it).
 RETIRED_KEYS = {"perturb_residuals": "DPSGD-MF is its own mechanism now: mechanism=dpsgd_mf "
-                                     "(mechanism=dpsgd_paper model=mf selects it)"}
+                                     "(mechanism=dpsgd_paper model=mf builds it)"}
+
+#: Classes moved since runs recorded them (issue 26, 2: ``mechanism=X`` -> ``mechanisms/X.py``). A run dir's
+#: ``config_resolved.json`` is read through :func:`upgrade_recorded`, so ``evaluate.py run=`` and ``load_run`` keep
+#: working on runs made before.
+RENAMED_TARGETS = {
+    "dprec_torch.mechanisms.dpsgd_l1.ClippedLaplaceDPSGD": "dprec_torch.mechanisms.dpsgd.ClippedLaplaceDPSGD",
+    "dprec_torch.mechanisms.dpsgd.DPSGDLaplace": "dprec_torch.mechanisms.dpsgd_paper.DPSGDLaplace",
+    "dprec_torch.mechanisms.sgd.MapSGD": "dprec_torch.mechanisms.none.NoMechanism",  # the class of mechanism=none
+    "dprec_torch.mechanisms.gaussian_pnbm.GaussianPNBM": "dprec_torch.mechanisms.gaussian.GaussianPNBM",
+}
+BUILTIN_TARGET = "dprec_torch.mechanisms.builtin.BuiltIn"
+
+
+def upgrade_recorded(cfg: DictConfig) -> DictConfig:
+    """A recorded run config (``config_resolved.json``) with today's class names, in place: a moved ``_target_``
+    (:data:`RENAMED_TARGETS`), and ``mechanism=builtin``, which named no class before it had one."""
+    mech = cfg.get("mechanism")
+    if isinstance(mech, DictConfig):
+        target = mech.get("_target_")
+        if target in RENAMED_TARGETS:
+            mech._target_ = RENAMED_TARGETS[target]
+        elif not target and mech.get("name") == "builtin":
+            mech._target_ = BUILTIN_TARGET
+    return cfg
+
 
 #: Usual names of our keys, for the "did you mean" hint of a misspelt key.
 ALIASES = {"learning_rate": "lr", "n_epochs": "epochs", "num_epochs": "epochs", "eps": "epsilon",
@@ -89,17 +108,15 @@ def accepted(cls: type, **kwargs: Any) -> dict[str, Any]:
 
 
 def instantiate_node(node: DictConfig, **kwargs: Any) -> Any:
-    """``instantiate`` a config node; a runner-only key (:data:`RUNNER_KEYS`) or a null-only key
-    (:data:`NULL_ONLY_KEYS`) is dropped only where the target does not declare it, so no real argument
-    is ever lost to the filtering.
+    """``instantiate`` a config node; a runner-only key (:data:`RUNNER_KEYS`) is dropped only where the target does
+    not declare it, so no real argument is ever lost to the filtering.
 
     A :class:`DprecError` raised by the target is re-raised as is, not wrapped by Hydra,
     so the CLI prints its one line.
     """
     data = OmegaConf.to_container(node, resolve=True)
     declared = declared_parameters(data["_target_"])
-    droppable = set(RUNNER_KEYS) | set(NULL_ONLY_KEYS.get(data["_target_"], ()))
-    data = {k: v for k, v in data.items() if k not in droppable or k in declared}
+    data = {k: v for k, v in data.items() if k not in RUNNER_KEYS or k in declared}
     try:
         return instantiate(data, **kwargs)
     except InstantiationException as err:
@@ -320,7 +337,7 @@ TARGET_DOMAINS: dict[str, dict[str, Domain]] = {
     "dprec_torch.predictors.knn.ItemKNN": {"k": integer(1, null=True, note="null = 900 on ML-100K, 1300 on ML-1M")},
     "dprec_torch.predictors.mcsherry.McSherryMironov": {"delta": _GAUSSIAN_DELTA},
     "dprec_torch.mechanisms.gaussian.GaussianDPSGD": {"delta": _GAUSSIAN_DELTA},
-    "dprec_torch.mechanisms.gaussian_pnbm.GaussianPNBM": {"delta": _GAUSSIAN_DELTA},
+    "dprec_torch.mechanisms.gaussian.GaussianPNBM": {"delta": _GAUSSIAN_DELTA},
     "dprec_torch.mechanisms.sgld.ScaledPosteriorSGLD": {"max_user_ratings": integer(1, note="tau bounds B")},
     "dprec_torch.predictors.dpals.DPALS": {"reg": number("(0, inf)"), "init_scale": number("(0, inf)"), "delta": _GAUSSIAN_DELTA},
     "dprec_torch.predictors.noisy_gram.NoisyGram": {"delta": _GAUSSIAN_DELTA,
@@ -379,17 +396,12 @@ def check_node(kind: str, node: DictConfig, path: str | None = None) -> None:
             raise ConfigError(f"{path}.{extra[0]} is not a key of {kind}={data.get('name', '?')} (it has no parameters)")
         return
     declared = declared_parameters(target)
-    null_only = NULL_ONLY_KEYS.get(target, ())
     label = _target_label(kind, node, target)
-    for key, value in data.items():
+    for key in data:
         if key in HYDRA_KEYS or key in declared or key in runner:
             continue
         if key in RETIRED_KEYS:
             raise ConfigError(f"{path}.{key} is no longer a key: {RETIRED_KEYS[key]}")
-        if key in null_only:
-            if value is not None:
-                raise ConfigError(f"{path}.{key}={value} is not supported by {label}: it must be null")
-            continue
         known = sorted(set(declared) - SUPPLIED_BY_RUNNER | set(runner))
         names = {**{a: k for a, k in ALIASES.items() if k in known}, **{k: k for k in known}}
         close = difflib.get_close_matches(key, list(names), n=1)
@@ -435,7 +447,7 @@ def check_config(cfg: DictConfig) -> None:
 #: laplace_output is absent: its Delta f is the output range (cosine_implicit) or a substitution bound (slope_one),
 #: which per-user preprocessing cannot exceed (tests/test_issue24_harness.py).
 TARGET_RELATIONS: dict[str, str | None] = {
-    "dprec_torch.mechanisms.dpsgd.DPSGDLaplace": None,  # Alg. 1 as printed: the paper's figure only
+    "dprec_torch.mechanisms.dpsgd_paper.DPSGDLaplace": None,  # Alg. 1 as printed: the paper's figure only
     "dprec_torch.mechanisms.dpsgd_mf.DPSGDMF": "rating_value",  # one rating's value changes; who rated what is public
     "dprec_torch.mechanisms.exponential_topk.ExponentialTopK": "score_entry",
     "dprec_torch.predictors.mcsherry.McSherryMironov": "rating",
@@ -445,14 +457,30 @@ TARGET_RELATIONS: dict[str, str | None] = {
 RATING_LEVEL = frozenset({"rating"})
 
 
-def node_relation(node: DictConfig) -> str | None:
-    """The neighbouring relation a node's ``_target_`` is configured to defend (None: it states none).
+def form_target(node: DictConfig, model: DictConfig | None = None) -> str | None:
+    """The qualified class that trains ``model`` under the mechanism ``node``: its ``_target_``, or the form that class's
+    ``form_for`` names for the model's class (``mechanism=dpsgd_paper model=mf``: DPSGD-MF; see
+    :mod:`dprec_torch.mechanisms.base`). Without a model, or for a node whose class has no forms: the ``_target_``."""
+    target = node.get("_target_") if isinstance(node, DictConfig) else None
+    model_target = model.get("_target_") if isinstance(model, DictConfig) else None
+    if not target or not model_target:
+        return target
+    forms = getattr(get_object(target), "form_for", None)  # config.py sits below the mechanisms: no isinstance here
+    if forms is None:
+        return target
+    form = forms(get_object(model_target))
+    return f"{form.__module__}.{form.__qualname__}"
+
+
+def node_relation(node: DictConfig, model: DictConfig | None = None) -> str | None:
+    """The neighbouring relation a node's ``_target_`` (with ``model``: the form that trains it, :func:`form_target`)
+    is configured to defend (None: it states none).
 
     :data:`TARGET_RELATIONS`; else the node's ``relation`` where the target takes one (absent: its default);
     else the class's ``relation`` (a :class:`~dprec_torch.interfaces.TrainingMechanism` attribute); else, where
     that is None, the node's ``unit`` (Gaussian DP-SGD defends add/remove one unit). The configured value always
     wins over the class default."""
-    target = node.get("_target_") if isinstance(node, DictConfig) else None
+    target = form_target(node, model)
     if not target:
         return None
     if target in TARGET_RELATIONS:
@@ -471,8 +499,9 @@ def claimed_relations(cfg: DictConfig) -> list[tuple[str, str, DictConfig]]:
     out = []
     for kind in ("mechanism", "model"):
         node = cfg.get(kind)
-        rel = node_relation(node)
-        if rel is None or "epsilon" not in declared_parameters(node._target_):
+        model = cfg.get("model") if kind == "mechanism" else None
+        rel = node_relation(node, model)
+        if rel is None or "epsilon" not in declared_parameters(form_target(node, model)):
             continue  # e.g. mechanism=none, model=pnbm: nothing claimed here
         eps = node.get("epsilon", cfg.get("epsilon"))
         if eps is not None and math.isfinite(float(eps)):
@@ -524,7 +553,7 @@ def check_privacy_units(cfg: DictConfig, n_ratings: int, n_users: int) -> None:
     """delta < 1 / (number of privacy units): ratings at rating level, users at user level. A larger delta
     allows a mechanism that publishes one unit's data outright, so its epsilon defends nothing."""
     for kind, rel, node in claimed_relations(cfg):
-        if "delta" not in declared_parameters(node._target_):
+        if "delta" not in declared_parameters(form_target(node, cfg.get("model") if kind == "mechanism" else None)):
             continue  # a pure-epsilon mechanism: delta is not part of its claim
         delta = float(node.get("delta", cfg.get("delta", 0.0)) or 0.0)
         units, what = (n_users, "users") if rel == "user" else (n_ratings, "ratings")

@@ -41,7 +41,7 @@ __all__ = [
     "ClipsTrainingPredictions", "DeclaresFallback", "DeclaresGradientReduction", "DeclaresPrivacyCaveat", "HasMeanFallback",
     "HasTrainingTargets",
     "ReadsUserHistory", "FactorModel", "PenalisesVisits", "CountsBatchVisits", "FittedPredictor", "HasItemMeans", "HasOutputSensitivity", "HasRatingScale",
-    "HasScoreRange", "ItemSimilarityModel", "MeanFallback", "OutputMechanism", "PerturbsResiduals", "Predictor", "Recommender",
+    "HasScoreRange", "ItemSimilarityModel", "LeavesPredictorAsFitted", "MeanFallback", "OutputMechanism", "PerturbsResiduals", "Predictor", "Recommender",
     "ReportsFallback", "ReportsPrivacy", "ReportsSensitivity", "Scorer", "SupportsPerExampleNorms",
     "SupportsPriorPrecision", "SupportsProjection", "SupportsRawPredict", "TrainableModel", "TrainingMechanism",
 ]
@@ -409,6 +409,14 @@ class TrainingMechanism(ReportsPrivacy, Protocol, metaclass=_AttributeProtocolMe
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
+
+class LeavesPredictorAsFitted:
+    """Marker base of a mechanism under which a fitted predictor is fitted and released as it is, wrapped by nothing:
+    ``mechanism=none`` (no mechanism at all: :class:`~dprec_torch.mechanisms.none.NoMechanism`, which trains a model
+    without noise) and ``mechanism=builtin`` (the predictor's own: :class:`~dprec_torch.mechanisms.builtin.BuiltIn`).
+    The runner asks ``issubclass(<the mechanism's class>, LeavesPredictorAsFitted)``, never the key's name; any other
+    mechanism wraps a fitted predictor (:class:`OutputMechanism`) or trains a model (:class:`TrainingMechanism`)."""
 
 
 @runtime_checkable

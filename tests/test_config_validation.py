@@ -54,7 +54,7 @@ def _sources() -> list[tuple[str, str, list[str], dict]]:
     out = []
     for group in ("data", "model", "mechanism"):
         for name in _names(group):
-            # a mechanism file on its own: model=pnbm_topk has no conf/tuned file that would swap its class
+            # a mechanism file on its own: model=pnbm_topk has no conf/tuned file
             extra = ["model=pnbm_topk"] if group == "mechanism" else []
             out.append((f"{group}/{name}", group, [f"{group}={name}", *extra], _node(group, name)))
     for name in _names("tuned"):

@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_dir
 
 from dprec_torch.errors import ConfigError
 from dprec_torch.mechanisms.context import TrainingContext
-from dprec_torch.mechanisms.dpsgd_l1 import ClippedLaplaceDPSGD
+from dprec_torch.mechanisms.dpsgd import ClippedLaplaceDPSGD
 from dprec_torch.models.batching import PoissonBatchSampler, full_batch, poisson_steps_per_epoch
 from dprec_torch.models.mf import MF
 from dprec_torch.models.pnbm import PNBM

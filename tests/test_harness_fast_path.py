@@ -23,7 +23,7 @@ def test_harnessed_names_are_the_registrations():
 def test_claim_check_of_a_registered_class_imports_no_mechanism_predictor_or_opacus():
     """A class with a harnessed name passes on the names alone: no class is resolved (nothing heavy imported)."""
     code = ("import sys; from dprec_torch.privacy_harness.registry import check_claim\n"
-            "C = type('ClippedLaplaceDPSGD', (), {'__module__': 'dprec_torch.mechanisms.dpsgd_l1'})\n"
+            "C = type('ClippedLaplaceDPSGD', (), {'__module__': 'dprec_torch.mechanisms.dpsgd'})\n"
             "check_claim(C(), {'epsilon': 1.0})\n"
             "print(sorted(m for m in sys.modules if m.startswith(('dprec_torch.mechanisms', 'dprec_torch.predictors', "
             "'opacus'))))")

@@ -78,7 +78,7 @@ def test_the_cli_prints_one_line_and_exits_non_zero(tmp_path):
 
 # ------------------------------------------------------------------ the runner reads the configured relation
 def test_mechanism_fold_caps_by_the_configured_relation_not_the_class_default():
-    from dprec_torch.mechanisms.dpsgd_l1 import ClippedLaplaceDPSGD
+    from dprec_torch.mechanisms.dpsgd import ClippedLaplaceDPSGD
     from dprec_torch.mechanisms.gaussian import GaussianDPSGD
     from dprec_torch.training.run import mechanism_fold
 

@@ -12,7 +12,7 @@ from dprec_torch.data.ratings import RatingScale
 from dprec_torch.errors import ConfigError
 from dprec_torch.mechanisms.base import laplace_noise
 from dprec_torch.mechanisms.context import TrainingContext
-from dprec_torch.mechanisms.dpsgd import DPSGDLaplace
+from dprec_torch.mechanisms.dpsgd_paper import DPSGDLaplace
 from dprec_torch.mechanisms.sgld import ScaledPosteriorSGLD
 from dprec_torch.models.batching import PoissonBatchSampler
 from dprec_torch.models.pnbm import PNBM

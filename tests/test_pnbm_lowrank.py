@@ -272,8 +272,8 @@ def test_sgld_reports_epsilon_delta_and_accountant_and_the_full_form_stays_null(
 
 @pytest.mark.parametrize("mech", ["gaussian", "sgld", "dpsgd"])
 def test_the_low_rank_cases_are_registered_with_the_harness(mech):
-    from dprec_torch.mechanisms.dpsgd_l1 import ClippedLaplaceDPSGD
-    from dprec_torch.mechanisms.gaussian_pnbm import GaussianPNBM
+    from dprec_torch.mechanisms.dpsgd import ClippedLaplaceDPSGD
+    from dprec_torch.mechanisms.gaussian import GaussianPNBM
     from dprec_torch.mechanisms.sgld import ScaledPosteriorSGLD
     from dprec_torch.privacy_harness.registry import builder_for
 

@@ -66,6 +66,7 @@ def test_readme_train_line_runs_and_reports_the_typed_epsilon(line, tmp_path):
     priv = metrics["privacy"]
     if typed and priv["epsilon"] is None:  # nothing defended (SGLD's chain, issue 24, 4): it must say so, never print one
         assert priv.get("epsilon_if_exact_sample") == pytest.approx(float(typed[0])) and "not established" in priv["delta_note"]
-    elif typed:
-        assert priv["epsilon"] == pytest.approx(float(typed[0])), "the typed ε must be the reported ε"
+    elif typed:  # pure mechanisms report the typed ε; Gaussian ones their accountant's figure, at most it (calibration 0.5 %)
+        assert priv.get("epsilon_nominal", priv["epsilon"]) == pytest.approx(float(typed[0]))
+        assert float(typed[0]) * 0.99 <= priv["epsilon"] <= float(typed[0]) * (1 + 1e-9), "the reported ε is the typed ε"
     assert metrics["test_rmse"] < 1.15, "worse than the global mean (1.15 on u1)"

@@ -21,7 +21,7 @@ from tests.helpers import CONF_DIR
 
 ROOT = Path(CONF_DIR).parent
 BASE = ["data=synthetic", "device=cpu", "compare_baselines=false", "tensorboard=false"]
-PROVABLE = ["mechanism=dpsgd_l1", "mechanism.epochs=2", "noise_seed=0"]  # a reproducible noise seed: resumed == uninterrupted
+PROVABLE = ["model=pnbm", "mechanism=dpsgd_l1", "mechanism.epochs=2", "noise_seed=0"]  # a reproducible noise seed: resumed == uninterrupted
 
 
 def run(out: Path, *overrides: str) -> dict:

@@ -23,7 +23,8 @@ def _train(tmp_path: Path, name: str, *overrides: str) -> dprec_torch.api.Run:
 
 
 def _released_S(run) -> torch.Tensor:
-    return run.model().S.detach().clone()
+    """The released similarity parameter: S (full PNBM) or U (the default low-rank PNBM, S = U U^T)."""
+    return next(run.model().parameters()).detach().clone()
 
 
 def test_two_identical_runs_release_different_parameters(tmp_path: Path) -> None:
@@ -91,3 +92,23 @@ def test_no_secret_reaches_any_file_but_the_checkpoint(tmp_path: Path, monkeypat
                 assert form.encode() not in data, f"{p} holds a noise secret"
     ckpt = torch.load(next(run.dir.glob("checkpoint_fold*.pt")), weights_only=False)
     assert ckpt  # the generator state lives only there (the checkpoint is marked private)
+
+
+@pytest.mark.parametrize("mechanism,model,secret", [("gaussian", "mf", True), ("gaussian", "pnbm_lowrank", True),
+                                                    ("dpsgd", "pnbm", True), ("none", "mf", False)])
+def test_the_poisson_sampler_of_a_private_mechanism_is_secret(mechanism, model, secret):
+    """Poisson sampling is part of the amplification proof: every noise-drawing mechanism (``gaussian`` with MF too,
+    whose relation follows its unit) draws its batches from the secret source; non-private SGD from the public seed."""
+    from hydra import compose, initialize_config_dir
+
+    from dprec_torch.training.run import setup_training
+    from tests.helpers import CONF_DIR, tiny_fold
+
+    def batch_users() -> torch.Tensor:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            cfg = compose("config", overrides=[*FAST, f"mechanism={mechanism}", f"model={model}", "epsilon=1",
+                                               "mechanism.sampling_ratio=0.3"])
+        return setup_training(cfg, tiny_fold(), torch.device("cpu")).sampler.sample().users.clone()
+
+    a, b = batch_users(), batch_users()
+    assert (not torch.equal(a, b)) == secret

@@ -54,7 +54,7 @@ def test_sgld_defends_no_epsilon_while_the_chain_is_unaccounted(tmp_path, model)
 
 
 def test_sgld_default_is_rho_1_with_dp_item_means_and_says_delta_is_not_established(tmp_path):
-    m = train(compose_cfg(tmp_path, "mechanism=sgld", "epsilon=20"))
+    m = train(compose_cfg(tmp_path, "mechanism=sgld", "model=pnbm", "epsilon=20"))
     rep = m["privacy"]
     assert rep["relation"] == "user" and rep["temperature"] == 1.0
     assert rep["delta"] is None and "not established" in rep["guarantee"] and "EXACT sample" in rep["guarantee"]
@@ -65,25 +65,24 @@ def test_sgld_default_is_rho_1_with_dp_item_means_and_says_delta_is_not_establis
 
 
 def test_paper_forms_are_one_explicit_choice_away(tmp_path):
-    sg = train(compose_cfg(tmp_path / "s", "mechanism=sgld_paper", "epsilon=20"))["privacy"]
+    sg = train(compose_cfg(tmp_path / "s", "mechanism=sgld_paper", "model=pnbm", "epsilon=20"))["privacy"]
     assert sg["epsilon"] is None and sg["temperature"] == 0.004
     # the sample of S alone: eps/rho, times (2 phi / phi)^2 because PNBM's error reaches 2 phi
     assert sg["epsilon_for_sample_only"] == pytest.approx(20 / 0.004 * 4)
     assert "exact training item means" in sg["analysis"]
-    dp = train(compose_cfg(tmp_path / "d", "mechanism=dpsgd_paper", "epsilon=1"))["privacy"]
+    dp = train(compose_cfg(tmp_path / "d", "mechanism=dpsgd_paper", "model=pnbm", "epsilon=1"))["privacy"]
     assert dp["epsilon"] is None and dp["epsilon_claimed_by_paper"] == 1.0
 
 
 def test_tuned_files_tune_numbers_never_the_class(tmp_path):
-    for mechanism, target in (("dpsgd", "dprec_torch.mechanisms.dpsgd_l1.ClippedLaplaceDPSGD"),
-                              ("dpsgd_paper", "dprec_torch.mechanisms.dpsgd.DPSGDLaplace"),
+    for mechanism, target in (("dpsgd", "dprec_torch.mechanisms.dpsgd.ClippedLaplaceDPSGD"),
+                              ("dpsgd_paper", "dprec_torch.mechanisms.dpsgd_paper.DPSGDLaplace"),
                               ("sgld", "dprec_torch.mechanisms.sgld.ScaledPosteriorSGLD"),
                               ("sgld_paper", "dprec_torch.mechanisms.sgld.ScaledPosteriorSGLD")):
         for model in ("pnbm", "mf"):
             cfg = compose_cfg(tmp_path, f"mechanism={mechanism}", f"model={model}")
-            # DPSGD-MF is its own mechanism: conf/tuned/dpsgd_paper_mf.yaml points at conf/mechanism/dpsgd_mf.yaml
-            want = "dprec_torch.mechanisms.dpsgd_mf.DPSGDMF" if (mechanism, model) == ("dpsgd_paper", "mf") else target
-            assert cfg.mechanism._target_ == want and cfg.mechanism.name == mechanism, (mechanism, model)
+            # no tuned file swaps the class (DPSGD-MF is the class's MF form: DPSGDLaplace.form_for)
+            assert cfg.mechanism._target_ == target and cfg.mechanism.name == mechanism, (mechanism, model)
     assert compose_cfg(tmp_path, "mechanism=sgld").mechanism.temperature == 1.0
     assert compose_cfg(tmp_path, "mechanism=sgld_paper").mechanism.temperature == 0.004
 
@@ -131,8 +130,8 @@ def test_sgld_prior_is_centred_at_the_start_with_precision_kappa():
 
 def test_epoch_log_says_what_its_epsilon_covers(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="dprec_torch.training.trainer"):
-        train(compose_cfg(tmp_path / "a", "mechanism=sgld", "epsilon=20"))
-        train(compose_cfg(tmp_path / "b", "mechanism=dpsgd_paper", "epsilon=1"))
+        train(compose_cfg(tmp_path / "a", "mechanism=sgld", "model=pnbm", "epsilon=20"))
+        train(compose_cfg(tmp_path / "b", "mechanism=dpsgd_paper", "model=pnbm", "epsilon=1"))
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("epoch")]
     assert any("defended eps of the released model: none (user level)" in line for line in lines)
     assert any("defended eps of the released model: none (rating level)" in line for line in lines)

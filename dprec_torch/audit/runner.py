@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dprec_torch.audit.bounds import epsilon_lower_bound, guesses
 from dprec_torch.audit.canaries import CanarySet, canary_history, make_canaries, score_canaries
+from dprec_torch.config import form_target
 from dprec_torch.data.ratings import Fold, Ratings
 from dprec_torch.errors import ConfigError
 from dprec_torch.mechanisms.base import MechanismOptimizer
@@ -55,7 +56,7 @@ def canary_kind(cfg: DictConfig) -> str:
     kind = str(cfg.audit.canary)
     if kind != "auto":
         return kind
-    cls = get_class(cfg.mechanism._target_)
+    cls = get_class(form_target(cfg.mechanism, cfg.model))  # the class that trains this model (mechanisms/base.py)
     declared = cls.relation if isinstance(cls, type) and issubclass(cls, MechanismOptimizer) else None
     rel = cfg.mechanism.get("relation") or declared
     return "user" if rel == "user" else "rating"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import MethodType
 from typing import Any
 
 import torch
@@ -84,3 +85,13 @@ def prior_precision_for(mechanism_cls: type, model: Any, train: Any, batch_ratin
     if not (mechanism_cls.uses_prior_precision is True and isinstance(model, SupportsPriorPrecision)):
         return []
     return model.sgld_prior_precision(train, batch_ratings)
+
+
+def bound_model(context: TrainingContext | None) -> Any:
+    """The model being trained: ``context.model`` if the runner provides it, else the owner of
+    ``context.entry_bound`` when that is a bound method of the model (contexts built by hand); None if neither."""
+    if context is None:
+        return None
+    if context.model is not None:
+        return context.model
+    return context.entry_bound.__self__ if isinstance(context.entry_bound, MethodType) else None

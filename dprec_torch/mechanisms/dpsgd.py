@@ -1,26 +1,42 @@
-"""``mechanism=dpsgd_paper`` (model=pnbm): clipped-Laplace DPSGD, Wang & Tang Algorithm 1 (paper-faithful).
+"""``mechanism=dpsgd_l1``: clipped-Laplace DP-SGD whose noise is calibrated to the WHOLE update.
 
-Neighbouring relation claimed by the paper: rating-level.
-Per step t (1-based):
-  line 4: e_max(t) = 0.5 + (phi - 1)/(t + 1),   Delta F(t) = 2 e_max(t) phi / C
-  line 5: e_ui <- clamp(e_ui, -e_max(t), e_max(t))
-  line 6: G <- sum e_ui d r_hat_ui/dS + Lap(gamma K Delta F(t) / eps)   (Laplace *scale*)
-  line 7: S <- S - eta (beta G + lambda S)
-Theorem 1: each step is eps/(K gamma)-DP; subsampling with ratio gamma is taken to
-give gamma * eps/(K gamma) = eps/K per step; K steps compose to eps.
+Wang & Tang's Alg. 1 calibrates Laplace noise to one gradient entry (see ``dpsgd_paper.py``). Here each
+unit's whole gradient contribution is clipped in L1 and the noise is calibrated to that bound:
 
-CAVEAT (stated in every log line and privacy report): Delta F bounds one gradient
-*entry* |G_ij(u)|. One rating r_ui moves row i of G (one entry per item u rated)
-and the row of every other item u rated, because r_ui enters their predictions.
-The L1 sensitivity of the whole released update is therefore far larger than
-Delta F, and the paper's eps is a per-entry figure, not a rating-level guarantee
-for the released S. The linear amplification gamma * eps is also looser than the
-exact ln(1 + gamma (e^eps - 1)) for large eps.
+    1. G_x   = sum_{(u,i) in x} e_ui d r_hat_ui / d theta          unit x = a user (PNBM: rows and
+                                                                   columns R_u of S) or a rating (MF)
+    2. G_x  <- G_x min(1, c / ||G_x||_1)                           on the residuals of x
+    3. G     = sum_{x in batch} G_x + Lap(c / eps_s) on every entry (PNBM: diag(G) := 0 first)
+    4. theta <- theta - lr (beta G + lambda theta)                 (MapSGD, Alg. 1 line 7)
 
-DPSGD-MF (Berlioz et al. 2015), the MF baseline of Fig. 1, is its own class: ``mechanism=dpsgd_paper
-model=mf`` composes :class:`dprec_torch.mechanisms.dpsgd_mf.DPSGDMF` (one hop:
-conf/tuned/dpsgd_paper_mf.yaml -> conf/mechanism/dpsgd_mf.yaml). This class refuses a model that
-declares ``dpsgd_perturb_residuals``.
+Privacy (:func:`dprec_torch.privacy.analysis.analyse_dpsgd_l1`). Adding or removing one unit moves
+sum_x G_x by at most c in L1, so step 3 is eps_s-DP on its sample; Poisson(q) sampling of units
+amplifies it to ln(1 + q(e^{eps_s} - 1)); T steps compose. For PNBM the item means r_bar that centre
+every gradient and form the prediction baseline are released first by the Laplace mechanism
+(:mod:`dprec_torch.privacy.item_means`, eps_0 = ``mean_fraction`` x eps). In total
+
+    eps = eps_0 + g T ln(1 + q (e^{eps_s} - 1)),      g = 2 if relation=rating, else 1,
+
+and eps_s is solved from the configured eps. ``relation=user`` defends add/remove of one user's
+profile (g = 1); ``relation=rating`` defends add/remove/change of one rating, g = 2 for either unit:
+changing a rating's value replaces one clipped contribution (the rating's own with unit=rating, its
+user's G_u with unit=user) by another, which moves the clipped sum by up to 2c, not c
+(:func:`~dprec_torch.privacy.analysis.dpsgd_l1_group_factor`; the item means then use rating-level
+sensitivity). ``epsilon`` in ``privacy_report()`` is the defended figure.
+
+PNBM-specific choices: ``init=constant`` starts from S = s0 (1 - I) (data-independent): Eq. (2) is then
+r_bar_i + the user's mean centred rating (shrunk by the floor C), a strong baseline that a noisy
+update must not destroy. Gradient norms come from :mod:`dprec_torch.privacy.pnbm_clipping`
+(per-user pair enumeration, never an M x M matrix per user). Prediction for user u also reads u's
+own training ratings: the guarantee protects u against anyone who sees the model (S, r_bar) and
+other users' predictions, not against someone who sees u's own predictions (joint DP).
+
+The low-rank PNBM (``model.similarity=lowrank``, S = U U^T): step 2 clips each sampled user's whole gradient of U to
+L1 norm c (the explicit per-user rows of :mod:`dprec_torch.models.pnbm_lowrank`), step 3 puts Lap(c/eps_s) on each of
+the M d entries of U's summed gradient, which is then divided by the expected batch size q N (the model's
+``gradient_reduction = "mean"``) before step 4 (use ``beta=1``). The item means are the Laplace form of
+:mod:`dprec_torch.mechanisms.lowrank_pnbm`'s release (pure eps_0 = ``mean_fraction`` x eps, L1 sensitivity 1,
+``mean_prior_std``, ``count_weight``); the composition is the one above (g = 1, user level only).
 """
 
 from __future__ import annotations
@@ -31,117 +47,218 @@ from typing import Any, Iterable
 import torch
 
 from dprec_torch.errors import ConfigError
+from dprec_torch.interfaces import FactorModel, ItemSimilarityModel
 from dprec_torch.mechanisms.base import add_laplace_noise_
-from dprec_torch.mechanisms.context import TrainingContext
-from dprec_torch.mechanisms.dpsgd_mf import perturbs_residuals
+from dprec_torch.mechanisms.context import TrainingContext, bound_model
+from dprec_torch.mechanisms.lowrank_pnbm import clip_lowrank, is_lowrank, means_report, release_means
 from dprec_torch.mechanisms.sgd import MapSGD
-from dprec_torch.privacy.accountants import PureDPAccountant, amplified_epsilon
+from dprec_torch.privacy.accountants import PureDPAccountant
+from dprec_torch.privacy.analysis import analyse_dpsgd_l1, composed_epsilon, dpsgd_l1_group_factor, laplace_step_epsilon
 from dprec_torch.privacy.budget import check_epsilon
+from dprec_torch.privacy.item_means import ItemMeansSpec, install_item_means, release_item_means
+from dprec_torch.privacy.pnbm_clipping import per_user_grad_norms, zero_diagonal_
 
-PER_ENTRY_CAVEAT = (
-    "Wang & Tang's Delta F bounds one gradient ENTRY; one rating moves row i of G and the row of every "
-    "other item the same user rated, so the whole update's L1 sensitivity is far larger. The printed "
-    "epsilon is the paper's per-entry figure, NOT a rating-level guarantee for the released S. "
-    "PNBM also releases the exact training item means r_bar_i, which no noise covers (an audit at nominal "
-    "eps=1 finds a lower bound of 6.17; see docs/privacy.md)."
-)
+UNITS = ("user", "rating")
+INITS = ("constant", "random")
 
 
-class DPSGDLaplace(MapSGD):
-    """Algorithm 1 of Wang & Tang (see module docstring for the exact privacy statement)."""
+def is_pnbm(model: Any) -> bool:
+    """Dense item-item PNBM (:class:`~dprec_torch.interfaces.ItemSimilarityModel`): clipped per user over R_u."""
+    return isinstance(model, ItemSimilarityModel)
 
-    name = "dpsgd"
-    relation = "rating"
+
+class ClippedLaplaceDPSGD(MapSGD):
+    """Whole-update clipped-Laplace DP-SGD (see the module docstring).
+
+    ``relation`` is the neighbouring relation: the class attribute is the default (``user``: the runner
+    caps users at tau), the instance's ``relation`` (= ``defended_relation``) the configured one. The
+    sampling and clipping unit is ``unit``.
+    """
+
+    private = True  # draws noise (MapSGD's subclass, not its non-private default)
+
+    name = "dpsgd_l1"
+    relation = "user"
 
     def __init__(
         self,
         params: Iterable[torch.Tensor],
         context: TrainingContext,
         epsilon: float,
-        lr: float = 0.4,
-        weight_decay: float = 0.005,
-        beta: float = 10.0,
+        clip_norm: float = 1.0,
+        lr: float = 0.01,
+        weight_decay: float = 0.0,
+        beta: float = 1.0,
         sampling_ratio: float = 1.0,
+        unit: str = "user",
+        relation: str = "user",
+        mean_fraction: float = 0.5,
+        mean_global_fraction: float = 0.25,
+        mean_shrinkage: float = 8.0,
+        init: str = "constant",
+        init_value: float = 1.0,
+        chunk_pairs: int | None = None,
         seed: int | None = None,
+        model: Any = None,
+        mean_prior_std: float = 0.5,
+        count_weight: float | None = 0.5,
     ) -> None:
-        epsilon = check_epsilon(epsilon, "mechanism")
-        if context.entry_bound is None:
-            raise ConfigError("mechanism=dpsgd needs a model that bounds its per-example gradient entries")
-        if context.model is not None:
-            self._check_model(context.model)
+        epsilon, clip_norm, q = check_epsilon(epsilon, "mechanism"), float(clip_norm), float(sampling_ratio)
+        if not clip_norm > 0 or math.isinf(clip_norm):
+            raise ConfigError(f"mechanism.clip_norm (c, L1) must be a finite number > 0, got {clip_norm}")
+        if not 0 < q <= 1:
+            raise ConfigError(f"mechanism.sampling_ratio (q) must be in (0, 1], got {sampling_ratio}")
+        if unit not in UNITS:
+            raise ConfigError(f"mechanism.unit must be one of {UNITS}, got '{unit}'")
+        if relation not in UNITS:
+            raise ConfigError(f"mechanism.relation must be one of {UNITS}, got '{relation}'")
+        if init not in INITS:
+            raise ConfigError(f"mechanism.init must be one of {INITS}, got '{init}'")
+        if not 0 <= float(mean_fraction) < 1:
+            raise ConfigError(f"mechanism.mean_fraction must be in [0, 1), got {mean_fraction}")
+        params = list(params)
         super().__init__(params, context, lr=lr, weight_decay=weight_decay, beta=beta, seed=seed)
-        self.epsilon, self.sampling_ratio = epsilon, float(sampling_ratio)
-        self.phi = context.scale.span
+        model = model if model is not None else bound_model(context)
+        self.pnbm = is_pnbm(model)
+        self.lowrank = is_lowrank(model)
+        if self.lowrank and (unit != "user" or relation != "user"):
+            raise ConfigError("mechanism=dpsgd on the low-rank PNBM clips per user at user level: set mechanism.unit=user "
+                              "mechanism.relation=user")
+        if self.pnbm and unit != "user":
+            raise ConfigError("mechanism=dpsgd_l1 with PNBM needs unit=user: a rating r_uj enters the gradient of every "
+                              "other rating of u through the history, so only a user's whole contribution can be clipped")
+        if unit == "rating" and relation == "user":
+            raise ConfigError("mechanism=dpsgd_l1 unit=rating clips per rating, which cannot defend relation=user")
+        self.epsilon, self.clip_norm, self.sampling_ratio = epsilon, clip_norm, q
+        self.unit, self.defended_relation = unit, relation
+        self.relation = relation  # the configured neighbouring relation (the class value is the default)
+        self.chunk_pairs = None if chunk_pairs is None else int(chunk_pairs)
+        self.group = dpsgd_l1_group_factor(relation, unit)  # 2 for relation=rating: a changed rating moves 2c
+        steps = int(context.total_steps)
+        self.mean_release = None
+        self.mean_epsilon = 0.0
+        self.init, self.init_value = init, float(init_value)
+        self.mean_global_fraction, self.mean_shrinkage = float(mean_global_fraction), float(mean_shrinkage)
+        self.mean_options = None
+        if self.pnbm:
+            if math.isfinite(epsilon) and float(mean_fraction) > 0:
+                self.mean_epsilon = float(mean_fraction) * epsilon
+            elif math.isfinite(epsilon):
+                raise ConfigError("mechanism.mean_fraction=0 would keep PNBM's exact (non-private) item means")
+        if self.lowrank:
+            if math.isfinite(epsilon) and not float(mean_fraction) > 0:
+                raise ConfigError("mechanism.mean_fraction=0 would keep the exact (non-private) item means")
+            if math.isfinite(epsilon):
+                self.mean_epsilon = float(mean_fraction) * epsilon
+                self.mean_options = ItemMeansSpec(prior_std=float(mean_prior_std),
+                                                  count_weight=None if count_weight is None else float(count_weight))
+        self.releases_item_means = self.mean_epsilon > 0  # by prepare(), at eps_0
+        self.step_epsilon = (math.inf if math.isinf(epsilon)
+                             else laplace_step_epsilon(epsilon, steps, q, self.mean_epsilon, self.group))
         self.accountant = PureDPAccountant()
+        self.state["mechanism"].update(clipped_fraction=0.0, max_clipped_norm=0.0)
 
-    @staticmethod
-    def _check_model(model: Any) -> None:
-        if perturbs_residuals(model):
-            raise ConfigError(f"{type(model).__name__} declares dpsgd_perturb_residuals: its DPSGD is DPSGD-MF, "
-                              "mechanism=dpsgd_mf (mechanism=dpsgd_paper model=mf selects it)")
+    def prepare(self, model: Any) -> None:
+        """Step 0, before any batch: the DP item means at eps_0 (PNBM: :func:`release_item_means`, centred, Laplace, under the
+        configured relation; the low-rank PNBM: :func:`release_means`) from ``self.generator`` into the model and its
+        fallback, then PNBM's data-independent start S = s0 (1 - I) (``init=constant``)."""
+        super().prepare(model)
+        if self.pnbm and self.releases_item_means:
+            if model.history is None:
+                raise ConfigError("mechanism=dpsgd_l1 needs the PNBM attached to its training data before the mechanism")
+            self.mean_release = release_item_means(model.history, ItemMeansSpec("centred", self.defended_relation, "laplace",
+                                                                                global_fraction=self.mean_global_fraction,
+                                                                                shrinkage=self.mean_shrinkage),
+                                                   self.generator, epsilon=self.mean_epsilon)
+            install_item_means(model, self.mean_release)
+        if self.pnbm and self.init == "constant":
+            with torch.no_grad():
+                model.S.fill_(self.init_value)
+                model.S.fill_diagonal_(0.0)
+        if self.lowrank and self.releases_item_means:
+            self.mean_release = release_means(model, self.mean_epsilon, "laplace", self.mean_options, self.generator)
 
-    # Alg. 1 line 4
-    def residual_bound(self, t: int | None = None) -> float:
-        """e_max(t) = 0.5 + (phi - 1)/(t + 1)."""
-        t = self.t if t is None else t
-        return 0.5 + (self.phi - 1.0) / (t + 1.0)
+    # ------------------------------------------------------------- pieces
+    @property
+    def noise_scale(self) -> float:
+        """Laplace scale c / eps_s (0 without noise)."""
+        return 0.0 if math.isinf(self.step_epsilon) else self.clip_norm / self.step_epsilon
 
-    def sensitivity(self, t: int | None = None) -> float:
-        """Delta F(t) = 2 max|G_ij(u)| = 2 e_max(t) phi / C (per gradient entry)."""
-        return 2.0 * float(self.context.entry_bound(self.residual_bound(t)))  # type: ignore[operator]
+    def unit_norms(self, residuals: torch.Tensor, batch: Any, model: Any) -> torch.Tensor:
+        """||G_x||_1 per unit of the batch (per batch row for unit=user, per target for unit=rating)."""
+        if self.pnbm:
+            return per_user_grad_norms(model, batch, residuals, p=1, chunk_pairs=self.chunk_pairs)
+        if isinstance(model, FactorModel):
+            from dprec_torch.privacy.mf_clipping import mf_grad_norms_l1
 
-    def noise_scale(self, t: int | None = None) -> float:
-        """Laplace scale gamma K Delta F(t) / eps (Alg. 1 line 6)."""
-        if math.isinf(self.epsilon):
-            return 0.0
-        return self.sampling_ratio * self.context.total_steps * self.sensitivity(t) / self.epsilon
+            return mf_grad_norms_l1(model, batch, residuals, self.unit)
+        raise ConfigError(f"mechanism=dpsgd_l1 has no per-example L1 norm for model {type(model).__name__}")
 
-    # Alg. 1 line 5
     def clip_residuals(self, residuals: torch.Tensor, batch: Any = None, model: Any = None) -> torch.Tensor:
-        if model is not None:
-            self._check_model(model)
-        bound = self.residual_bound()
-        self.state["mechanism"]["residual_bound"] = bound
-        return residuals.clamp(-bound, bound)
+        """Step 2: e_ui <- e_ui min(1, c / ||G_x||_1) for the unit x holding (u, i)."""
+        if batch is None or model is None:
+            raise ConfigError("mechanism=dpsgd_l1 needs the batch and the model to clip per unit")
+        if self.unit == "user" and batch.n_targets != batch.ind.values().numel():
+            raise ConfigError("mechanism=dpsgd_l1 unit=user needs user-level batches (every rating of each sampled user); "
+                              "the runner must sample users (mechanism.unit=user)")
+        if self.lowrank:
+            return clip_lowrank(self, residuals, batch, model, p=1)
+        norms = self.unit_norms(residuals, batch, model)
+        return self.clip_by_norm(residuals, norms, batch.rows if self.unit == "user" else None)
 
-    # Alg. 1 line 6
     def add_noise(self) -> None:
-        scale = self.noise_scale()
-        self.state["mechanism"]["noise_scale"] = scale
-        if scale == 0.0:
-            return
+        """Step 3: diag(G) := 0 (PNBM), then Lap(c/eps_s) on every entry; notify the accountant."""
+        b = self.noise_scale
+        self.state["mechanism"]["noise_scale"] = b
         for group in self.param_groups:
             for p in group["params"]:
-                if p.grad is not None:
-                    add_laplace_noise_(p.grad, scale, self.generator)
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                if self.pnbm and p.dim() == 2 and p.shape[0] == p.shape[1]:
+                    zero_diagonal_(p.grad)
+                if b > 0:
+                    add_laplace_noise_(p.grad, b, self.generator)
+        if b > 0:
+            self.accountant.step(self.step_epsilon, self.sampling_ratio)
 
-    def account(self) -> None:
-        """Theorem 1: eps_t = eps / (K gamma) per noisy step, subsampled with ratio gamma."""
-        if self.state["mechanism"]["noise_scale"] > 0:
-            self.accountant.step(self.epsilon / (self.context.total_steps * self.sampling_ratio), self.sampling_ratio)
-
+    # ---------------------------------------------------------- reporting
     def epsilon_spent(self) -> float:
-        """Theorem 1's running total (per gradient entry; see the caveat)."""
-        return self.epsilon if math.isinf(self.epsilon) else self.accountant.get_linear_epsilon()
+        """eps_0 + g * sum_t ln(1 + q(e^{eps_s} - 1)) over the steps taken so far."""
+        if math.isinf(self.epsilon):
+            return math.inf
+        return self.mean_epsilon + self.group * self.accountant.get_epsilon()
+
+    def planned_epsilon(self) -> float:
+        if math.isinf(self.epsilon):
+            return math.inf
+        return composed_epsilon(self.step_epsilon, self.sampling_ratio, self.context.total_steps, self.mean_epsilon, self.group)
 
     def privacy_report(self) -> dict[str, Any]:
-        k, q = self.context.total_steps, self.sampling_ratio
-        eps_t = self.epsilon / (k * q)
-        return {
-            "mechanism": "dpsgd (Wang & Tang Alg. 1, paper-faithful)",
-            "relation": "rating",
-            "guarantee": "per-gradient-entry (paper); NOT a proven rating-level guarantee for the released S",
-            "sensitivity": {"per_entry_delta_f_first_step": self.sensitivity(1), "per_entry_delta_f_last_step": self.sensitivity(k),
-                            "formula": "2 e_max(t) phi / C"},
-            "noise": f"Laplace, scale gamma*K*DeltaF(t)/eps per entry (first step {self.noise_scale(1):.4g}, last step {self.noise_scale(k):.4g})",
-            "steps": k,
-            "sampling_ratio": q,
-            "epsilon_per_step": eps_t,
-            "epsilon_nominal": self.epsilon,
-            "epsilon_claimed_by_paper": self.epsilon,
-            "epsilon": None,
-            "epsilon_exact_amplification_per_entry": k * amplified_epsilon(eps_t, q) if math.isfinite(eps_t) else float("inf"),
-            "delta": 0.0,
-            "accountant": "pure-DP basic composition (Theorem 1, linear subsampling amplification)",
-            "analysis": "Theorem 1: eps/(K gamma) per step, amplified to eps/K by sampling ratio gamma, K steps composed. " + PER_ENTRY_CAVEAT,
-        }
+        steps, q = self.context.total_steps, self.sampling_ratio
+        if math.isinf(self.epsilon):
+            return {"mechanism": "dpsgd_l1 (clipping only, epsilon=inf)", "relation": None, "epsilon": math.inf,
+                    "epsilon_nominal": math.inf, "delta": 0.0, "clip_norm": self.clip_norm, "steps": steps,
+                    "sampling_ratio": q, "analysis": "no noise: not private"}
+        a = analyse_dpsgd_l1(self.epsilon, steps, q, self.clip_norm, self.mean_epsilon, self.defended_relation, self.unit)
+        report = a.as_dict()
+        report.update(
+            epsilon=self.planned_epsilon(),
+            epsilon_nominal=self.epsilon,
+            epsilon_spent=self.epsilon_spent(),
+            epsilon_user_level=(self.planned_epsilon() if self.defended_relation == "user" else None),
+            steps=steps,
+            steps_taken=self.accountant.steps,
+            noise_scale=self.noise_scale,
+            accountant="pure-DP: exact Poisson amplification ln(1 + q(e^eps_s - 1)) + basic composition",
+            item_means=(None if self.mean_release is None else means_report(self.mean_release, "laplace", self.mean_epsilon)
+                        if self.lowrank else self.mean_release.report()),
+            analysis=(
+                f"Each {self.unit}'s whole gradient is clipped to L1 norm c={self.clip_norm:g}; Lap(c/eps_s) with "
+                f"eps_s={self.step_epsilon:.4g} on every entry; Poisson rate q={q:g} over {self.unit}s; "
+                f"{steps} steps" + (f" + item means eps_0={self.mean_epsilon:.4g}" if self.mean_release else "")
+                + f" compose to eps={self.planned_epsilon():.4g} ({self.defended_relation} level)."
+                + (" Predictions for u also read u's own ratings (joint DP)." if self.pnbm or self.lowrank else
+                   " MF with fallback=mean predicts unknown users/items from NON-private means (use fallback=model).")
+            ),
+        )
+        return report

@@ -1,8 +1,9 @@
 """``mechanism=dpsgd_mf``: DPSGD-MF, Berlioz et al. (RecSys 2015) "private SGD" for matrix factorisation.
 
-The baseline of Wang & Tang's Fig. 1. ``mechanism=dpsgd_paper model=mf`` selects it in one hop:
-``conf/tuned/dpsgd_paper_mf.yaml`` points at ``conf/mechanism/dpsgd_mf.yaml``, whose ``_target_`` is
-:class:`DPSGDMF`. The noise goes on each visited rating's prediction error, not on the gradient:
+The baseline of Wang & Tang's Fig. 1. ``conf/mechanism/dpsgd_mf.yaml`` names :class:`DPSGDMF`; ``mechanism=dpsgd_paper
+model=mf`` builds it too, as Alg. 1's MF form (:meth:`dprec_torch.mechanisms.dpsgd_paper.DPSGDLaplace.form_for`, with
+the same numbers in ``conf/tuned/dpsgd_paper_mf.yaml``). The noise goes on each visited rating's prediction error, not
+on the gradient:
     e'_ui = clamp(e_ui + Lap(K Delta r / eps), -e_max, e_max),   Delta r = r_max - r_min,
 then G = sum e'_ui d r_hat_ui / d theta, divided by the expected batch size q n (MF's mean
 reduction, base.py: ``lr`` = Berlioz's per-rating step x q n), and the MapSGD update. K bounds how often one
@@ -14,7 +15,7 @@ e_ui by at most Delta r while r_hat_ui depends only on earlier noisy errors, so 
 is (eps/K)-DP for that rating and at most K visits compose to eps (delta = the chance of
 more than K visits; 0 for full passes). The model must declare ``dpsgd_perturb_residuals``
 (:class:`~dprec_torch.interfaces.PerturbsResiduals`; MF does): its residual is the whole
-per-rating release. PNBM's DPSGD is Wang & Tang's Alg. 1, :mod:`dprec_torch.mechanisms.dpsgd`.
+per-rating release. PNBM's DPSGD is Wang & Tang's Alg. 1, :mod:`dprec_torch.mechanisms.dpsgd_paper`.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ def perturbs_residuals(model: Any) -> bool:
 
 class DPSGDMF(MapSGD):
     """Berlioz et al.'s private SGD on the prediction errors (see the module docstring for the exact statement)."""
+
+    private = True  # draws noise (MapSGD's subclass, not its non-private default)
 
     name = "dpsgd_mf"
     relation = "rating"

@@ -1,6 +1,6 @@
 """What every private mechanism does alike for the low-rank PNBM (``model.similarity=lowrank``; the model is
 :class:`~dprec_torch.models.pnbm_lowrank.LowRankPNBM`): the DP item means, their share of the budget, and the
-per-user clip of U's gradient. The mechanisms (``gaussian_pnbm``, ``sgld``, ``dpsgd_l1``) call these and keep
+per-user clip of U's gradient. The mechanisms (``gaussian``, ``sgld``, ``dpsgd``) call these and keep
 their own step.
 
 Item means (the former ``lowrank_dpsgd``'s release: :func:`dprec_torch.privacy.item_means.release_item_means`'s

@@ -1,4 +1,6 @@
-"""``mechanism=none``: non-private MAP training by SGD on Eq. (3)/(4), with the beta trick of Alg. 1."""
+"""Non-private MAP training by SGD on Eq. (3)/(4), with the beta trick of Alg. 1: the update of ``mechanism=none``
+(:class:`~dprec_torch.mechanisms.none.NoMechanism`) and the base of the Laplace mechanisms (``dpsgd``, ``dpsgd_paper``,
+``dpsgd_mf``), which add clipping and noise to it."""
 
 from __future__ import annotations
 
@@ -40,6 +42,8 @@ class MapSGD(MechanismOptimizer):
     model that counts its visits (MF); PNBM's summed step already is per rating.
     Neighbouring relation: none (non-private).
     """
+
+    private = False  # non-private: sampled from the public seed (reproducible)
 
     name = "none"
 

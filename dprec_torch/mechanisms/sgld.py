@@ -69,8 +69,8 @@ import torch
 from dprec_torch.errors import ConfigError
 from dprec_torch.interfaces import ClipsTrainingPredictions, HasItemMeans
 from dprec_torch.mechanisms.base import MechanismOptimizer
-from dprec_torch.mechanisms.context import TrainingContext
-from dprec_torch.mechanisms.dpsgd_l1 import bound_model, is_pnbm
+from dprec_torch.mechanisms.context import TrainingContext, bound_model
+from dprec_torch.mechanisms.dpsgd import is_pnbm
 from dprec_torch.mechanisms.lowrank_pnbm import clip_lowrank, gaussian_mean_multiplier, is_lowrank, means_report, release_means
 from dprec_torch.privacy.calibration import calibrate_gaussian, gaussian_epsilon
 from dprec_torch.privacy.opacus_accounting import ACCOUNTANT_TEXT, ACCOUNTANTS, OpacusAccountant
@@ -225,8 +225,9 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
                               "(model.similarity=lowrank); the full M x M form keeps the posterior-sampling chain, "
                               "whose epsilon is null: set mechanism.clip_norm=null")
         if clip_norm is None:
-            raise ConfigError("mechanism=sgld on the low-rank PNBM is the accounted chain: set mechanism.clip_norm (C, the "
-                              "per-user Frobenius clip of dL_u/dU)")
+            raise ConfigError("mechanism=sgld on the low-rank PNBM (the default model) is the accounted chain: set "
+                              "mechanism.clip_norm (C, the per-user Frobenius clip of dL_u/dU); the paper's chain on the full "
+                              "M x M S (mechanism=sgld_paper, or sgld with the posterior-sampling form) needs model=pnbm")
         if not (float(clip_norm) > 0 and math.isfinite(float(clip_norm))):
             raise ConfigError(f"mechanism.clip_norm (C) must be a finite number > 0, got {clip_norm}")
         if decay != 0:

@@ -219,9 +219,12 @@ class LowRankPNBM(BindsHistory, nn.Module):
     def _f(self, batch: UserBatch, terms: _BatchTerms, U: torch.Tensor) -> torch.Tensor:
         """f_ui at the batch targets (module docstring), differentiable in U. Every target is in its user's history."""
         n_rows = int(batch.users.numel())
-        p = torch.zeros(n_rows, U.shape[1], dtype=U.dtype, device=U.device).index_add_(0, terms.rows, U[terms.items] * terms.y[:, None])
+        # index_select, not U[items]: its backward is index_add_, bit-reproducible across CPU threads (advanced
+        # indexing's backward, an accumulating index_put_, is not)
+        p = torch.zeros(n_rows, U.shape[1], dtype=U.dtype, device=U.device).index_add_(
+            0, terms.rows, U.index_select(0, terms.items) * terms.y[:, None])
         p = p * terms.w[:, None]
-        ui = U[batch.items]
+        ui = U.index_select(0, batch.items)
         return (ui * p[batch.rows]).sum(1) - (ui * ui).sum(1) * terms.y_target * terms.w[batch.rows]
 
     def batch_predict(self, batch: UserBatch) -> torch.Tensor:
@@ -270,7 +273,7 @@ class LowRankPNBM(BindsHistory, nn.Module):
     def gradient_entry_bound(self, residual_bound: float) -> float:
         """No bound: U is unbounded, so no per-entry gradient bound exists (Wang & Tang's Alg. 1 needs the full form)."""
         raise ConfigError("Alg. 1's per-entry gradient bound |G_ij| <= e_max phi / C is the full-S form's: "
-                          "use model.similarity=full with mechanism=dpsgd_paper")
+                          "add model=pnbm (the full S) to use mechanism=dpsgd_paper")
 
     # ------------------------------------------------------------- prediction
     def _user_state(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:

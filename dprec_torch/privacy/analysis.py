@@ -140,7 +140,7 @@ def dpsgd_l1_group_factor(relation: str, unit: str) -> int:
 
 def analyse_dpsgd_l1(epsilon: float, steps: int, q: float, clip_norm: float, mean_epsilon: float,
                      relation: str = USER, unit: str = USER) -> MechanismAnalysis:
-    """``mechanism=dpsgd_l1`` (:mod:`dprec_torch.mechanisms.dpsgd_l1`).
+    """``mechanism=dpsgd_l1`` (:mod:`dprec_torch.mechanisms.dpsgd`).
 
     Per step: release sum_{x in batch} clip_1(G_x, c) + Lap(c/eps_s)^{#params}; G_x is unit x's whole
     gradient contribution (PNBM: user u's G_u over rows and columns R_u), clipped in L1 to c, so the

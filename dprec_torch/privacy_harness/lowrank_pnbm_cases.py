@@ -84,7 +84,7 @@ def _make(mechanism: str, model, data: Ratings, clip: float):
     """The mechanism at epsilon = inf, prepared (it releases nothing: the item means stay the public ones)."""
     ctx = _context(data, model)
     if mechanism == "gaussian":
-        from dprec_torch.mechanisms.gaussian_pnbm import GaussianPNBM
+        from dprec_torch.mechanisms.gaussian import GaussianPNBM
 
         opt = GaussianPNBM(model.parameters(), ctx, math.inf, clip_norm=clip, sampling_ratio=1.0, model=model)
     elif mechanism == "sgld":
@@ -93,7 +93,7 @@ def _make(mechanism: str, model, data: Ratings, clip: float):
         opt = ScaledPosteriorSGLD(model.parameters(), ctx, math.inf, clip_norm=clip, decay=0.0, temperature=1.0,
                                   sampling_ratio=1.0, prior_correction=False)
     else:
-        from dprec_torch.mechanisms.dpsgd_l1 import ClippedLaplaceDPSGD
+        from dprec_torch.mechanisms.dpsgd import ClippedLaplaceDPSGD
 
         opt = ClippedLaplaceDPSGD(model.parameters(), ctx, math.inf, clip_norm=clip, sampling_ratio=1.0, model=model)
     opt.prepare(model)
@@ -151,7 +151,7 @@ def dpsgd_cases() -> list[SensitivityCase]:
 #: What this module harnesses: a class's qualified name -> the builder of its cases. The registry appends these to
 #: the full form's cases of the same classes (``sensitivity_cases``, collected first).
 SENSITIVITY_CASES: dict[str, Builder] = {
-    "dprec_torch.mechanisms.gaussian_pnbm.GaussianPNBM": gaussian_cases,
+    "dprec_torch.mechanisms.gaussian.GaussianPNBM": gaussian_cases,
     "dprec_torch.mechanisms.sgld.ScaledPosteriorSGLD": sgld_cases,
-    "dprec_torch.mechanisms.dpsgd_l1.ClippedLaplaceDPSGD": dpsgd_cases,
+    "dprec_torch.mechanisms.dpsgd.ClippedLaplaceDPSGD": dpsgd_cases,
 }

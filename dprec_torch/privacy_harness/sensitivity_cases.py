@@ -145,7 +145,7 @@ def _gradient_release(model: Any, opt: MechanismOptimizer, data: Ratings, units:
 def _dpsgd_l1_case(model_kind: str, unit: str, relation: str, clip: float, tau: int | None = None,
                    backend: tuple[str, str] = PNBM_BACKENDS[0]) -> SensitivityCase:
     def make(data: Ratings, seed: int):
-        from dprec_torch.mechanisms.dpsgd_l1 import ClippedLaplaceDPSGD
+        from dprec_torch.mechanisms.dpsgd import ClippedLaplaceDPSGD
 
         model = _pnbm(data, seed, *backend) if model_kind == "pnbm" else _mf(data, seed)
         opt = ClippedLaplaceDPSGD(model.parameters(), _context(data, model, tau), math.inf, clip_norm=clip,
@@ -186,7 +186,7 @@ def dpsgd_l1_cases() -> list[SensitivityCase]:
 def _gaussian_case(model_kind: str, unit: str, clip: float, backend: tuple[str, str] = PNBM_BACKENDS[0]) -> SensitivityCase:
     def release(data: Ratings, seed: int, units: bool) -> Release:
         from dprec_torch.mechanisms.gaussian import GaussianDPSGD
-        from dprec_torch.mechanisms.gaussian_pnbm import GaussianPNBM
+        from dprec_torch.mechanisms.gaussian import GaussianPNBM
 
         if model_kind == "pnbm":
             model = _pnbm(data, seed, *backend)
@@ -318,8 +318,9 @@ def laplace_output_cases() -> list[SensitivityCase]:
 #: Classes whose privacy_report never gives a finite epsilon (the harness test fits each predictor and checks it says so).
 NON_PRIVATE: dict[str, str] = {
     "dprec_torch.mechanisms.base.MechanismOptimizer": "the template: privacy_report() says non-private, epsilon = inf",
-    "dprec_torch.mechanisms.sgd.MapSGD": "mechanism=none: plain MAP SGD, epsilon = inf",
-    "dprec_torch.mechanisms.dpsgd.DPSGDLaplace": ("mechanism=dpsgd_paper (Alg. 1 as printed): epsilon = None, the paper's "
+    "dprec_torch.mechanisms.sgd.MapSGD": "the SGD update the Laplace mechanisms build on: plain MAP SGD, epsilon = inf",
+    "dprec_torch.mechanisms.none.NoMechanism": "mechanism=none: plain MAP SGD, epsilon = inf",
+    "dprec_torch.mechanisms.dpsgd_paper.DPSGDLaplace": ("mechanism=dpsgd_paper (Alg. 1 as printed): epsilon = None, the paper's "
                                                   "per-entry figure is epsilon_claimed_by_paper, never a defended epsilon"),
     **{f"dprec_torch.predictors.{name}": "privacy_report() says non-private (epsilon = inf)"
        for name in ("base.BasePredictor", "knn.ItemKNN", "slope_one.SlopeOne", "cosine_implicit.CosineImplicit",
@@ -453,9 +454,9 @@ def exponential_topk_cases() -> list[SensitivityCase]:
 
 #: What this module harnesses: a class's qualified name -> the builder of its cases (collected by the registry).
 SENSITIVITY_CASES: dict[str, Builder] = {
-    "dprec_torch.mechanisms.dpsgd_l1.ClippedLaplaceDPSGD": dpsgd_l1_cases,
+    "dprec_torch.mechanisms.dpsgd.ClippedLaplaceDPSGD": dpsgd_l1_cases,
     "dprec_torch.mechanisms.gaussian.GaussianDPSGD": gaussian_cases,
-    "dprec_torch.mechanisms.gaussian_pnbm.GaussianPNBM": gaussian_pnbm_cases,
+    "dprec_torch.mechanisms.gaussian.GaussianPNBM": gaussian_pnbm_cases,
     "dprec_torch.mechanisms.dpsgd_mf.DPSGDMF": dpsgd_mf_cases,
     "dprec_torch.mechanisms.sgld.ScaledPosteriorSGLD": sgld_cases,
     "dprec_torch.mechanisms.output_perturbation.LaplaceOutputPredictor": laplace_output_cases,

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from dprec_torch.config import upgrade_recorded
 from dprec_torch.data.ratings import Fold
 from dprec_torch.device import resolve_device
 from dprec_torch.errors import ConfigError
@@ -128,7 +129,7 @@ def evaluate_run(run_dir: Path, device: torch.device, compare_baselines: bool = 
     cfg_path = run_dir / "config_resolved.json"
     if not cfg_path.exists():
         raise ConfigError(f"{run_dir} is not a train.py run dir (no config_resolved.json); pass run=<outputs/...>")
-    cfg = OmegaConf.create(json.loads(cfg_path.read_text()))
+    cfg = upgrade_recorded(OmegaConf.create(json.loads(cfg_path.read_text())))
     dataset = instantiate_node(cfg.data)
     k, target = int(cfg.baseline_k), dp_reference_target(run_privacy(run_dir), cfg.epsilon)
     rows, records = [], []

@@ -25,7 +25,8 @@ from dprec_torch.device import claimed_device, set_matmul_precision
 from dprec_torch.config import RUNNER_KEYS, accepted, check_config, declared_parameters, fill_dataset_defaults, instantiate_node  # noqa: F401 (re-exported)
 from dprec_torch.errors import ConfigError
 from dprec_torch.evaluation.cross_validate import score_predictor
-from dprec_torch.interfaces import HasItemMeans, OutputMechanism, ReadsTargetsOnly, ReportsPrivacy, TrainableModel
+from dprec_torch.interfaces import (HasItemMeans, LeavesPredictorAsFitted, OutputMechanism, ReadsTargetsOnly, ReportsPrivacy,
+                                    TrainableModel)
 from dprec_torch.io import atomic_write_json
 from dprec_torch.mechanisms.base import MechanismOptimizer
 from dprec_torch.mechanisms.context import TrainingContext, gradient_reduction_of, prior_precision_for
@@ -78,16 +79,31 @@ def build_model(cfg: DictConfig, fold: Fold, device: torch.device | None = None)
     return model
 
 
+TRAINING_KEYS = "mechanism=none|dpsgd|sgld|gaussian|dpsgd_paper"
+
+
+def mechanism_class(cfg: DictConfig) -> type:
+    """The class ``cfg.mechanism`` names (every ``conf/mechanism/*.yaml`` names one)."""
+    if not cfg.mechanism.get("_target_"):
+        raise ConfigError(f"mechanism={cfg.mechanism.get('name', '?')} names no class (no _target_): choose a "
+                          "mechanism from conf/mechanism/")
+    return get_class(cfg.mechanism._target_)
+
+
 def training_mechanism(cfg: DictConfig) -> type[MechanismOptimizer]:
     """The class of ``cfg.mechanism``, which must be a training mechanism (a :class:`MechanismOptimizer`,
-    the base that declares every :class:`~dprec_torch.interfaces.TrainingMechanism` attribute)."""
+    the base that declares every :class:`~dprec_torch.interfaces.TrainingMechanism` attribute). The class that then
+    trains a given model is its :meth:`~MechanismOptimizer.form_for` that model (``setup_training``)."""
     if not cfg.mechanism.get("_target_"):
-        raise ConfigError(f"model={cfg.model.get('name', '?')} is trained by a mechanism; choose mechanism=none|dpsgd|sgld")
+        raise ConfigError(f"model={cfg.model.get('name', '?')} is trained by a mechanism; choose {TRAINING_KEYS}")
     cls = get_class(cfg.mechanism._target_)
-    if not (isinstance(cls, type) and issubclass(cls, MechanismOptimizer)):
-        raise ConfigError(f"mechanism={cfg.mechanism.get('name', cls)} privatises fitted predictors; model="
-                          f"{cfg.model.get('name', '?')} is trained: choose mechanism=none|dpsgd|sgld|gaussian|dpsgd_paper")
-    return cls
+    if isinstance(cls, type) and issubclass(cls, MechanismOptimizer):
+        return cls
+    if isinstance(cls, type) and issubclass(cls, LeavesPredictorAsFitted):
+        raise ConfigError(f"mechanism={cfg.mechanism.get('name', cls)} is a fitted predictor's own mechanism (model=pncf|"
+                          f"mcsherry|d2p|dpals|noisy_gram); model={cfg.model.get('name', '?')} is trained: choose {TRAINING_KEYS}")
+    raise ConfigError(f"mechanism={cfg.mechanism.get('name', cls)} privatises fitted predictors; model="
+                      f"{cfg.model.get('name', '?')} is trained: choose {TRAINING_KEYS}")
 
 
 def mechanism_fold(cfg: DictConfig, fold: Fold) -> Fold:
@@ -96,8 +112,8 @@ def mechanism_fold(cfg: DictConfig, fold: Fold) -> Fold:
     from dprec_torch.config import node_relation
 
     training_mechanism(cfg)
-    # the CONFIGURED relation (mechanism.relation / unit), not the class default (issue 24, 3)
-    if node_relation(cfg.mechanism) == "user" and cfg.mechanism.get("max_user_ratings"):
+    # the CONFIGURED relation (mechanism.relation / unit), not the class default (issue 24, 3), of the model's form
+    if node_relation(cfg.mechanism, cfg.model) == "user" and cfg.mechanism.get("max_user_ratings"):
         from dprec_torch.data.preprocess import cap_seed, cap_user_ratings
 
         tau = int(cfg.mechanism.max_user_ratings)
@@ -133,10 +149,10 @@ def setup_training(cfg: DictConfig, fold: Fold, device: torch.device, prepare: b
     start), then build the batch sampler. ``prepare=False`` for a resumed fold: its checkpoint restores what
     ``prepare`` made (``train_fold``), so nothing is released twice."""
     fold = mechanism_fold(cfg, fold)
-    mech_cls = training_mechanism(cfg)
     train = fold.train
     model = build_model(cfg, fold, device).to(device)
     model.attach(train)
+    mech_cls = training_mechanism(cfg).form_for(model)  # the class the mechanism's constructor builds for this model
     ratio = float(cfg.mechanism.get("sampling_ratio", 1.0))
     unit = cfg.mechanism.get("unit") or ("user" if mech_cls.relation == "user" else "rating")
     epochs, steps = int(cfg.mechanism.epochs), poisson_steps_per_epoch(ratio)
@@ -154,7 +170,7 @@ def setup_training(cfg: DictConfig, fold: Fold, device: torch.device, prepare: b
     if prepare:
         optimizer.prepare(model)
     # Poisson sampling is part of the privacy proof (amplification): secret unless noise_seed is explicit
-    sampler_seed = cfg.get("noise_seed") if mech_cls.relation is not None else int(cfg.seed)
+    sampler_seed = cfg.get("noise_seed") if mech_cls.private else int(cfg.seed)
     sampler = PoissonBatchSampler(train, model.item_means if isinstance(model, HasItemMeans) else train.item_means(),
                                   ratio, unit, noise_generator(sampler_seed, device, SAMPLER_STREAM),
                                   history=not (isinstance(model, ReadsTargetsOnly) and not model.reads_history))
@@ -220,17 +236,21 @@ def build_predictor(cfg: DictConfig) -> Any:
     (``fit_fold`` and :func:`dprec_torch.training.evaluate.restore_predictor` build it the same way)."""
     predictor = instantiate_node(cfg.model)
     if wrapped_by_mechanism(cfg):
-        mech_cls = get_class(cfg.mechanism._target_)
-        if not issubclass(mech_cls, OutputMechanism):
-            raise ConfigError(f"mechanism={cfg.mechanism.get('name', cfg.mechanism._target_)} trains nn.Module models (pnbm, mf); "
-                              f"model={cfg.model.get('name', '?')} is a fitted predictor: use mechanism=none or an output mechanism")
         predictor = instantiate_node(cfg.mechanism).wrap(predictor)
     return predictor
 
 
 def wrapped_by_mechanism(cfg: DictConfig) -> bool:
-    """Whether ``cfg.mechanism`` wraps the fitted predictor (anything but ``none`` and the ``builtin`` placeholder)."""
-    return bool(cfg.mechanism.get("_target_")) and cfg.mechanism.get("name") != "none"
+    """Whether ``cfg.mechanism`` wraps the fitted predictor, asked of its class: an :class:`OutputMechanism`
+    (``laplace_output``, ``exponential_topk``) wraps it; a :class:`LeavesPredictorAsFitted` (``none``: no mechanism;
+    ``builtin``: the predictor's own) leaves it as fitted; a training mechanism is refused in one line."""
+    cls = mechanism_class(cfg)
+    if issubclass(cls, LeavesPredictorAsFitted):
+        return False
+    if issubclass(cls, OutputMechanism):
+        return True
+    raise ConfigError(f"mechanism={cfg.mechanism.get('name', cfg.mechanism._target_)} trains nn.Module models (pnbm, mf); "
+                      f"model={cfg.model.get('name', '?')} is a fitted predictor: use mechanism=none or an output mechanism")
 
 
 def fit_fold(cfg: DictConfig, fold: Fold, device: torch.device) -> dict[str, Any]:
@@ -304,7 +324,7 @@ def noise_randomness(cfg: DictConfig, report: dict[str, Any], trainable: bool) -
     eps = report.get("epsilon")
     if eps is not None and not np.isfinite(float(eps)):  # non-private: nothing to keep secret
         return {}
-    nodes = [cfg.mechanism] if trainable else [cfg.model, cfg.mechanism]
+    nodes = [cfg.mechanism] if trainable else [cfg.model, *([cfg.mechanism] if wrapped_by_mechanism(cfg) else [])]
     seeds = [n.get("seed") for n in nodes if n.get("_target_") and "seed" in n]
     secret = all(s is None for s in seeds) and (not trainable or cfg.get("noise_seed") is None)
     return {"randomness": randomness_report(secret)}

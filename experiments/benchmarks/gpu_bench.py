@@ -155,8 +155,10 @@ def profile_batched(overrides: list[str], out_dir: Path, top: int = 45) -> dict[
 
 # ------------------------------------------------------------------ what to run
 def pnbm_mechanisms() -> list[str]:
-    """``conf/mechanism`` entries that train an nn.Module (PNBM): output mechanisms (``wrap``) excluded."""
+    """``conf/mechanism`` entries that train an nn.Module (PNBM): the training mechanisms (``MechanismOptimizer``s)."""
     import importlib
+
+    from dprec_torch.mechanisms.base import MechanismOptimizer
 
     from omegaconf import OmegaConf
 
@@ -166,8 +168,8 @@ def pnbm_mechanisms() -> list[str]:
         if not target:
             continue
         module, _, cls = target.rpartition(".")
-        try:
-            if hasattr(getattr(importlib.import_module(module), cls), "wrap"):
+        try:  # training mechanisms only: output mechanisms wrap fitted predictors, builtin is a predictor's own
+            if not issubclass(getattr(importlib.import_module(module), cls), MechanismOptimizer):
                 continue
         except Exception:  # noqa: BLE001 - an unimportable mechanism still gets its (failing) row
             pass

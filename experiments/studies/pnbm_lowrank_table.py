@@ -11,7 +11,8 @@ split seed (``data.seed=1``) and the catalogue attached (``data.catalog_path``),
 within the fold-to-fold spread.
 
 Writes ``docs/results/pnbm_lowrank/table.json`` (every fold's figures, the privacy reports' ε, δ and accountant) and
-``table.md``, and splices the table into README.md and docs/private_frontier.md (``pnbm_lowrank`` markers)::
+``table.md``, and splices the table into README.md, docs/private_frontier.md and docs/pnbm_lowrank.md (``pnbm_lowrank``
+markers)::
 
     nice -n 10 python experiments/studies/pnbm_lowrank_table.py                # every row not in table.json yet
     nice -n 10 python experiments/studies/pnbm_lowrank_table.py --rerun 0 1    # rerun rows 0 and 1
@@ -139,7 +140,8 @@ def report(records: dict[str, Any]) -> str:
     body = table(records)
     (OUT / "table.md").write_text(body + "\n")
     splice(ROOT / "README.md", "pnbm_lowrank", body)
-    splice(ROOT / "docs" / "private_frontier.md", "pnbm_lowrank", body.replace("(docs/pnbm_lowrank.md)", "(pnbm_lowrank.md)"))
+    for doc in ("private_frontier.md", "pnbm_lowrank.md"):
+        splice(ROOT / "docs" / doc, "pnbm_lowrank", body.replace("(docs/pnbm_lowrank.md)", "(pnbm_lowrank.md)"))
     return body
 
 
@@ -159,9 +161,10 @@ def main() -> None:
         for row in (args.rows if args.rows is not None else range(len(ROWS))):
             if str(row) in records and row not in args.rerun and records[str(row)]["overrides"] == overrides(row):
                 continue
-            records[str(row)] = run_row(row, args.runs)
-            log.info("row %d: %s -> %.4f (%.0f s)", row + 1, ROWS[row][0], records[str(row)]["test_rmse"],
-                     records[str(row)]["seconds"])
+            rec = run_row(row, args.runs)
+            log.info("row %d: %s -> %.4f (%.0f s)", row + 1, ROWS[row][0], rec["test_rmse"], rec["seconds"])
+            # re-read before writing: another process may have added rows meanwhile (runs of disjoint rows in parallel)
+            records = {**(json.loads(path.read_text()) if path.exists() else {}), str(row): rec}
             atomic_write_json(path, records)
     print(report(records))
 
