@@ -338,7 +338,8 @@ TARGET_DOMAINS: dict[str, dict[str, Domain]] = {
     "dprec_torch.predictors.mcsherry.McSherryMironov": {"delta": _GAUSSIAN_DELTA},
     "dprec_torch.mechanisms.gaussian.GaussianDPSGD": {"delta": _GAUSSIAN_DELTA},
     "dprec_torch.mechanisms.gaussian.GaussianPNBM": {"delta": _GAUSSIAN_DELTA},
-    "dprec_torch.mechanisms.sgld.ScaledPosteriorSGLD": {"max_user_ratings": integer(1, note="tau bounds B")},
+    "dprec_torch.mechanisms.sgld.ScaledPosteriorSGLD": {"max_user_ratings": integer(
+        1, null=True, note="tau bounds B in the posterior-sampling form; null = no cap, for the clipped chain (bounded by C)")},
     "dprec_torch.predictors.dpals.DPALS": {"reg": number("(0, inf)"), "init_scale": number("(0, inf)"), "delta": _GAUSSIAN_DELTA},
     "dprec_torch.predictors.noisy_gram.NoisyGram": {"delta": _GAUSSIAN_DELTA,
                                                     "support": integer(2, null=True, note="null = all items")},

@@ -13,13 +13,11 @@ from dprec_torch.data.ratings import Ratings, RatingScale
 from dprec_torch.errors import ConfigError, DataError
 from dprec_torch.predictors.mcsherry import (
     McSherryMironov,
-    analytic_gaussian_sigma,
-    classic_gaussian_sigma,
     covariance_sensitivity,
-    gaussian_delta,
     paper_covariance_bound,
     weighted_covariance,
 )
+from dprec_torch.privacy.calibration import analytic_gaussian_sigma, classic_gaussian_sigma, gaussian_delta
 from dprec_torch.training.run import instantiate_node
 from tests.contract import PredictorContract
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from dprec_torch.data.ratings import Ratings, RatingScale
 from dprec_torch.errors import ConfigError
-from dprec_torch.predictors.mcsherry import analytic_gaussian_sigma
+from dprec_torch.privacy.calibration import analytic_gaussian_sigma
 from dprec_torch.predictors.noisy_gram import NoisyGram, gram, gram_sensitivity, restrict_to_support, triangle, unit_vectors
 from dprec_torch.privacy.calibration import calibrate_gaussian, gaussian_epsilon, gdp_delta, gdp_epsilon, split_mu
 from dprec_torch.privacy.item_means import (

@@ -321,8 +321,11 @@ def test_training_learns_beyond_the_item_means_without_noise(tmp_path):
     assert trained < start - 0.01
 
 
-def test_kill_and_resume_gives_the_same_metrics_and_epsilon(tmp_path, monkeypatch):
-    args = [*BASE, *SGLD, "epsilon=6", "noise_seed=5", "mechanism.epochs=3"]
+@pytest.mark.parametrize("mech", ["none", "gaussian", "sgld", "dpsgd"])
+def test_kill_and_resume_gives_the_same_metrics_and_epsilon(tmp_path, monkeypatch, mech):
+    overrides = {"none": NONE, "gaussian": GAUSSIAN, "sgld": SGLD, "dpsgd": DPSGD}[mech]
+    eps = "epsilon=inf" if mech == "none" else "epsilon=6"
+    args = [*BASE, *overrides, eps, "noise_seed=5", "mechanism.epochs=3"]
     full = train(compose_cfg(*args, f"output_dir={tmp_path / 'full'}"))
     original = trainer_mod.Trainer._epoch_metrics
 
@@ -337,7 +340,7 @@ def test_kill_and_resume_gives_the_same_metrics_and_epsilon(tmp_path, monkeypatc
     monkeypatch.setattr(trainer_mod.Trainer, "_epoch_metrics", original)
     resumed = train(compose_cfg(*args, f"output_dir={tmp_path / 'cut'}", "resume=true"))
     assert resumed["test_rmse"] == full["test_rmse"]
-    assert resumed["privacy"]["epsilon_spent"] == full["privacy"]["epsilon_spent"]
+    assert resumed["privacy"].get("epsilon_spent") == full["privacy"].get("epsilon_spent")  # none: not reported
     assert resumed["privacy"]["epsilon"] == full["privacy"]["epsilon"]
 
 
@@ -347,10 +350,13 @@ def test_tensorboard_gets_the_epochs(tmp_path):
     assert json.loads((tmp_path / "metrics.json").read_text())["privacy"]["epsilon"] < 8.0 + 1e-9
 
 
-def test_evaluate_py_scores_the_released_model(tmp_path):
+@pytest.mark.parametrize("mech", ["none", "gaussian", "sgld", "dpsgd"])
+def test_evaluate_py_scores_the_released_model(tmp_path, mech):
     from dprec_torch.training.evaluate import evaluate_run
 
-    m = train(compose_cfg(*BASE, *DPSGD, "epsilon=4", f"output_dir={tmp_path}"))
+    overrides = {"none": NONE, "gaussian": GAUSSIAN, "sgld": SGLD, "dpsgd": DPSGD}[mech]
+    eps = "epsilon=inf" if mech == "none" else "epsilon=4"
+    m = train(compose_cfg(*BASE, *overrides, eps, f"output_dir={tmp_path}"))
     ev, _ = evaluate_run(Path(tmp_path), torch.device("cpu"), compare_baselines=False)
     assert ev["test_rmse"] == m["test_rmse"]
 
@@ -364,6 +370,8 @@ def test_model_pnbm_lowrank_composes_with_its_tuned_numbers(mech):
     assert isinstance(setup.model, LowRankPNBM)
     rep = setup.optimizer.privacy_report()
     if mech == "sgld":
+        assert cfg.mechanism.max_user_ratings is None  # the clip bounds a user: no tau cap drops ratings
+        assert len(setup.fold.train) == len(tiny_fold().train)
         assert setup.optimizer.clipped and rep["delta"] == 1e-6 and rep["epsilon"] <= 20.0
         assert rep["epsilon"] == pytest.approx(20.0, rel=0.01)
     if mech == "none":

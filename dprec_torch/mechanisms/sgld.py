@@ -114,7 +114,7 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
         temperature: float = 0.004,
         weight_decay: float = 0.02,
         sampling_ratio: float = 1.0,
-        max_user_ratings: int = 200,
+        max_user_ratings: int | None = 200,
         init_scale: float = 1.0,
         seed: int | None = None,
         likelihood_bound: str = "paper",
@@ -164,6 +164,9 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
             raise ConfigError("mechanism.prior_mean != 0 centres PNBM's S at s_0 (1 - I); other models need prior_mean=0")
         self.context, self.epsilon = context, epsilon
         self.eta1, self.decay, self.rho = float(lr), float(decay), float(temperature)
+        if max_user_ratings is None:
+            raise ConfigError("mechanism.max_user_ratings=null: the posterior-sampling chain needs the tau cap (B = e_max^2 tau "
+                              "bounds a user's log-likelihood); only the clipped chain (mechanism.clip_norm) needs none")
         self.sampling_ratio, self.tau = float(sampling_ratio), int(max_user_ratings)
         self.bound_mode, self.prior_mean = likelihood_bound, float(prior_mean)
         span = context.scale.span

@@ -49,12 +49,11 @@ import math
 from typing import Any, Mapping
 
 import torch
-from scipy.optimize import brentq
-from scipy.special import log_ndtr
 
 from dprec_torch.data.ratings import Ratings
 from dprec_torch.errors import ConfigError, DataError
 from dprec_torch.predictors.base import BasePredictor
+from dprec_torch.privacy.calibration import analytic_gaussian_sigma, classic_gaussian_sigma
 from dprec_torch.predictors.release import fallback_release
 from dprec_torch.privacy.item_means import install_private_fallback
 from dprec_torch.privacy.budget import check_epsilon_delta
@@ -125,30 +124,6 @@ def paper_covariance_bound(clamp_b: float) -> float:
 
 
 # ----------------------------------------------------------- Gaussian mechanism
-def classic_gaussian_sigma(sensitivity: float, epsilon: float, delta: float) -> float:
-    """Slide "Gaussian Mechanism" Thm: ``sigma = sqrt(2 ln(2/delta)) / eps * Delta_2``."""
-    return math.sqrt(2.0 * math.log(2.0 / delta)) * sensitivity / epsilon
-
-
-def gaussian_delta(sigma: float, sensitivity: float, epsilon: float) -> float:
-    """Exact delta(eps) of the Gaussian mechanism (Balle & Wang 2018, Thm. 8)."""
-    a = sensitivity / (2.0 * sigma)
-    b = epsilon * sigma / sensitivity
-    return float(math.exp(log_ndtr(a - b)) - math.exp(epsilon + log_ndtr(-a - b)))
-
-
-def analytic_gaussian_sigma(sensitivity: float, epsilon: float, delta: float) -> float:
-    """Smallest sigma with ``gaussian_delta(sigma) <= delta`` (bisection on a monotone function)."""
-    lo, hi = 1e-6 * sensitivity, sensitivity
-    while gaussian_delta(hi, sensitivity, epsilon) > delta:
-        hi *= 2.0
-    sigma = brentq(lambda s: gaussian_delta(s, sensitivity, epsilon) - delta, lo, hi, xtol=1e-12 * sensitivity, rtol=1e-12)
-    # brentq lands within tolerance on either side; step up until the guarantee holds
-    while gaussian_delta(sigma, sensitivity, epsilon) > delta:
-        sigma *= 1.0 + 1e-9
-    return float(sigma)
-
-
 def _laplace(shape: tuple[int, ...], scale: float, gen: torch.Generator, device: torch.device) -> torch.Tensor:
     u = torch.rand(shape, generator=gen, device=device, dtype=torch.float64) - 0.5
     return (-scale * torch.sign(u) * torch.log1p(-2.0 * u.abs())).to(torch.float32)

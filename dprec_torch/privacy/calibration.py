@@ -57,6 +57,34 @@ DEFAULT_TOLERANCE = {"bisect": 0.005, "opacus": 0.01}
 History = Sequence[Sequence[float]]
 
 
+# --------------------------------------------------------------------------- one Gaussian release, in sigma units
+# (McSherry & Mironov's per-release calibration, ``predictors/mcsherry.py``: the classic bound and the analytic
+# Gaussian mechanism, Balle & Wang 2018; the same curve as gdp_delta at mu = sensitivity / sigma)
+def classic_gaussian_sigma(sensitivity: float, epsilon: float, delta: float) -> float:
+    """Slide "Gaussian Mechanism" Thm: ``sigma = sqrt(2 ln(2/delta)) / eps * Delta_2``."""
+    return math.sqrt(2.0 * math.log(2.0 / delta)) * sensitivity / epsilon
+
+
+def gaussian_delta(sigma: float, sensitivity: float, epsilon: float) -> float:
+    """Exact delta(eps) of the Gaussian mechanism (Balle & Wang 2018, Thm. 8)."""
+    a = sensitivity / (2.0 * sigma)
+    b = epsilon * sigma / sensitivity
+    return float(math.exp(log_ndtr(a - b)) - math.exp(epsilon + log_ndtr(-a - b)))
+
+
+def analytic_gaussian_sigma(sensitivity: float, epsilon: float, delta: float) -> float:
+    """Smallest sigma with ``gaussian_delta(sigma) <= delta`` (bisection on a monotone function)."""
+    lo, hi = 1e-6 * sensitivity, sensitivity
+    while gaussian_delta(hi, sensitivity, epsilon) > delta:
+        hi *= 2.0
+    sigma = brentq(lambda s: gaussian_delta(s, sensitivity, epsilon) - delta, lo, hi, xtol=1e-12 * sensitivity, rtol=1e-12)
+    # brentq lands within tolerance on either side; step up until the guarantee holds
+    while gaussian_delta(sigma, sensitivity, epsilon) > delta:
+        sigma *= 1.0 + 1e-9
+    return float(sigma)
+
+
+
 # --------------------------------------------------------------------------- Gaussian DP
 def gdp_delta(mu: float, epsilon: float) -> float:
     """delta(eps) of mu-GDP (Dong, Roth & Su Cor. 2.13)."""

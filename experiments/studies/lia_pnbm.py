@@ -93,7 +93,7 @@ def attack_one(mechanism: str, epsilon: str, fold: Fold, n_users: int, seed: int
 
     data = "synthetic" if fold.name.startswith("holdout") else "ml-100k"
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-        cfg = compose("config", overrides=[f"mechanism={mechanism}", f"epsilon={epsilon}", f"data={data}"])
+        cfg = compose("config", overrides=["model=pnbm", f"mechanism={mechanism}", f"epsilon={epsilon}", f"data={data}"])
     model, report = train_once(cfg, fold.train, fold.test.select(slice(0, 50)), seed)
     gen = torch.Generator().manual_seed(seed)
     test_users = torch.unique(fold.test.users)

@@ -872,7 +872,7 @@ def report() -> str:
 def lowrank_table_lines() -> list[str]:
     """The low-rank PNBM's table (issue 27), as ``pnbm_lowrank_table.py`` last wrote it, between its markers."""
     path = ROOT / "docs" / "results" / "pnbm_lowrank" / "table.md"
-    body = path.read_text().strip() if path.exists() else (
+    body = path.read_text().strip().replace("(docs/pnbm_lowrank.md)", "(pnbm_lowrank.md)") if path.exists() else (
         "Not run yet: `python experiments/studies/pnbm_lowrank_table.py`.")
     return ["## The low-rank PNBM under the named mechanisms (issue 27)", "", "<!-- pnbm_lowrank:start -->", body,
             "<!-- pnbm_lowrank:end -->", ""]
