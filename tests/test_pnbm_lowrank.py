@@ -119,11 +119,12 @@ def test_surrogate_gradient_is_the_sum_of_scaled_user_gradients():
     scale = torch.linspace(0.2, 1.0, data.n_users)  # a per-user clip factor
     model.surrogate_loss(batch, residuals * scale[batch.rows]).backward()
     rows, norms = model.per_user_gradient_rows(batch, residuals)
-    expect = torch.zeros_like(model.U).index_add_(0, batch.items, rows * scale[batch.rows][:, None])
-    assert torch.allclose(model.U.grad, expect, atol=1e-5)
+    assert rows.dtype == norms.dtype == torch.float64  # the norms are those of the rows surrogate_loss releases
+    expect = torch.zeros_like(model.U, dtype=torch.float64).index_add_(0, batch.items, rows * scale[batch.rows][:, None])
+    assert torch.allclose(model.U.grad, expect.float(), atol=1e-5)
     _, y = user_residuals(data.users, data.items, data.values, model.item_means, data.n_users, 2.0, 1.0)
     _, ref = per_user_gradients(data.users, data.items, y, model.U.detach(), data.n_users)  # lowrank_dpsgd's norms
-    assert torch.allclose(model.per_example_grad_norms(batch, residuals, "user"), ref[batch.users], rtol=1e-5)
+    assert torch.allclose(model.per_example_grad_norms(batch, residuals, "user").float(), ref[batch.users], rtol=1e-5)
 
 
 def test_the_similarity_key_picks_the_form_and_a_bad_one_is_one_line():
@@ -446,3 +447,17 @@ def test_canary_audit_stays_below_the_claim_and_has_power(tmp_path):
     assert private["epsilon_claimed"] == pytest.approx(1.0, rel=0.01)
     assert private["epsilon_lower_bound"] <= 1.0
     assert leaky["epsilon_lower_bound"] > private["epsilon_lower_bound"]
+
+
+def test_a_cancelling_gradient_stays_within_c_when_its_user_leaves():
+    """The counterexample the harness found in CI (float32 autograd against float32 norms: a removal moved the L1 release
+    by 0.0500023 > C = 0.05): the released gradient is now the float64 sum of the very rows whose norms were clipped."""
+    from dprec_torch.mechanisms.dpsgd import ClippedLaplaceDPSGD
+    from dprec_torch.privacy_harness.registry import builder_for
+    from tests.test_sensitivity_harness import check_case
+
+    case = next(c for c in builder_for(ClippedLaplaceDPSGD)() if c.name.startswith("dpsgd lowrank-pnbm step C=0.05 d=3 U-scale=3 Gr=2"))
+    data = Ratings(torch.tensor([0, 0, 3]), torch.tensor([0, 1, 0]), torch.tensor([1.0, 5.0, 1.0]), 4, 2, RatingScale(1, 5),
+                   meta={"user_keys": torch.tensor([0, 1, 2, 3]),
+                         "item_keys": torch.tensor([3710167889747395225, 3710167339991581120])})
+    assert check_case(case, data, 0, lambda strategy: [0])
