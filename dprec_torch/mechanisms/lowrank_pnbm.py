@@ -25,6 +25,7 @@ import torch
 
 from dprec_torch.errors import ConfigError
 from dprec_torch.models.pnbm_lowrank import LowRankPNBM
+from dprec_torch.privacy.pnbm_clipping import clip_factors
 from dprec_torch.privacy.calibration import calibrate_gaussian
 from dprec_torch.privacy.item_means import ItemMeansRelease, ItemMeansSpec, install_item_means, release_item_means
 
@@ -70,4 +71,8 @@ def clip_lowrank(mechanism: Any, residuals: torch.Tensor, batch: Any, model: Low
         norms = norms2
     else:
         norms = torch.zeros_like(norms2).index_add_(0, batch.rows, rows.abs().sum(1))
-    return mechanism.clip_by_norm(residuals, norms, batch.rows)
+    clipped = mechanism.clip_by_norm(residuals, norms, batch.rows)
+    # the released gradient is these rows times each user's factor (float64): its user parts have norm <= c exactly
+    factor = clip_factors(norms.double(), mechanism.clip_norm)[batch.rows]
+    model.stash_clipped_rows(batch, clipped, rows * factor[:, None])
+    return clipped

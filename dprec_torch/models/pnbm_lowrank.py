@@ -107,17 +107,18 @@ class _ExplicitGradient(torch.autograd.Function):
     the mechanisms' per-user norms are computed from), cast to U's dtype."""
 
     @staticmethod
-    def forward(ctx, U, value, rows, items, y, e, n_rows):  # type: ignore[override]
-        ctx.save_for_backward(U.detach(), rows, items, y, e)
+    def forward(ctx, U, value, rows, items, y, e, n_rows, clipped_rows):  # type: ignore[override]
+        ctx.save_for_backward(U.detach(), rows, items, y, e, clipped_rows)
         ctx.n_rows = n_rows
         return value.clone()
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        U, rows, items, y, e = ctx.saved_tensors
-        g, _ = per_user_gradients(rows, items, y.double(), U.double(), ctx.n_rows, e.double())
+        U, rows, items, y, e, g = ctx.saved_tensors
+        if g.numel() == 0:  # no rows stashed by the clip: compute them at the (scaled) residuals
+            g, _ = per_user_gradients(rows, items, y.double(), U.double(), ctx.n_rows, e.double())
         out = torch.zeros(U.shape, dtype=torch.float64, device=U.device).index_add_(0, items, g)
-        return (out * grad.double()).to(U.dtype), None, None, None, None, None, None
+        return (out * grad.double()).to(U.dtype), None, None, None, None, None, None, None
 
 
 # ----------------------------------------------------------------------------------------------- model
@@ -278,8 +279,16 @@ class LowRankPNBM(BindsHistory, nn.Module):
         if not terms.targets_are_history:  # rating-level batches (no per-user clip): autograd
             return 2.0 * (residuals.detach().to(f.dtype) * f).sum()
         value = 2.0 * (residuals.detach().double() * f.detach().double()).sum()
+        stash = batch.__dict__.pop("_clipped_rows", None)  # the clip's own scaled rows (stash_clipped_rows), if current
+        rows = stash[2] if stash is not None and stash[0] is residuals and stash[1] == self.U._version else \
+            torch.zeros(0, dtype=torch.float64, device=self.U.device)
         return _ExplicitGradient.apply(self.U, value, terms.rows, terms.items, terms.y, -residuals.detach(),
-                                       int(batch.users.numel()))
+                                       int(batch.users.numel()), rows)
+
+    def stash_clipped_rows(self, batch: UserBatch, clipped: torch.Tensor, rows: torch.Tensor) -> None:
+        """Keep the clip's rows scaled by each user's clip factor (float64) for the step's ``surrogate_loss`` at exactly
+        ``clipped``: rows are linear in the residuals, so these ARE the gradient rows at ``clipped`` (computed once)."""
+        batch.__dict__["_clipped_rows"] = (clipped, self.U._version, rows)
 
     @torch.no_grad()
     def per_user_gradient_rows(self, batch: UserBatch, residuals: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
