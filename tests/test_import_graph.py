@@ -84,6 +84,14 @@ def _unit(module: str) -> str | None:
     return parts[1] if parts[0] == PACKAGE and len(parts) > 1 else None
 
 
+def _imported(node: ast.AST, package_parts: list[str]) -> tuple[str | None, list[str]]:
+    """(the module a ``from`` import reads, or None for ``import``; the names it imports) with relative imports resolved."""
+    if isinstance(node, ast.Import):
+        return None, [alias.name for alias in node.names]
+    base = package_parts[:len(package_parts) - node.level + 1] if node.level else []
+    return ".".join(base + ([node.module] if node.module else [])), [a.name for a in node.names]
+
+
 def import_edges(src_root: Path) -> dict[tuple[str, str], list[str]]:
     """``{(importer unit, imported unit): ["path:line", ...]}`` for the package under ``src_root``."""
     pkg_dir = src_root / PACKAGE
@@ -98,13 +106,9 @@ def import_edges(src_root: Path) -> dict[tuple[str, str], list[str]]:
         if src is None:  # dprec_torch/__init__.py: the package root re-exports the api, above every layer
             continue
         for node in _imports(ast.parse(path.read_text(), filename=str(path))):
-            if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            else:
-                base = package_parts[:len(package_parts) - node.level + 1] if node.level else []
-                module = ".".join(base + ([node.module] if node.module else []))
-                # `from dprec_torch import privacy` names the unit in the alias, not the module
-                targets = [f"{module}.{a.name}" for a in node.names] if module == PACKAGE else [module]
+            module, names = _imported(node, package_parts)
+            # `from dprec_torch import privacy` names the unit in the alias, not the module
+            targets = names if module is None else [f"{module}.{n}" for n in names] if module == PACKAGE else [module]
             for target in targets:
                 dst = _unit(target)
                 if dst is not None and dst != src:
@@ -234,12 +238,8 @@ def module_import_edges(src_root: Path) -> dict[tuple[str, str], list[str]]:
         if src == PACKAGE:
             continue
         for node in _imports(ast.parse(path.read_text(), filename=str(path))):
-            if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            else:
-                base = package_parts[:len(package_parts) - node.level + 1] if node.level else []
-                module = ".".join(base + ([node.module] if node.module else []))
-                targets = [f"{module}.{a.name}" if f"{module}.{a.name}" in mods else module for a in node.names]
+            module, names = _imported(node, package_parts)
+            targets = names if module is None else [f"{module}.{n}" if f"{module}.{n}" in mods else module for n in names]
             for target in targets:
                 dst = resolve(target)
                 if dst is not None and dst not in (src, PACKAGE):
