@@ -50,7 +50,7 @@ from dprec_torch.errors import ConfigError
 from dprec_torch.interfaces import FactorModel, ItemSimilarityModel
 from dprec_torch.mechanisms.base import add_laplace_noise_
 from dprec_torch.mechanisms.context import TrainingContext, bound_model
-from dprec_torch.mechanisms.lowrank_pnbm import clip_lowrank, is_lowrank, means_report, release_means
+from dprec_torch.mechanisms.lowrank_pnbm import clip_lowrank, is_lowrank, release_means
 from dprec_torch.mechanisms.sgd import MapSGD
 from dprec_torch.privacy.accountants import PureDPAccountant
 from dprec_torch.privacy.analysis import analyse_dpsgd_l1, composed_epsilon, dpsgd_l1_group_factor, laplace_step_epsilon
@@ -250,8 +250,7 @@ class ClippedLaplaceDPSGD(MapSGD):
             steps_taken=self.accountant.steps,
             noise_scale=self.noise_scale,
             accountant="pure-DP: exact Poisson amplification ln(1 + q(e^eps_s - 1)) + basic composition",
-            item_means=(None if self.mean_release is None else means_report(self.mean_release, "laplace", self.mean_epsilon)
-                        if self.lowrank else self.mean_release.report()),
+            item_means=None if self.mean_release is None else self.mean_release.report(),
             analysis=(
                 f"Each {self.unit}'s whole gradient is clipped to L1 norm c={self.clip_norm:g}; Lap(c/eps_s) with "
                 f"eps_s={self.step_epsilon:.4g} on every entry; Poisson rate q={q:g} over {self.unit}s; "

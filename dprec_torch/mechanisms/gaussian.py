@@ -72,7 +72,7 @@ from dprec_torch.interfaces import SupportsPerExampleNorms
 from dprec_torch.mechanisms.base import MechanismOptimizer
 from dprec_torch.mechanisms.context import TrainingContext, bound_model
 from dprec_torch.mechanisms.dpsgd import INITS, is_pnbm
-from dprec_torch.mechanisms.lowrank_pnbm import clip_lowrank, gaussian_mean_multiplier, is_lowrank, means_report, release_means
+from dprec_torch.mechanisms.lowrank_pnbm import clip_lowrank, gaussian_mean_multiplier, is_lowrank, release_means
 from dprec_torch.models.pnbm import PNBM
 from dprec_torch.models.pnbm_lowrank import LowRankPNBM
 from dprec_torch.privacy.budget import check_epsilon
@@ -370,8 +370,7 @@ class GaussianPNBM(GaussianDPSGD):
         if self.lowrank:
             report["mechanism"] = ("gaussian DP-SGD for the low-rank PNBM S = U U^T (per-user Frobenius clipping of "
                                    "dL_u/dU, DP item means)")
-            report["item_means"] = (means_report(self.mean_release, "gaussian", 1.0 / self.mean_sigma)
-                                    if self.mean_release is not None else None)
+            report["item_means"] = self.mean_release.report() if self.mean_release is not None else None
             report["analysis"] += (f" Item means: one Gaussian release with noise multiplier {self.mean_sigma:.4g} (L2 "
                                    "sensitivity 1) in the same accountant. The noisy sum is divided by the expected batch "
                                    "size q N (N = the number of user ids, treated as public). b_u and p_u are computed by "

@@ -57,12 +57,6 @@ def release_means(model: LowRankPNBM, budget: float, noise: str, options: ItemMe
     return rel
 
 
-def means_report(rel: ItemMeansRelease, noise: str, budget: float) -> dict[str, Any]:
-    """The item-mean release as the privacy report states it (:meth:`ItemMeansRelease.report`; ``noise`` and
-    ``budget`` are the release's own, kept in the signature for the mechanisms' calls)."""
-    return rel.report()
-
-
 def clip_lowrank(mechanism: Any, residuals: torch.Tensor, batch: Any, model: LowRankPNBM, p: float = 2) -> torch.Tensor:
     """e'_ui <- e'_ui min(1, c / ||g_u||_p) per user (c = ``mechanism.clip_norm``): clips each sampled user's whole
     gradient of U (:meth:`LowRankPNBM.per_user_gradient_rows`, the explicit rows; L2 = Frobenius or L1)."""

@@ -71,7 +71,7 @@ from dprec_torch.interfaces import ClipsTrainingPredictions, HasItemMeans
 from dprec_torch.mechanisms.base import MechanismOptimizer
 from dprec_torch.mechanisms.context import TrainingContext, bound_model
 from dprec_torch.mechanisms.dpsgd import is_pnbm
-from dprec_torch.mechanisms.lowrank_pnbm import clip_lowrank, gaussian_mean_multiplier, is_lowrank, means_report, release_means
+from dprec_torch.mechanisms.lowrank_pnbm import clip_lowrank, gaussian_mean_multiplier, is_lowrank, release_means
 from dprec_torch.privacy.calibration import calibrate_gaussian, gaussian_epsilon
 from dprec_torch.privacy.opacus_accounting import ACCOUNTANT_TEXT, ACCOUNTANTS, OpacusAccountant
 from dprec_torch.privacy.budget import check_epsilon
@@ -480,7 +480,7 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
             "accountant_history": [[self.mean_sigma, 1.0, 1], [self.noise_multiplier, q, k]],
             "calibration": ("the typed epsilon sets the temperature rho: sigma is the smallest noise multiplier whose "
                             "history meets (epsilon, delta) (privacy/calibration.calibrate_gaussian), rho = eta (sigma C / (q N))^2"),
-            "item_means": means_report(self.mean_release, "gaussian", 1.0 / self.mean_sigma) if self.mean_release else None,
+            "item_means": self.mean_release.report() if self.mean_release else None,
             "posterior_sampling": posterior,
             "epsilon_if_exact_sample": None,
             "analysis": (
