@@ -5,6 +5,9 @@ from __future__ import annotations
 import logging
 import sys
 
+from dprec_torch.startup import pause_gc, resume_gc, skip_dynamo_import
+
+pause_gc()  # no cyclic collection over the objects torch, numba and Hydra load (~0.3 s; dprec_torch/startup.py)
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -12,8 +15,9 @@ from omegaconf import DictConfig
 
 from dprec_torch.config import exit_on_bad_command_line, report_error
 from dprec_torch.errors import DprecError
-from dprec_torch.startup import skip_dynamo_import
 from dprec_torch.training.run import comparison_table, train
+
+resume_gc()
 
 log = logging.getLogger("train")
 

@@ -280,9 +280,13 @@ def train(overrides: Sequence[str] | DictConfig = ()) -> Run:
     ``output_dir=`` when given, else a fresh ``outputs/<date>/<time>-<unique>`` under the working directory.
     """
     from dprec_torch.training.run import train as train_cfg
+    from dprec_torch.training.tb_close import wait_closed
 
     cfg = copy.deepcopy(overrides) if isinstance(overrides, DictConfig) else compose_config(list(overrides))
     if not cfg.get("output_dir"):
         cfg.output_dir = str(fresh_output_dir())
-    train_cfg(cfg)
+    try:
+        train_cfg(cfg)
+    finally:
+        wait_closed()  # the run's TensorBoard logs are complete when it returns (they are closed in the background)
     return load_run(cfg.output_dir, device=str(cfg.get("device", "auto")))

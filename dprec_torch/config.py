@@ -223,6 +223,7 @@ TOP_DOMAINS: dict[str, Domain] = {
     "audit.alpha": number("(0, 1)"),
     "audit.probe_ratings": integer(1),
     "resume": boolean(),
+    "checkpoint_every": integer(1, also=("auto", "end"), note="auto = every epoch with resume=true, else every 60 s"),
     "compare_baselines": boolean(),
     "tensorboard": boolean(),
 }

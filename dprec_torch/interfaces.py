@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # typing only: the accountants module is above this one
 
 __all__ = [
     "ClipsTrainingPredictions", "DeclaresFallback", "DeclaresGradientReduction", "DeclaresPrivacyCaveat", "HasMeanFallback",
-    "HasTrainingTargets",
+    "HasTrainingTargets", "ClipsResidualsElementwise", "FusesTrainingStep",
     "ReadsUserHistory", "FactorModel", "PenalisesVisits", "CountsBatchVisits", "FittedPredictor", "HasItemMeans", "HasOutputSensitivity", "HasRatingScale",
     "HasScoreRange", "ItemSimilarityModel", "LeavesPredictorAsFitted", "MeanFallback", "OutputMechanism", "PerturbsResiduals", "Predictor", "Recommender",
     "ReportsFallback", "ReportsPrivacy", "ReportsSensitivity", "Scorer", "SupportsPerExampleNorms",
@@ -243,6 +243,26 @@ class HasTrainingTargets(Protocol, metaclass=_AttributeProtocolMeta):
     PNBM: the clamped residual r_bar_i + b_u + y_ui): the Trainer's residual is ``batch_predict - training_targets``."""
 
     def training_targets(self, batch: Any) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class ClipsResidualsElementwise(Protocol, metaclass=_AttributeProtocolMeta):
+    """A mechanism that says up front whether this step's ``clip_residuals`` is a pure element-wise clamp,
+    e' = min(max(e, -b), b): ``elementwise_residual_clip()`` returns b (inf: the identity), or None when the
+    clipping is anything else (per-user norms, side effects on the gradient). The Trainer then lets a
+    :class:`FusesTrainingStep` model clamp inside its fused forward and backward."""
+
+    def elementwise_residual_clip(self) -> float | None: ...
+
+
+@runtime_checkable
+class FusesTrainingStep(Protocol, metaclass=_AttributeProtocolMeta):
+    """A model that can run a step's forward, residuals, element-wise clamp and backward in one pass (full PNBM on
+    the CPU): ``fused_step(batch, target, bound)`` fills the parameters' ``.grad`` and returns (pred, residuals,
+    clamped residuals), the same numbers as the separate path, or None where it does not apply."""
+
+    def fused_step(self, batch: Any, target: torch.Tensor, bound: float
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None: ...
 
 
 @runtime_checkable

@@ -8,10 +8,18 @@ imported from ``Optimizer.__init__`` -> ``add_param_group``). The wrapper caches
 function on the wrapped one as ``__dynamo_disable``; pre-filling that cache with the function
 itself skips the import. Outside ``torch.compile`` the two are the same call: dynamo's
 ``disable`` only matters while a frame is being compiled, and dprec-torch compiles nothing.
+
+The cyclic garbage collector (issue 28, 3): loading torch, numba and Hydra allocates a few hundred thousand
+long-lived objects, and each full collection traverses all of them again (~0.3 s of CPU to the first epoch of
+``python train.py data=ml-100k``). ``train.py`` calls :func:`pause_gc` before its imports and
+:func:`resume_gc` after them: the imported objects are moved out of the collector's reach (``gc.freeze``) and
+collection resumes for everything the run allocates. Nothing else changes: a collection only frees unreachable
+cycles, and module-level objects live until the process exits anyway.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import sys
 
@@ -38,3 +46,14 @@ def skip_dynamo_import() -> list[str]:
             fn.__dynamo_disable = fn
             done.append(name)
     return done
+
+
+def pause_gc() -> None:
+    """Turn the cyclic garbage collector off while the modules load (module docstring); :func:`resume_gc` ends it."""
+    gc.disable()
+
+
+def resume_gc() -> None:
+    """Freeze what is allocated so far (the imported modules; ``gc.freeze``) and turn the collector back on."""
+    gc.freeze()
+    gc.enable()

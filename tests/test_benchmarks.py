@@ -82,6 +82,18 @@ def test_a_separate_repeated_run_is_shown_beside_the_main_run_not_instead() -> N
                           "these two cases, 4 repeats) |") == "**met**"
 
 
+def test_issue_28_cpu_rows_judge_each_mechanism_against_its_dense_epoch() -> None:
+    runs = {r["case"]: {**r, "threads": 2} for r in (
+        epoch_row("pnbm-none-ml1m-sparse", 0.3, 0.866), epoch_row("pnbm-none-ml1m-dense", 6.3, 0.866),
+        epoch_row("pnbm-dpsgd-ml1m-sparse", 0.5, 0.92), epoch_row("pnbm-dpsgd-ml1m-dense", 4.0, 0.92),
+        epoch_row("pnbm-sgld-ml1m-sparse", 0.2, 0.93), epoch_row("pnbm-sgld-ml1m-dense", 4.0, 0.931))}
+    table = publish.cpu_epoch_targets(runs)
+    assert verdict(table, "| ML-1M `none` full-batch epoch") == "**met**" and "21.0× (goal 20×: met)" in table
+    assert verdict(table, "| ML-1M `dpsgd_paper` full-batch epoch") == "**not met**"  # 8x
+    assert verdict(table, "| ML-1M `sgld_paper`: the same test RMSE") == "**not met**"
+    assert verdict(publish.cpu_epoch_targets({}), "| ML-1M `none` epoch") == "not yet measured"
+
+
 # ---------------------------------------------------------------- issue 18: GPU check, sweeps, start-up
 import bench_startup  # noqa: E402
 import bench_sweep  # noqa: E402
@@ -102,7 +114,7 @@ def gpu_check(**over) -> dict:
             "parity": {"abs_diff": 3e-6},
             "startup": {"command": "python train.py data=ml-1m device=cuda", "to_first_epoch": 3.5, "end_to_end": 7.9},
             "ml20m": gpu_row("dpsgd_paper", 0.9, overrides=["data=synthetic", "data.preset=ml-20m"]),
-            "sweep": {"sweep": ["epsilon=0.1,0.5"], "n_jobs": 7, "same_numbers": True,
+            "sweep": {"sweep": ["epsilon=0.1,0.5"], "fixed": ["data=ml-1m", "noise_seed=0"], "n_jobs": 7, "same_numbers": True,
                       "modes": {"separate": {"wall_seconds": 80.0, "speedup_vs_separate": 1.0},
                                 "batched": {"wall_seconds": 7.0, "speedup_vs_separate": 80 / 7}}},
             "gpu_tests": {"exit_code": "0", "passed": True}}
@@ -127,7 +139,7 @@ def test_gpu_block_verdicts_follow_the_measured_figures() -> None:
     assert verdict(table, "| ML-20M-size ≤ 1 s/epoch") == "**met**"
     assert verdict(table, "| batched sweep ≥ 10×") == "**met**"
     assert verdict(table, "| batched sweep: the numbers of separate runs") == "**met**"
-    assert verdict(table, "| `pytest -m gpu` passes") == "**met**"
+    assert verdict(table, "| `pytest -m gpu tests` passes") == "**met**"
 
     slow = gpu_check(mechanisms=[gpu_row("none", 0.012), gpu_row("sgld_paper", 0.03), {"overrides": ["mechanism=gaussian"], "error": "CUDA OOM"}],
                      parity={"abs_diff": 2e-4}, startup={"command": "c", "to_first_epoch": 4.2, "end_to_end": 7.0},
@@ -139,6 +151,27 @@ def test_gpu_block_verdicts_follow_the_measured_figures() -> None:
     assert verdict(table, "| ML-1M `mechanism=none`: GPU RMSE = CPU RMSE") == "**not met**"
     assert verdict(table, "| start-up ≤ 4 s to the first epoch") == "**not met**"
     assert verdict(table, "| batched sweep: the numbers of separate runs") == "**not met**"
+    unpinned = gpu_check(sweep={**gpu_check()["sweep"], "fixed": ["data=ml-1m"], "same_numbers": False})
+    assert verdict(publish.gpu_tables(unpinned), "| batched sweep: the numbers of separate runs") == "not checked on the GPU"
+
+
+def test_gpu_block_judges_issue_28_targets() -> None:
+    fast = gpu_check(mechanisms=[gpu_row("none", 0.012), gpu_row("dpsgd", 0.025), gpu_row("dpsgd_l1", 0.021)],
+                     netflix=gpu_row("sgld_paper", 5.5, epochs=20, seconds_per_epoch_after_first=5.4, gpu_peak_gib=30.0),
+                     lowrank20m=gpu_row("sgld", 0.15, epochs=3, seconds_per_epoch_after_first=0.12))
+    table = publish.gpu_tables(fast)
+    assert verdict(table, "| ML-1M `dpsgd`/`dpsgd_l1`") == "**met**"
+    assert verdict(table, "| Netflix-size DPPS-PNBM") == "**met**"  # 20 x 5.5 = 110 s <= 120 s, 30 GiB
+    assert verdict(table, "| low-rank PNBM at ML-20M size") == "**met**"
+    slow = gpu_check(mechanisms=[gpu_row("dpsgd", 0.144), gpu_row("dpsgd_l1", 0.02)],
+                     netflix={"overrides": ["data.preset=netflix"], "error": "timed out after 240 s", "log_tail": ["epoch 9"]},
+                     lowrank20m=gpu_row("sgld", 0.3, epochs=3, seconds_per_epoch_after_first=0.25))
+    table = publish.gpu_tables(slow)
+    assert verdict(table, "| ML-1M `dpsgd`/`dpsgd_l1`") == "**not met**" and "0.144 s" in table
+    assert verdict(table, "| Netflix-size DPPS-PNBM") == "**not met**" and "last logged: epoch 9" in table
+    assert verdict(table, "| low-rank PNBM at ML-20M size") == "**not met**"
+    heavy = gpu_check(netflix=gpu_row("sgld_paper", 5.5, epochs=20, gpu_peak_gib=41.0))
+    assert verdict(publish.gpu_tables(heavy), "| Netflix-size DPPS-PNBM") == "**not met**"  # over 40 GiB
 
 
 def test_gpu_block_names_skipped_stages_and_dry_runs() -> None:
@@ -167,8 +200,10 @@ def test_gpu_bench_plans_every_pnbm_mechanism_and_no_output_mechanism() -> None:
     assert not mechs & {"laplace_output", "exponential_topk", "builtin"}  # they wrap fitted predictors
     assert all("device=cuda" in c and "data=ml-1m" in c for c in real["mechanisms"])
     assert all("device=cpu" in c and "data=synthetic" in c for c in dry["mechanisms"])
+    assert "data.preset=netflix" in real["netflix"] and "mechanism.epochs=20" in real["netflix"]
+    assert "model=pnbm_lowrank" in real["lowrank20m"] and "data.preset=ml-20m" in real["lowrank20m"]
     assert "data.preset=ml-20m" in real["ml20m"] and real["sweep"]["sweep"] == [gpu_bench.SWEEP_EPS, "seed=0,1,2"]  # the issue's sweep
-    assert real["sweep"]["separate_sample"] == 7 and "hydra/launcher=batched" not in real["profile"]
+    assert real["sweep"]["separate_sample"] == 3 and "hydra/launcher=batched" not in real["profile"]
     assert [c for c in real["parity"] if "device=cpu" in c] and [c for c in real["parity"] if "device=cuda" in c]
 
 
@@ -225,6 +260,7 @@ def test_gpu_check_dry_run_writes_a_publishable_json(tmp_path: Path) -> None:
     assert data["mechanisms"] and all("error" not in r for r in data["mechanisms"]), data["mechanisms"]
     assert data["sweep"]["same_numbers"] and data["startup"]["to_first_epoch"] is not None
     assert "test_rmse" in data["ml20m"] and data["parity"]["abs_diff"] == 0.0  # CPU vs CPU: the same run
+    assert "test_rmse" in data["netflix"] and "test_rmse" in data["lowrank20m"], (data["netflix"], data["lowrank20m"])
     assert publish.gpu_tables(data).startswith("**DRY RUN")
 
 

@@ -171,7 +171,7 @@ def test_download_extracts_validates_and_renames(ml100k_root, no_env, monkeypatc
     ds = load_movielens("ml-100k", fold=5)
     assert seen == [("https://files.grouplens.org/datasets/movielens/ml-100k.zip", movielens.DOWNLOAD_TIMEOUT_S)]
     assert (len(ds.folds[0].train), len(ds.folds[0].test)) == (80_000, 20_000)
-    assert sorted(p.name for p in no_env.iterdir()) == ["ml-100k"]  # no temp leftovers
+    assert sorted(p.name for p in no_env.iterdir()) == ["ml-100k", "parsed"]  # no temp leftovers; parsed: the arrays cache of the load
     load_movielens("ml-100k", fold=1)  # second call: found in the cache, no new download
     assert len(seen) == 1
 

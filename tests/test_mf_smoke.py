@@ -106,7 +106,7 @@ def test_gaussian_resume_restores_the_accountant(tmp_path, monkeypatch):
 
     monkeypatch.setattr(trainer_mod.Trainer, "_epoch_metrics", killed_in_epoch_2)
     with pytest.raises(KeyboardInterrupt):
-        run(tmp_path / "killed", *args)
+        run(tmp_path / "killed", *args, "resume=true")  # asks to be resumable: a checkpoint every epoch
     monkeypatch.setattr(trainer_mod.Trainer, "_epoch_metrics", original)
     resumed = run(tmp_path / "killed", *args, "resume=true")
     assert resumed["test_rmse"] == full["test_rmse"]

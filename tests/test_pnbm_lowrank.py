@@ -337,7 +337,7 @@ def test_kill_and_resume_gives_the_same_metrics_and_epsilon(tmp_path, monkeypatc
 
     monkeypatch.setattr(trainer_mod.Trainer, "_epoch_metrics", kill)
     with pytest.raises(KeyboardInterrupt):
-        train(compose_cfg(*args, f"output_dir={tmp_path / 'cut'}"))
+        train(compose_cfg(*args, f"output_dir={tmp_path / 'cut'}", "resume=true"))  # resumable: a checkpoint every epoch
     monkeypatch.setattr(trainer_mod.Trainer, "_epoch_metrics", original)
     resumed = train(compose_cfg(*args, f"output_dir={tmp_path / 'cut'}", "resume=true"))
     assert resumed["test_rmse"] == full["test_rmse"]

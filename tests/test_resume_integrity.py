@@ -41,7 +41,7 @@ def killed_after_epoch_1(tmp_path: Path, monkeypatch, *args: str) -> Path:
 
     monkeypatch.setattr(trainer_mod.Trainer, "_epoch_metrics", kill)
     with pytest.raises(KeyboardInterrupt):
-        run(tmp_path, *args)
+        run(tmp_path, *args, "resume=true")  # asks to be resumable: a checkpoint every epoch (checkpoint_every=auto)
     monkeypatch.setattr(trainer_mod.Trainer, "_epoch_metrics", original)
     assert (tmp_path / "checkpoint_fold1.pt").exists()
     return tmp_path
@@ -211,7 +211,10 @@ def test_diagnostics_on_request_and_by_default_without_a_finite_epsilon(tmp_path
 def test_tensorboard_carries_no_non_private_scalars_by_default(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    from dprec_torch.training.tb_close import wait_closed
+
     def tags(out: Path) -> set:
+        wait_closed()  # train() closes the writer in the background; dprec_torch.train() waits, train(cfg) does not
         acc = EventAccumulator(str(out / "tb" / "fold1"))
         acc.Reload()
         return set(acc.Tags()["scalars"])

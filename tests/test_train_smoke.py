@@ -65,7 +65,7 @@ def test_resume_matches_uninterrupted_run(tmp_path, monkeypatch, mechanism):
 
     monkeypatch.setattr(trainer_mod.Trainer, "_epoch_metrics", killed_in_epoch_3)
     with pytest.raises(KeyboardInterrupt):
-        run(tmp_path / "killed", *args)
+        run(tmp_path / "killed", *args, "resume=true")  # asks to be resumable: a checkpoint every epoch (checkpoint_every=auto)
     monkeypatch.setattr(trainer_mod.Trainer, "_epoch_metrics", original)
     resumed = run(tmp_path / "killed", *args, "resume=true")
     assert resumed["test_rmse"] == full["test_rmse"]
@@ -113,20 +113,33 @@ def test_dprec_error_is_user_facing():
     assert issubclass(ConfigError, DprecError)
 
 
-def test_nan_stops_run_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
+@pytest.mark.parametrize("path", ["fused", "separate"])
+def test_nan_stops_run_and_keeps_last_good_checkpoint(tmp_path, monkeypatch, path):
+    """The second training step's predictions turn NaN, on the fused CPU step (PNBM.fused_step) or the separate one."""
     from dprec_torch.errors import TrainingDiverged
     from dprec_torch.models.pnbm import PNBM
 
     calls = {"n": 0}
-    original = PNBM.batch_predict
+    original, original_fused = PNBM.batch_predict, PNBM.fused_step
 
     def poisoned(self, batch):
         calls["n"] += 1
         out = original(self, batch)
         return out * float("nan") if calls["n"] == 2 else out
 
-    monkeypatch.setattr(PNBM, "batch_predict", poisoned)
+    def poisoned_fused(self, batch, target, bound):
+        out = original_fused(self, batch, target, bound)
+        assert out is not None, "the fused step should apply to model=pnbm mechanism=none on the CPU"
+        calls["n"] += 1
+        return tuple(t * float("nan") for t in out) if calls["n"] == 2 else out
+
+    if path == "fused":
+        monkeypatch.setattr(PNBM, "fused_step", poisoned_fused)
+    else:
+        monkeypatch.setattr(PNBM, "fused_step", lambda self, batch, target, bound: None)
+        monkeypatch.setattr(PNBM, "batch_predict", poisoned)
     with pytest.raises(TrainingDiverged, match="NaN"):
-        run(tmp_path, "model=pnbm", "mechanism=none", "epsilon=inf", "mechanism.epochs=3")
+        run(tmp_path, "model=pnbm", "mechanism=none", "epsilon=inf", "mechanism.epochs=3", "checkpoint_every=1")
+    assert calls["n"] >= 2
     ckpt = torch.load(tmp_path / "checkpoint_fold1.pt", weights_only=False)
     assert ckpt["epoch"] == 1 and torch.isfinite(ckpt["model"]["S"]).all()

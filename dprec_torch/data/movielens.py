@@ -156,7 +156,8 @@ def download_movielens(name: str, searched: list[str] | None = None) -> Path:
         if not _holds(folder, spec):
             raise DataError(f"the zip from {spec.url} has no {spec.ratings_file}; set DPREC_DATA to a local copy of {name}")
         fix = f"the download from {spec.url} is corrupt: retry, or set DPREC_DATA to a local copy"
-        validate_counts(read_ratings(folder / spec.ratings_file, sep=spec.sep, header=False, duplicates="error"), spec, fix)
+        validate_counts(read_ratings(folder / spec.ratings_file, sep=spec.sep, header=False, duplicates="error", cache=False),
+                        spec, fix)  # no parsed-cache entry for a temp file that is renamed or deleted next
         if dest.exists():
             if _holds(dest, spec):  # a concurrent download won the race; keep theirs
                 return dest

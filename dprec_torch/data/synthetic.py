@@ -44,6 +44,7 @@ PRESETS: dict[str, tuple[int, int, int]] = {
     "ml-100k": (943, 1_682, 100_000),
     "ml-1m": (6_040, 3_706, 1_000_209),
     "ml-20m": (138_493, 26_744, 20_000_263),
+    "netflix": (480_189, 17_770, 100_480_507),  # the Netflix Prize training set's sizes
 }
 _MAX_ROUNDS = 60
 _DENSE_FRACTION = 0.5  # above this density, draw pairs uniformly without replacement instead

@@ -188,16 +188,13 @@ def reference_label(name: str, info: dict[str, dict[str, Any]] | None = None) ->
     return ((info or {}).get(name) or {}).get("label") or f"{name} (non-private reference)"
 
 
-def log_references(log_dir: Path, refs: dict[str, dict[str, float]]) -> None:
-    """The references' test RMSE/MAE as TensorBoard scalars ``reference/<tag_name>/test_rmse`` in a fold's log dir,
-    beside its own ``test/test_rmse`` (one point each: they do not train)."""
-    from torch.utils.tensorboard import SummaryWriter
-
-    with SummaryWriter(log_dir=str(log_dir)) as writer:
-        for name, m in refs.items():
-            for key in ("rmse", "mae"):
-                if key in m:
-                    writer.add_scalar(f"reference/{tag_name(name)}/test_{key}", m[key], 0)
+def log_references(writer: Any, refs: dict[str, dict[str, float]]) -> None:
+    """The references' test RMSE/MAE as TensorBoard scalars ``reference/<tag_name>/test_rmse`` in a fold's writer,
+    beside its own ``test/test_rmse`` (one point each: they do not train). ``writer``: a ``SummaryWriter``."""
+    for name, m in refs.items():
+        for key in ("rmse", "mae"):
+            if key in m:
+                writer.add_scalar(f"reference/{tag_name(name)}/test_{key}", m[key], 0)
 
 
 def tag_name(name: str) -> str:

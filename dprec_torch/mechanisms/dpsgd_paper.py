@@ -121,6 +121,10 @@ class DPSGDLaplace(MapSGD):
         self.state["mechanism"]["residual_bound"] = bound
         return residuals.clamp(-bound, bound)
 
+    def elementwise_residual_clip(self) -> float | None:
+        """Line 5 is the clamp to [-e_max(t), e_max(t)] of this step (None in a subclass that clips otherwise)."""
+        return self.residual_bound() if type(self).clip_residuals is DPSGDLaplace.clip_residuals else None
+
     # Alg. 1 line 6
     def add_noise(self) -> None:
         scale = self.noise_scale()

@@ -8,6 +8,8 @@ is a :class:`~dprec_torch.interfaces.LeavesPredictorAsFitted` (its ``lr``, ``epo
 
 from __future__ import annotations
 
+import math
+
 from dprec_torch.interfaces import LeavesPredictorAsFitted
 from dprec_torch.mechanisms.sgd import MapSGD
 
@@ -16,3 +18,8 @@ class NoMechanism(MapSGD, LeavesPredictorAsFitted):
     """``mechanism=none``: :class:`MapSGD` as it is for a trained model; nothing at all for a fitted predictor."""
 
     name = "none"
+
+    def elementwise_residual_clip(self) -> float | None:
+        """No clipping (inf), unless ``rating_reg`` or ``per_rating_step`` make ``clip_residuals`` do more (None)."""
+        plain = type(self).clip_residuals is MapSGD.clip_residuals and not self.rating_reg and not self.per_rating_step
+        return math.inf if plain else None

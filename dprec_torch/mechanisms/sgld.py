@@ -68,6 +68,7 @@ import torch
 
 from dprec_torch.errors import ConfigError
 from dprec_torch.interfaces import ClipsTrainingPredictions, HasItemMeans
+from dprec_torch.mechanisms import noise
 from dprec_torch.mechanisms.base import MechanismOptimizer
 from dprec_torch.mechanisms.context import TrainingContext, bound_model
 from dprec_torch.mechanisms.dpsgd import is_pnbm
@@ -291,6 +292,11 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
             return clip_lowrank(self, residuals, batch, model)
         return residuals
 
+    def elementwise_residual_clip(self) -> float | None:
+        """The posterior-sampling form does not clip (inf); the clipped chain clips per user (None)."""
+        plain = type(self).clip_residuals is ScaledPosteriorSGLD.clip_residuals and not self.clipped
+        return math.inf if plain else None
+
     def add_noise(self) -> None:
         """The clipped chain only: N(0, (sigma C)^2) on every entry of the clipped sum G, i.e. after the step's scaling
         eta / (q N), the chain's own z_t ~ N(0, rho eta) on U (the posterior-sampling form draws z_t in ``apply_update``)."""
@@ -336,7 +342,10 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
             else:
                 g.addcdiv_(p, h, value=lam)
             p.add_(g, alpha=-self.posterior_scale * eta / 2)
-            p.add_(torch.randn(p.shape, generator=self.generator, device=p.device), alpha=std)
+            if noise.use_chacha(p):  # M^2 draws a step for the full S: the parallel ChaCha20 sampler
+                noise.add_gaussian_(p, std, noise.draw_key(self.generator))
+            else:
+                p.add_(torch.randn(p.shape, generator=self.generator, device=p.device), alpha=std)
 
     # --------------------------------------------------------------- reporting
     def sample_epsilon_delivered(self) -> float | None:

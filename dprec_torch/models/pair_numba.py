@@ -147,6 +147,56 @@ def grad(layout: NumbaLayout, S: torch.Tensor, g_num: torch.Tensor | None, g_abs
     return torch.from_numpy(out)
 
 
+def fused_step(layout: NumbaLayout, S: torch.Tensor, floor_c: float, item_means: torch.Tensor, items: torch.Tensor,
+               target: torch.Tensor, bound: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One training step's forward and backward of PNBM's exact gradient in one pass over the pairs.
+
+    Per item block (the targets at item i, in the layout's order) and per target k = (u, i): the sums
+    num_k, abs_k (:func:`sums`' float operations), d_k = abs_k if abs_k >= C else C (the [D >= C] rule of
+    :mod:`dprec_torch.models.pnbm`), pred_k = r_bar_i + num_k / d_k, e_k = pred_k - target_k, the clamp
+    e'_k = min(max(e_k, -bound), bound) (``bound`` = inf: none), and the coefficients autograd gives
+    ``sum(e' * (num / d))``: g_num = e' / d, g_abs = -e' ((num / d) / d) where [D >= C], else 0; then
+    target k's pairs are scattered into the row buffer while u's history is still in cache, and row i of
+    dL/dS is written as :func:`grad` writes it. Every value is computed with the float operations, in the
+    order and precision, of ``batch_predict`` -> ``pred - target`` -> ``clamp`` -> ``surrogate_loss(...).backward()``
+    (pred in the promoted dtype of the item means and S, residuals in that of pred and target), so the
+    results are bit-identical to that path's (``tests/test_fused_step.py``).
+
+    Returns (pred, residuals, clipped residuals, dL/dS), the first three in target order. Targets with an
+    empty history (no pairs) get num = abs = 0, as in :func:`sums`.
+    """
+    s = S.detach().contiguous().numpy()
+    n = layout.n_targets
+    st = S.dtype
+    pred_dtype = torch.promote_types(item_means.dtype, st)
+    res_dtype = torch.promote_types(pred_dtype, target.dtype)
+    np_pred = torch.empty(0, dtype=pred_dtype).numpy().dtype
+    np_res = torch.empty(0, dtype=res_dtype).numpy().dtype
+    num, ab = np.zeros(n, dtype=s.dtype), np.zeros(n, dtype=s.dtype)
+    pred, res, clipped = np.empty(n, dtype=np_pred), np.empty(n, dtype=np_res), np.empty(n, dtype=np_res)
+    g_num, g_abs = np.empty(n, dtype=s.dtype), np.empty(n, dtype=s.dtype)
+    out = np.zeros_like(s)
+    lo = layout
+    im = item_means.detach().contiguous().numpy()
+    tg = target.detach().contiguous().numpy()
+    consts = np.array([floor_c], dtype=s.dtype)  # C in S's precision (torch.full_like(raw, C); raw >= C)
+    limits = np.array([-bound, bound], dtype=np_res)  # the clamp's Python-float bounds in the residuals' precision
+    _fused_kernel(s, out, lo.ptr, lo.h_items, lo.h_x.astype(s.dtype, copy=False), _weights(lo, s.dtype),
+                  lo.t_item, lo.t_row, lo.t_index, lo.piece, im, tg, consts, limits, num, ab, pred, res, clipped,
+                  g_num, g_abs)
+    if lo.t_index.shape[0] < n:  # targets without a history: num = abs = 0, the same formulas in torch
+        seen = np.zeros(n, dtype=np.bool_)
+        seen[lo.t_index] = True
+        k = torch.from_numpy(np.flatnonzero(~seen))
+        den = torch.full((k.numel(),), floor_c, dtype=st)
+        p = item_means.detach()[items[k]] + torch.zeros(k.numel(), dtype=st) / den
+        e = p - target.detach()[k]
+        torch.from_numpy(pred)[k] = p
+        torch.from_numpy(res)[k] = e
+        torch.from_numpy(clipped)[k] = e.clamp(-bound, bound)
+    return torch.from_numpy(pred), torch.from_numpy(res), torch.from_numpy(clipped), torch.from_numpy(out)
+
+
 def _channels(dtype: torch.dtype, *gs: torch.Tensor | None) -> list[np.ndarray | None]:
     """The upstream gradients as arrays of ``dtype``; absent ones stay None (compiled out of the kernels)."""
     return [None if g is None else g.detach().to(dtype).contiguous().numpy() for g in gs]
@@ -371,6 +421,57 @@ if numba is not None:
                     out[i, j] = _gradient_entry(acc, j, s[i, j], g_num, g_abs, g_lin)
                     for c in range(n_chan):
                         acc[j, c] = 0
+
+    @njit(inline="always", cache=True, nogil=True)
+    def _fused_coefficients(k, i, im, tg, consts, limits, num, ab, pred, res, clipped, g_num, g_abs
+                            ):  # pragma: no cover - compiled
+        """Target k at item i: pred, residual, clamp and (g_num, g_abs), each in the dtype torch computes it in."""
+        st, pt, rt = num.dtype.type, pred.dtype.type, res.dtype.type
+        c = consts[0]
+        a = ab[k]
+        active = a >= c
+        d = a if active else c
+        q = num[k] / d
+        p = pt(im[i]) + pt(q)
+        pred[k] = p
+        e = rt(p) - rt(tg[k])
+        res[k] = e
+        if e < limits[0]:
+            e = limits[0]
+        if e > limits[1]:
+            e = limits[1]
+        clipped[k] = e
+        ce = st(e)  # autograd: d(e' * q)/dq = 1 * e', cast to q's dtype
+        g_num[k] = ce / d  # DivBackward: grad / other
+        g_abs[k] = (-ce) * (q / d) if active else st(0)  # -grad * ((self / other) / other), masked by [D >= C]
+
+    @njit(parallel=True, cache=True, nogil=True)
+    def _fused_kernel(s, out, ptr, h_items, h_x, h_w, t_item, t_row, t_index, piece, im, tg, consts, limits,
+                      num, ab, pred, res, clipped, g_num, g_abs):  # pragma: no cover - compiled
+        # Per item block: each target's (or pair of targets') sums, then at once its coefficients and its
+        # scatter into the row buffer (the user's history was just read), then row i is flushed as in _grad_kernel.
+        m = s.shape[0]
+        for q in prange(piece.shape[0] - 1):
+            acc = np.zeros((m, 2), dtype=out.dtype)
+            t = piece[q]
+            end = piece[q + 1]
+            while t < end:
+                i = t_item[t]
+                row = s[i]
+                while t < end and t_item[t] == i:
+                    two = t + 1 < end and t_item[t + 1] == i
+                    stop = t + 2 if two else t + 1
+                    _item_sums(row, t, stop, ptr, h_items, h_x, h_w, t_item, t_row, t_index, num, ab, None)
+                    for tt in range(t, stop):
+                        k = t_index[tt]
+                        _fused_coefficients(k, i, im, tg, consts, limits, num, ab, pred, res, clipped, g_num, g_abs)
+                        r = t_row[tt]
+                        _scatter_target(acc, k, ptr[r], ptr[r + 1], h_items, h_x, h_w, g_num, g_abs, None)
+                    t = stop
+                for j in range(m):  # flush row i and clear the buffer
+                    out[i, j] = _gradient_entry(acc, j, s[i, j], g_num, g_abs, None)
+                    acc[j, 0] = 0
+                    acc[j, 1] = 0
 
     @njit(parallel=True, cache=True, nogil=True)
     def _topk_sums_kernel(vals, nbrs, ptr, h_items, h_x, h_w, t_item, t_row, t_index, piece,

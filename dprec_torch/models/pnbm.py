@@ -360,6 +360,32 @@ class PNBM(BindsHistory, _SimilarityForm, nn.Module):
             centred = n0 / den
         return (e * (num - centred * lin) / den).sum()
 
+    def fused_step(self, batch: UserBatch, target: torch.Tensor, bound: float
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """A training step's forward and backward in one pass over the pairs, or None where it does not apply.
+
+        For a mechanism whose residual clipping is the element-wise clamp to [-``bound``, ``bound``] (inf: none),
+        the same numbers as ``pred = batch_predict(batch)``, ``e = pred - target``, ``e' = clamp(e)``,
+        ``surrogate_loss(batch, e').backward()``, bit for bit (:func:`~dprec_torch.models.pair_numba.fused_step`):
+        S.grad receives dL/dS (accumulated, as autograd would) and (pred, e, e') are returned, detached. Applies
+        to ``gradient=exact`` on the sparse-pair formulation with the numba kernels (a CPU S); None otherwise
+        (the caller then runs the separate forward and backward).
+        """
+        S = self.S
+        if self.gradient != "exact" or not S.requires_grad or not torch.is_grad_enabled():
+            return None
+        plan = self._sparse_plan(batch, S)
+        if plan is None or not plan._numba(S) or self.item_means.device != S.device or target.device != S.device:
+            return None
+        pair_numba.set_threads(torch.get_num_threads())
+        pred, res, clipped, grad = pair_numba.fused_step(plan.numba_layout(), S, self.floor_c, self.item_means,
+                                                         batch.items, target, float(bound))
+        if S.grad is None:
+            S.grad = grad
+        else:
+            S.grad.add_(grad)
+        return pred, res, clipped
+
     # ------------------------------------------------------- privacy quantities
     def gradient_entry_bound(self, residual_bound: float) -> float:
         """Sec. 3: |G_ij(u)| <= e_max * phi / C, from |r_uj - r_hat_ui I_uj| <= phi and |S_i| I_u^- >= C."""

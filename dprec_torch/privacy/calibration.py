@@ -40,13 +40,12 @@ from functools import lru_cache
 from typing import Iterable, Sequence
 
 import numpy as np
-from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
-from opacus.accountants.utils import get_noise_multiplier
-from scipy.optimize import brentq
-from scipy.special import log_ndtr
 
 from dprec_torch.errors import ConfigError
-from dprec_torch.privacy.opacus_accounting import RDP_ORDERS, OpacusAccountant
+
+# Opacus (~1.4 s: its package imports the whole privacy engine, scipy.stats, torch.distributed) and scipy.optimize /
+# scipy.special (~0.5 s each) are imported by the functions that use them: the Laplace mechanisms (``dpsgd``, the
+# default) import this module for :func:`calibrate_gaussian` and never call it (issue 28, 3: start-up).
 
 #: the accountants a calibration can run under (``rdp``/``prv``: Opacus; ``gdp``: analytic Gaussian DP)
 CALIBRATION_ACCOUNTANTS = ("rdp", "prv", "gdp")
@@ -67,6 +66,8 @@ def classic_gaussian_sigma(sensitivity: float, epsilon: float, delta: float) -> 
 
 def gaussian_delta(sigma: float, sensitivity: float, epsilon: float) -> float:
     """Exact delta(eps) of the Gaussian mechanism (Balle & Wang 2018, Thm. 8)."""
+    from scipy.special import log_ndtr
+
     a = sensitivity / (2.0 * sigma)
     b = epsilon * sigma / sensitivity
     return float(math.exp(log_ndtr(a - b)) - math.exp(epsilon + log_ndtr(-a - b)))
@@ -74,6 +75,8 @@ def gaussian_delta(sigma: float, sensitivity: float, epsilon: float) -> float:
 
 def analytic_gaussian_sigma(sensitivity: float, epsilon: float, delta: float) -> float:
     """Smallest sigma with ``gaussian_delta(sigma) <= delta`` (bisection on a monotone function)."""
+    from scipy.optimize import brentq
+
     lo, hi = 1e-6 * sensitivity, sensitivity
     while gaussian_delta(hi, sensitivity, epsilon) > delta:
         hi *= 2.0
@@ -88,6 +91,8 @@ def analytic_gaussian_sigma(sensitivity: float, epsilon: float, delta: float) ->
 # --------------------------------------------------------------------------- Gaussian DP
 def gdp_delta(mu: float, epsilon: float) -> float:
     """delta(eps) of mu-GDP (Dong, Roth & Su Cor. 2.13)."""
+    from scipy.special import log_ndtr
+
     if mu <= 0:
         return 0.0
     return float(math.exp(log_ndtr(-epsilon / mu + mu / 2)) - math.exp(epsilon + log_ndtr(-epsilon / mu - mu / 2)))
@@ -95,6 +100,8 @@ def gdp_delta(mu: float, epsilon: float) -> float:
 
 def gdp_epsilon(mu: float, delta: float) -> float:
     """The smallest eps with delta(eps) <= delta for mu-GDP (the inverse of ``calibrate_gaussian(..., accountant="gdp")``)."""
+    from scipy.optimize import brentq
+
     if math.isinf(mu):
         return math.inf
     if mu <= 0:
@@ -118,6 +125,8 @@ def split_mu(mu: float, plan: dict[str, tuple[float, int]]) -> dict[str, float]:
 
 def _gdp_mu(epsilon: float, delta: float) -> float:
     """The largest mu with mu-GDP implying (epsilon, delta)-DP (bisection on the monotone delta(mu)); inf for eps = inf."""
+    from scipy.optimize import brentq
+
     if math.isinf(epsilon):
         return math.inf
     if not epsilon > 0 or not 0 < delta < 1:
@@ -146,6 +155,10 @@ def _compact(history: Iterable[Sequence[float]]) -> tuple[tuple[float, float, in
 
 @lru_cache(maxsize=4096)
 def _rdp_of_one_step(q: float, sigma: float) -> np.ndarray:
+    from opacus.accountants.analysis.rdp import compute_rdp
+
+    from dprec_torch.privacy.opacus_accounting import RDP_ORDERS
+
     return np.asarray(compute_rdp(q=q, noise_multiplier=sigma, steps=1, orders=RDP_ORDERS))
 
 
@@ -156,12 +169,18 @@ def _history_epsilon(history: tuple[tuple[float, float, int], ...], delta: float
     if any(sigma <= 0 for sigma, _, _ in history):
         return math.inf
     if accountant == "rdp":  # RDPAccountant's sum over the history of compute_rdp(q, sigma, steps) = steps x one step's
+        from opacus.accountants.analysis.rdp import get_privacy_spent
+
+        from dprec_torch.privacy.opacus_accounting import RDP_ORDERS
+
         rdp = sum(steps * _rdp_of_one_step(q, sigma) for sigma, q, steps in history)
         return float(get_privacy_spent(orders=RDP_ORDERS, rdp=rdp, delta=delta)[0])
     if accountant == "gdp":
         if any(q != 1.0 for _, q, _ in history):
             raise ConfigError("the gdp accountant composes unsampled releases only (q = 1)")
         return gdp_epsilon(math.sqrt(sum(steps / (sigma * sigma) for sigma, _, steps in history)), delta)
+    from dprec_torch.privacy.opacus_accounting import OpacusAccountant
+
     acc = OpacusAccountant(accountant)
     for sigma, q, steps in history:
         acc.step(sigma, q, steps=steps)
@@ -224,6 +243,10 @@ def _calibrate(target_epsilon: float, delta: float, q: float, steps: int, accoun
 
 
 def _opacus_search(target_epsilon: float, delta: float, q: float, steps: int, accountant: str, tolerance: float) -> float:
+    from opacus.accountants.utils import get_noise_multiplier
+
+    from dprec_torch.privacy.opacus_accounting import RDP_ORDERS
+
     kwargs = {"alphas": RDP_ORDERS} if accountant == "rdp" else {}
     try:
         return float(get_noise_multiplier(target_epsilon=target_epsilon, target_delta=delta, sample_rate=q, steps=steps,

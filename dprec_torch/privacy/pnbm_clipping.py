@@ -47,7 +47,7 @@ import torch
 
 from dprec_torch.errors import ConfigError
 from dprec_torch.interfaces import ItemSimilarityModel
-from dprec_torch.models import pair_numba
+from dprec_torch.models import pair_numba, pair_triton
 from dprec_torch.models.batching import rows_times
 
 DEFAULT_CHUNK_PAIRS = 1 << 22  # (target, history) pairs per chunk on the CPU: ~0.5 GB of temporaries
@@ -152,6 +152,11 @@ def per_user_grad_norms(model: Any, batch: Any, residuals: torch.Tensor, p: floa
         crow, cols, xv = _history(batch)
         return pair_numba.user_l1_norms(batch.rows, batch.items, crow, cols, xv, residuals.detach().to(torch.float64),
                                         den, a, model.S.detach(), n_rows, include_diagonal)
+    if p == 1 and model.pair_backend != "torch" and pair_triton.available(model.S):  # fused, no pair temporaries (GPU)
+        _, den, a = target_terms(model, batch)
+        crow, cols, xv = _history(batch)
+        return pair_triton.user_l1_norms(batch.rows, batch.items, crow, cols, xv, residuals.detach().to(torch.float64),
+                                         den, a, model.S.detach(), n_rows, include_diagonal)
     acc = torch.zeros(n_rows, dtype=torch.float64, device=residuals.device)
     for t, i, j, val in _pair_chunks(model, batch, residuals, chunk_pairs):
         if not include_diagonal:  # zeroed, not compacted: the same sums, one pass and no host sync fewer

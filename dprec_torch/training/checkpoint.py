@@ -1,5 +1,5 @@
-"""Atomic per-epoch checkpoints: model, optimizer (with its noise RNG and accountant), all RNG states,
-epoch, and the resolved config they were trained under.
+"""Atomic checkpoints (after the epochs ``checkpoint_every`` picks, and the last one always: ``Trainer.checkpoint_due``):
+model, optimizer (with its noise RNG and accountant), all RNG states, epoch, and the resolved config they were trained under.
 
 Resume trusts nothing it is given (issue 15 #8):
 
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 #: top-level keys that may change between a run and its resume: where/how it runs and what it logs,
 #: never what is trained, on which data, or under which privacy parameters
-RESUME_SAFE_KEYS = ("resume", "device", "tensorboard", "output_dir", "hydra", "log_private_diagnostics",
+RESUME_SAFE_KEYS = ("resume", "checkpoint_every", "device", "tensorboard", "output_dir", "hydra", "log_private_diagnostics",
                     "compare_baselines", "baseline_k")
 CHECKPOINT_KEYS = ("model", "optimizer", "sampler_generator", "rng", "epoch", "history")
 FIX = "delete it to restart from scratch, or point hydra.run.dir (output_dir) elsewhere"

@@ -180,6 +180,18 @@ def setup_training(cfg: DictConfig, fold: Fold, device: torch.device, prepare: b
 References = Callable[[Fold, dict[str, Any]], dict[str, dict[str, float]]]
 
 
+def final_summaries(refs: dict[str, dict[str, float]], hparams: dict[str, Any], metrics: dict[str, float]) -> Callable[[Any], None]:
+    """A fold's last TensorBoard records, for the thread that closes its writer (``tb_close.close_in_background``): the
+    references' scalars beside the model's, in the fold's one writer, and the hparams summary (``add_hparams`` opens and
+    closes a writer of its own)."""
+
+    def write(writer: Any) -> None:
+        log_references(writer, refs)
+        writer.add_hparams(hparams, metrics, run_name="hparams")
+
+    return write
+
+
 def train_fold(cfg: DictConfig, fold: Fold, out: Path, device: torch.device, references: References | None = None) -> dict[str, Any]:
     """Train a model under ``cfg.mechanism`` on one fold; returns its fold record. ``references(fold, report)``
     scores the non-private references on the fold as loaded (before the tau cap), for the record and hparams."""
@@ -203,10 +215,12 @@ def train_fold(cfg: DictConfig, fold: Fold, out: Path, device: torch.device, ref
     if cfg.get("tensorboard", True):
         from torch.utils.tensorboard import SummaryWriter
 
-        writer = SummaryWriter(log_dir=str(out / "tb" / f"fold{fold.index}"))
+        writer = SummaryWriter(log_dir=str((out / "tb" / f"fold{fold.index}").absolute()))  # closed later, maybe after a chdir
     diagnostics = diagnostics_enabled(cfg.get("log_private_diagnostics"), report)
     trainer = Trainer(model, optimizer, sampler, epochs, path, writer, bool(cfg.resume),
-                      config=resolved_config(cfg), private_diagnostics=diagnostics)
+                      config=resolved_config(cfg), private_diagnostics=diagnostics,
+                      checkpoint_every=cfg.get("checkpoint_every", "auto"))
+    last_summaries: Callable[[Any], None] | None = None
     try:
         result = trainer.fit(fold, restored)
         metrics = score_predictor(model, fold)  # overlaps the last checkpoint's write
@@ -219,10 +233,13 @@ def train_fold(cfg: DictConfig, fold: Fold, out: Path, device: torch.device, ref
                        if isinstance(v, (int, float, str, bool)) and not k.startswith("_")}
             hparams["epsilon"] = float(cfg.epsilon)
             # TensorBoard keeps only the first hparams summary of a run: the references go in the same one
-            writer.add_hparams(hparams, {"hparam/test_rmse": metrics["rmse"], "hparam/test_mae": metrics["mae"],
-                                         **reference_hparams(refs or {})}, run_name="hparams")
-            writer.close()
+            hp_metrics = {"hparam/test_rmse": metrics["rmse"], "hparam/test_mae": metrics["mae"], **reference_hparams(refs or {})}
+            last_summaries = final_summaries(refs or {}, hparams, hp_metrics)
     finally:
+        if writer is not None:
+            from dprec_torch.training.tb_close import close_in_background
+
+            close_in_background(writer, last_summaries)  # off the critical path; joined before the process exits
         trainer.finish()  # the fold's checkpoint is on disk before its record (and metrics.json) exist
     return {"fold": fold.index, **{f"test_{k}": v for k, v in metrics.items()}, "fit_seconds": result.train_seconds,
             "epochs": result.epochs, "seconds_per_epoch": result.train_seconds / max(result.epochs, 1),
@@ -424,8 +441,6 @@ def run_experiment(cfg: DictConfig, device: torch.device) -> dict[str, Any]:
             scope = record["privacy"].get("scope")
             if scope is not None:
                 scope["not_covered"] = [*scope["not_covered"], *reference_scope(info)]
-            if trainable and cfg.get("tensorboard", True):
-                log_references(out / "tb" / f"fold{fold.index}", refs)
     metrics = summarise(cfg, dataset, folds, baselines)
     log.info("hyperparameters: %s", metrics["privacy"]["hyperparameters"].get("statement", ""))
     if baselines:

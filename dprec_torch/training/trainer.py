@@ -3,7 +3,8 @@
 Per step: sample a batch, predict its targets, clip the residuals (the
 mechanism's per-example clipping), back-propagate the surrogate loss whose
 gradient is G = sum e_ui d r_hat_ui / d theta, then ``optimizer.step()`` adds
-noise and updates. Per epoch: evaluate, log to TensorBoard, checkpoint atomically.
+noise and updates. Per epoch: evaluate, log to TensorBoard, and checkpoint atomically when
+``checkpoint_every`` says so (:meth:`Trainer.checkpoint_due`; the last epoch always).
 
 ``private_diagnostics=False`` (``log_private_diagnostics``; the default for mechanisms with a finite
 epsilon) keeps the quantities no mechanism protects -- :data:`NON_PRIVATE_ROW_KEYS`, the exact train
@@ -22,9 +23,9 @@ from typing import Any
 import torch
 
 from dprec_torch.data.ratings import Fold
-from dprec_torch.errors import TrainingDiverged
+from dprec_torch.errors import ConfigError, TrainingDiverged
 from dprec_torch.evaluation.metrics import rating_metrics
-from dprec_torch.interfaces import HasTrainingTargets, SupportsProjection
+from dprec_torch.interfaces import ClipsResidualsElementwise, FusesTrainingStep, HasTrainingTargets, SupportsProjection
 from dprec_torch.mechanisms.base import MechanismOptimizer
 from dprec_torch.models.batching import PoissonBatchSampler
 from dprec_torch.seeding import set_rng_state
@@ -34,6 +35,9 @@ log = logging.getLogger(__name__)
 
 #: per-epoch quantities computed from the training data without noise (not covered by any epsilon)
 NON_PRIVATE_ROW_KEYS = ("train_rmse", "grad_norm")
+#: ``checkpoint_every=auto`` without ``resume=true``: checkpoint once this much time has passed since the last
+#: checkpoint (or the start), so a long run killed without having asked for resumability still loses at most this
+AUTO_CHECKPOINT_SECONDS = 60.0
 
 
 @dataclass
@@ -42,31 +46,70 @@ class TrainResult:
     train_seconds: float = 0.0
     epochs: int = 0
     epoch_seconds: list[float] = field(default_factory=list)  # the epochs this process ran (not restored ones)
+    checkpointed: list[int] = field(default_factory=list)  # the epochs this process checkpointed
 
 
 class Trainer:
-    """Runs ``epochs`` epochs of ``steps_per_epoch`` mechanism steps on one fold."""
+    """Runs ``epochs`` epochs of ``steps_per_epoch`` mechanism steps on one fold.
+
+    ``checkpoint_every`` (the config key of that name): ``"auto"`` checkpoints every epoch when ``resume`` is
+    true (the run asked to be resumable) and otherwise once :data:`AUTO_CHECKPOINT_SECONDS` have passed since the
+    last checkpoint; ``"end"`` only the last epoch; an integer N every N-th epoch. The last epoch is always
+    checkpointed (``evaluate.py run=``, ``load_run`` and a resume of a finished run read it).
+    """
 
     def __init__(self, model: torch.nn.Module, optimizer: MechanismOptimizer, sampler: PoissonBatchSampler, epochs: int,
                  checkpoint_path: Path | None = None, writer: Any = None, resume: bool = False,
-                 config: dict[str, Any] | None = None, private_diagnostics: bool = True) -> None:
+                 config: dict[str, Any] | None = None, private_diagnostics: bool = True,
+                 checkpoint_every: int | str = "auto", auto_checkpoint_seconds: float = AUTO_CHECKPOINT_SECONDS) -> None:
         self.model, self.optimizer, self.sampler, self.epochs = model, optimizer, sampler, int(epochs)
         self.checkpoint_path, self.writer, self.resume = checkpoint_path, writer, resume
         self.config, self.private_diagnostics = config, bool(private_diagnostics)  # config: saved, checked on resume
+        if not (checkpoint_every in ("auto", "end") or (type(checkpoint_every) is int and checkpoint_every >= 1)):
+            raise ConfigError(f"checkpoint_every={checkpoint_every!r}: must be auto, end or an integer >= 1")
+        self.checkpoint_every, self.auto_checkpoint_seconds = checkpoint_every, float(auto_checkpoint_seconds)
         self.checkpoints = CheckpointWriter()  # saves overlap the next epoch; finish() waits for the last
 
+    def checkpoint_due(self, epoch: int, seconds_since_last: float) -> bool:
+        """Whether to checkpoint after ``epoch`` (see the class doc)."""
+        if epoch >= self.epochs:
+            return True
+        if self.checkpoint_every == "auto":
+            return self.resume or seconds_since_last >= self.auto_checkpoint_seconds
+        if self.checkpoint_every == "end":
+            return False
+        return epoch % int(self.checkpoint_every) == 0
+
     def _step(self) -> tuple[torch.Tensor, int]:
-        """One mechanism step; returns (sum of squared unclipped errors, on the device; #targets)."""
+        """One mechanism step; returns (sum of squared unclipped errors, on the device; #targets).
+
+        Where the mechanism's clipping is an element-wise clamp known up front (``ClipsResidualsElementwise``) and
+        the model fuses its forward and backward (``FusesTrainingStep``: full PNBM on the CPU), one pass over the
+        pairs computes pred, the residuals, the clamp and the gradient, bit for bit those of the separate path; the
+        mechanism's ``clip_residuals`` still runs on the residuals (its state) and must return the kernel's clamp.
+        """
         batch = self.sampler.sample()
         self.optimizer.zero_grad(set_to_none=True)
-        pred = self.model.batch_predict(batch)
-        target = self.model.training_targets(batch) if isinstance(self.model, HasTrainingTargets) else batch.values
-        residuals = (pred - target).detach()
+        bound = (self.optimizer.elementwise_residual_clip() if isinstance(self.optimizer, ClipsResidualsElementwise)
+                 else None)
+        fused = (self.model.fused_step(batch, batch.values, bound)  # FusesTrainingStep: trained on the ratings
+                 if bound is not None and isinstance(self.model, FusesTrainingStep)
+                 and not isinstance(self.model, HasTrainingTargets) else None)
+        if fused is not None:
+            residuals = fused[1]
+        else:
+            pred = self.model.batch_predict(batch)
+            target = self.model.training_targets(batch) if isinstance(self.model, HasTrainingTargets) else batch.values
+            residuals = (pred - target).detach()
         if not torch.isfinite(residuals).all():
             raise TrainingDiverged("the training loss became NaN/inf; lower the learning rate (mechanism.lr) "
-                                   "-- the last good checkpoint was kept")
+                                   "-- the last good checkpoint, if any (checkpoint_every), was kept")
         clipped = self.optimizer.clip_residuals(residuals, batch, self.model)
-        self.model.surrogate_loss(batch, clipped).backward()
+        if fused is None:
+            self.model.surrogate_loss(batch, clipped).backward()
+        elif not torch.equal(clipped, fused[2]):  # the gradient already holds the kernel's clamp: it must be this one
+            raise RuntimeError(f"{type(self.optimizer).__name__}.clip_residuals differs from its declared "
+                               f"elementwise_residual_clip() = {bound}: the fused step's gradient would be wrong")
         self.optimizer.step()
         if isinstance(self.model, SupportsProjection):
             self.model.project_()
@@ -87,6 +130,7 @@ class Trainer:
             result.history = [self._filtered(row) for row in ckpt["history"]]
             result.train_seconds = float(ckpt["extra"].get("train_seconds", 0.0))
             start_epoch = int(ckpt["epoch"]) + 1
+        last_checkpoint = time.perf_counter()
         for epoch in range(start_epoch, self.epochs + 1):
             t0 = time.perf_counter()
             sq, n = torch.zeros((), dtype=torch.float64), 0
@@ -95,16 +139,18 @@ class Trainer:
                 sq, n = sq.to(s.device) + s, n + c
             if not all(torch.isfinite(p).all() for p in self.model.parameters()):
                 raise TrainingDiverged(f"parameters became NaN/inf in epoch {epoch}; lower mechanism.lr "
-                                       "-- the last good checkpoint was kept")
+                                       "-- the last good checkpoint, if any (checkpoint_every), was kept")
             result.epoch_seconds.append(time.perf_counter() - t0)
             result.train_seconds += result.epoch_seconds[-1]
             row = self._epoch_metrics(epoch, fold, math.sqrt(float(sq) / max(n, 1)))
             result.history.append(row)
             self._log(row)
-            if self.checkpoint_path is not None:
+            if self.checkpoint_path is not None and self.checkpoint_due(epoch, time.perf_counter() - last_checkpoint):
                 self.checkpoints.save(self.checkpoint_path, model=self.model, optimizer=self.optimizer,
                                 sampler_generator=self.sampler.generator, epoch=epoch, history=result.history,
                                 extra={"train_seconds": result.train_seconds}, config=self.config)
+                result.checkpointed.append(epoch)
+                last_checkpoint = time.perf_counter()
         result.epochs = self.epochs
         return result
 

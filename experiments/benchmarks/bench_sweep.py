@@ -11,7 +11,8 @@
 
 Each mode gets a fresh ``$DPREC_CACHE`` (each fits the PCC/COS baselines once at least). The
 per-job ``metrics.json`` of the three modes must agree (``same_numbers``: test RMSE/MAE and the
-per-epoch history, exactly); a mismatch is a bug, reported, never hidden.
+per-epoch history, exactly); a mismatch is a bug, reported, never hidden. The noise is pinned
+(``noise_seed=0`` unless the command sets one): with a secret noise seed two runs of one job differ by design.
 """
 
 from __future__ import annotations
@@ -91,6 +92,10 @@ def measure(sweep: list[str], fixed: list[str], modes: tuple[str, ...] = MODES, 
     """Each mode's wall time for the sweep. With ``separate_sample`` N, one process per job runs on N evenly
     spaced jobs only (it is the slow mode), and its wall for the whole sweep is N's per-job time x the job
     count: the speed-ups are then throughput ratios (jobs per second), and say so (``separate_jobs_run``)."""
+    if not any(o.split("=", 1)[0].lstrip("+") == "noise_seed" for o in [*fixed, *sweep]):
+        # noise_seed=null draws each run's noise from a secret seed: two runs of one job then differ by design,
+        # so the modes can only be compared with the noise pinned (it costs the same time either way)
+        fixed = [*fixed, "noise_seed=0"]
     with tempfile.TemporaryDirectory(prefix="dprec-sweep-") as tmp:
         results = {m: run_mode(m, sweep, fixed, Path(tmp), separate_sample) for m in modes}
     ref = results[modes[0]]

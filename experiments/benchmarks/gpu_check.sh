@@ -39,8 +39,9 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,dri
 
 TEST_RC=skipped
 if [ -z "$DRY" ]; then
-  echo "== pytest -m gpu"
-  timeout 90 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider -x 2>&1 | tail -15
+  # GPU_CHECK_PYTEST="tests/test_pair_triton.py ..." narrows the GPU tests where the session's device time is short
+  echo "== pytest -m gpu ${GPU_CHECK_PYTEST:-tests}"
+  timeout "${GPU_CHECK_TEST_TIMEOUT:-90}" "$PY" -m pytest -q -m gpu ${GPU_CHECK_PYTEST:-tests} -p no:cacheprovider 2>&1 | tail -25
   TEST_RC=${PIPESTATUS[0]}
 fi
 echo "== gpu_bench (budget ${BUDGET} s)"
@@ -48,14 +49,14 @@ echo "== gpu_bench (budget ${BUDGET} s)"
 timeout $((BUDGET + 60)) "$PY" experiments/benchmarks/gpu_bench.py $DRY --budget "$BUDGET" --out "$JSON" \
   ${GPU_CHECK_STAGES:+--stages $GPU_CHECK_STAGES}
 BENCH_RC=$?
-"$PY" - "$JSON" "$TEST_RC" "$BENCH_RC" "$(( $(date +%s) - T0 ))" <<'PY'
+"$PY" - "$JSON" "$TEST_RC" "$BENCH_RC" "$(( $(date +%s) - T0 ))" "${GPU_CHECK_PYTEST:-tests}" <<'PY'
 import json, sys
-path, test_rc, bench_rc, wall = sys.argv[1:]
+path, test_rc, bench_rc, wall, selection = sys.argv[1:]
 try:
     data = json.load(open(path))
 except (OSError, ValueError):
     data = {"error": "gpu_bench.py wrote no JSON"}
-data["gpu_tests"] = {"exit_code": test_rc, "passed": test_rc == "0"}
+data["gpu_tests"] = {"exit_code": test_rc, "passed": test_rc == "0", "selection": selection}
 data["bench_exit_code"] = int(bench_rc)
 data["check_wall_seconds"] = int(wall)
 json.dump(data, open(path, "w"), indent=2)

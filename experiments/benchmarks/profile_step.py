@@ -30,6 +30,10 @@ def main() -> None:
     ap.add_argument("--backend", default="auto", choices=["auto", "numba", "torch"])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--path", default="separate", choices=["separate", "fused", "alternate"],
+                    help="separate: batch_predict, then surrogate_loss().backward(); fused: PNBM.fused_step (forward "
+                         "column = the fused pass, backward column = the mechanism's clip_residuals and the check); "
+                         "alternate: one then the other, step by step (side by side under the same load)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -49,21 +53,28 @@ def main() -> None:
     batch = full_batch(train, model.item_means)
     print(f"{args.data}: {train.n_users} users x {train.n_items} items, {len(train)} ratings; "
           f"{args.mechanism}, backend {args.backend}, {args.threads} thread(s)")
-    print("step  forward  backward  mechanism  project  total   (seconds; step 1 also builds the pair layout)")
+    print("step  path       forward  backward  mechanism  project  total   (seconds; step 1 also builds the pair layout)")
     for step in range(1, args.steps + 1):
+        fused = args.path == "fused" or (args.path == "alternate" and step % 2 == 0)
         t = [time.perf_counter()]
         opt.zero_grad(set_to_none=True)
-        pred = model.batch_predict(batch)
-        t.append(time.perf_counter())
-        clipped = opt.clip_residuals((pred - batch.values).detach(), batch, model)
-        model.surrogate_loss(batch, clipped).backward()
+        if fused:
+            out = model.fused_step(batch, batch.values, opt.elementwise_residual_clip())
+            assert out is not None, "the fused step does not apply here (backend, mechanism)"
+            t.append(time.perf_counter())
+            assert torch.equal(opt.clip_residuals(out[1], batch, model), out[2])
+        else:
+            pred = model.batch_predict(batch)
+            t.append(time.perf_counter())
+            clipped = opt.clip_residuals((pred - batch.values).detach(), batch, model)
+            model.surrogate_loss(batch, clipped).backward()
         t.append(time.perf_counter())
         opt.step()
         t.append(time.perf_counter())
         model.project_()
         t.append(time.perf_counter())
         parts = [b - a for a, b in zip(t, t[1:])]
-        print(f"{step:>4}  " + "  ".join(f"{p:7.3f}" for p in parts) + f"  {t[-1] - t[0]:6.3f}")
+        print(f"{step:>4}  {'fused' if fused else 'separate':9}  " + "  ".join(f"{p:7.3f}" for p in parts) + f"  {t[-1] - t[0]:6.3f}")
 
 
 if __name__ == "__main__":

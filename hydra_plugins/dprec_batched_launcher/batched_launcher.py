@@ -9,6 +9,9 @@ by group -- same resolved ``cfg.data`` (its ``seed`` included), same ``model._ta
 ``device`` -- and each group runs inside ``dprec_torch.sweep_cache.sharing()``: the dataset is
 read and split once, each fold is moved to the device once, and the non-private PCC/COS
 baselines are fitted once per fold; imports and numba compilation are paid once per process.
+Each job's config is composed once: the launcher takes the composition the sweeper made to
+validate the batch (:class:`ComposedOnce`). A job's TensorBoard writer is closed in the background
+(``dprec_torch.training.tb_close``), all of them before ``launch`` returns.
 The numbers are those of separate runs (tests/test_batched_launcher.py). Groups run one after
 another; past one device use the joblib or submitit launchers (docs/performance.md, Sweeps).
 """
@@ -56,6 +59,38 @@ def group_jobs(configs: Sequence[DictConfig], keys: Sequence[str]) -> list[list[
     return list(groups.values())
 
 
+class ComposedOnce:
+    """The sweep's config loader, keeping each job config ``load_sweep_config`` composes until the launcher takes it.
+
+    Hydra's sweepers compose every job of a batch to validate it (``Sweeper.validate_batch_is_legal``) and then
+    the launcher composed it again (3.4 s of a 7-job sweep on the H200 machine, issue 28). Both compose the same
+    master config with the same overrides in this process, so :meth:`take` hands the launcher the sweeper's
+    composition (once: the launcher changes it); a job nobody validated is composed by :meth:`take` itself.
+    Everything else goes to the wrapped loader.
+    """
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+        self._composed: dict[tuple[int, tuple[str, ...]], list[DictConfig]] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+    def load_sweep_config(self, master_config: DictConfig, sweep_overrides: list[str]) -> DictConfig:
+        cfg = self._loader.load_sweep_config(master_config, sweep_overrides)
+        self._composed.setdefault((id(master_config), tuple(sweep_overrides)), []).append(cfg)
+        return cfg
+
+    def take(self, master_config: DictConfig, sweep_overrides: list[str]) -> DictConfig:
+        """The job's config: the one composed to validate it, else a fresh composition (kept by nobody)."""
+        kept = self._composed.get((id(master_config), tuple(sweep_overrides)))
+        return kept.pop(0) if kept else self._loader.load_sweep_config(master_config, sweep_overrides)
+
+    def forget(self) -> None:
+        """Drop what no launch took (a sweeper that validates more than it launches)."""
+        self._composed.clear()
+
+
 class BatchedLauncher(Launcher):
     """Runs the sweep's jobs in this process, one group (shared data and model shape) at a time."""
 
@@ -70,6 +105,8 @@ class BatchedLauncher(Launcher):
         self.config = config
         self.hydra_context = hydra_context
         self.task_function = task_function
+        if not isinstance(hydra_context.config_loader, ComposedOnce):  # the sweeper holds this same context
+            hydra_context.config_loader = ComposedOnce(hydra_context.config_loader)  # type: ignore[assignment]
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         setup_globals()
@@ -78,17 +115,21 @@ class BatchedLauncher(Launcher):
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
 
+        loader = self.hydra_context.config_loader
+        assert isinstance(loader, ComposedOnce)
         configs = []
         for idx, overrides in enumerate(job_overrides):
-            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            cfg = loader.take(self.config, list(overrides))
             with open_dict(cfg):
                 cfg.hydra.job.id = initial_job_idx + idx
                 cfg.hydra.job.num = initial_job_idx + idx
             configs.append(cfg)
+        loader.forget()
         groups = group_jobs(configs, self.group_by) if self.share else [[i] for i in range(len(configs))]
         log.info("Launching %d jobs in %d group(s) sharing %s, one process", len(configs), len(groups), ", ".join(self.group_by))
 
         from dprec_torch.sweep_cache import sharing  # imports torch: here, never at plugin discovery
+        from dprec_torch.training.tb_close import wait_closed
 
         runs: list[JobReturn | None] = [None] * len(configs)
         record = []
@@ -105,6 +146,7 @@ class BatchedLauncher(Launcher):
                            "seconds": time.perf_counter() - t0, **cache.stats()})
             log.info("group %d: %d job(s) in %.1f s; shared objects built %s, reused %s", g, len(members),
                      record[-1]["seconds"], dict(cache.built), dict(cache.reused))
+        wait_closed()  # every job's TensorBoard log is complete when the launch returns
         _write_record(sweep_dir / GROUPS_FILE, record)
         return runs  # type: ignore[return-value]
 

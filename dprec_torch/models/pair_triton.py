@@ -1,0 +1,105 @@
+"""Fused per-user L1 norms of PNBM's gradient on a GPU (Triton): no (target, history) pair is materialised.
+
+The provable clipped-Laplace mechanism clips ||G_u||_1 (``privacy.pnbm_clipping``), the sum over u's
+targets t = (u, i) and history items j of
+
+    |e_t (x_uj / d_t - a_t sign(s_ij))|                                          (pnbm_clipping, (*))
+
+which has no product form (sign(s_ij) sits inside the absolute value). The torch path enumerates the
+~0.3 G pairs of ML-1M as a chain of gathers and element-wise kernels in float64 temporaries; here one
+Triton program per target streams its user's history in blocks, reads s_ij from row i of S and sums
+the terms in registers. The per-target sums are then added per user by ``torch.segment_reduce`` over
+the targets sorted by user (deterministic: no atomics), so the norms are reproducible run to run.
+
+The values agree with the torch enumeration to float64 rounding (the order of the additions differs);
+the clip compares these norms with C, so the released sum is within C (1 + 1e-12) of the bound, far
+inside the harness's tolerance. ``TRITON_INTERPRET=1`` runs the kernel on the CPU for tests.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+import torch
+
+#: history entries a program reads at once
+BLOCK = 128
+triton: Any = None  # imported by _kernel() on first use; module globals, so the JIT resolves ``tl`` as it expects
+tl: Any = None
+
+
+def interpreting() -> bool:
+    """Whether Triton runs in its CPU interpreter (``TRITON_INTERPRET=1``: tests without a GPU)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def available(S: torch.Tensor) -> bool:
+    """Whether the fused kernel can run for this S: S is on a CUDA device (or on the CPU under the
+    interpreter) and Triton imports (it is imported only then: a CPU run never pays for it)."""
+    if not (S.device.type == "cuda" or (interpreting() and S.device.type == "cpu")):
+        return False
+    return _kernel() is not None
+
+
+@functools.lru_cache(maxsize=1)
+def _kernel() -> Any:
+    """The compiled-on-first-launch Triton kernel, or None where Triton does not import."""
+    global triton, tl
+    try:  # Triton ships with CUDA builds of torch; absent on CPU wheels
+        import triton as _triton
+        import triton.language as _tl
+    except Exception:  # noqa: BLE001 - any import failure means "not available"
+        return None
+    triton, tl = _triton, _tl
+
+    @triton.jit
+    def target_l1(rows, items, crow, cols, xv, e, den, a, S, stride_s, out,  # pragma: no cover - GPU
+                  INCLUDE_DIAGONAL: tl.constexpr, BLOCK: tl.constexpr):
+        """out[t] = sum_j |e_t (x_uj / d_t - a_t sign(s_ij))| over u's history j (j != i unless INCLUDE_DIAGONAL)."""
+        t = tl.program_id(0)
+        r = tl.load(rows + t)
+        i = tl.load(items + t).to(tl.int64)
+        start = tl.load(crow + r)
+        end = tl.load(crow + r + 1)
+        e_t = tl.load(e + t)
+        d_t = tl.load(den + t)
+        a_t = tl.load(a + t)
+        total = tl.zeros([BLOCK], dtype=tl.float64)
+        for p0 in range(start, end, BLOCK):
+            offs = p0 + tl.arange(0, BLOCK)
+            m = offs < end
+            j = tl.load(cols + offs, mask=m, other=0).to(tl.int64)
+            x = tl.load(xv + offs, mask=m, other=0.0)
+            s = tl.load(S + i * stride_s + j, mask=m, other=0.0)
+            sg = tl.where(s > 0, 1.0, tl.where(s < 0, -1.0, 0.0)).to(tl.float64)
+            v = tl.abs(e_t * (x / d_t - a_t * sg))
+            if not INCLUDE_DIAGONAL:  # s_ii's entry is discarded (pnbm_clipping's module doc)
+                m = m & (j != i)
+            total += tl.where(m, v, 0.0)
+        tl.store(out + t, tl.sum(total, axis=0))
+
+    return target_l1
+
+
+def user_l1_norms(rows: torch.Tensor, items: torch.Tensor, crow: torch.Tensor, cols: torch.Tensor, xv: torch.Tensor,
+                  e: torch.Tensor, den: torch.Tensor, a: torch.Tensor, S: torch.Tensor, n_rows: int,
+                  include_diagonal: bool) -> torch.Tensor:
+    """||G_u||_1 for every batch row (float64, shape ``[n_rows]``): the sums of
+    :func:`dprec_torch.models.pair_numba.user_l1_norms`, one Triton program per target."""
+    n_t = int(rows.numel())
+    out = torch.zeros(n_rows, dtype=torch.float64, device=S.device)
+    if n_t == 0:
+        return out
+    S = S.detach().contiguous()
+    per_target = torch.empty(n_t, dtype=torch.float64, device=S.device)
+    _kernel()[(n_t,)](
+        rows.contiguous(), items.contiguous(), crow.contiguous(), cols.contiguous(), xv.contiguous(),
+        e.contiguous(), den.contiguous(), a.contiguous(), S, S.stride(0), per_target,
+        INCLUDE_DIAGONAL=bool(include_diagonal), BLOCK=BLOCK,
+    )
+    order = torch.argsort(rows, stable=True)
+    lengths = torch.bincount(rows, minlength=n_rows)
+    return torch.segment_reduce(per_target[order], "sum", lengths=lengths, unsafe=True)
+
