@@ -32,3 +32,19 @@ def tiny_fold(seed: int = 0) -> Fold:
 def ml100k_available() -> bool:
     root = os.environ.get("DPREC_DATA")
     return bool(root) and (Path(root) / "ml-100k" / "u1.base").exists()
+
+
+def kill_in_epoch(monkeypatch, epoch: int = 3):
+    """Make ``Trainer`` raise KeyboardInterrupt ("simulated kill") when it evaluates ``epoch``; returns the
+    original ``_epoch_metrics`` (``monkeypatch.setattr`` it back to let a resumed run finish)."""
+    from dprec_torch.training import trainer as trainer_mod
+
+    original = trainer_mod.Trainer._epoch_metrics
+
+    def killed(self, at, fold, train_rmse):
+        if at == epoch:
+            raise KeyboardInterrupt("simulated kill")
+        return original(self, at, fold, train_rmse)
+
+    monkeypatch.setattr(trainer_mod.Trainer, "_epoch_metrics", killed)
+    return original

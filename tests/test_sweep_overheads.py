@@ -17,7 +17,7 @@ from dprec_torch.training.run import setup_training, train, validate
 from dprec_torch.training.tb_close import close_in_background, wait_closed
 from dprec_torch.training.trainer import Trainer
 from hydra_plugins.dprec_batched_launcher.batched_launcher import ComposedOnce
-from tests.helpers import CONF_DIR, tiny_fold
+from tests.helpers import CONF_DIR, kill_in_epoch, tiny_fold
 
 BASE = ["data=synthetic", "device=cpu", "compare_baselines=false", "tensorboard=false"]
 EPOCHS = 4
@@ -70,14 +70,7 @@ def test_a_default_run_killed_before_its_end_restarts_and_one_with_resume_true_c
 
     args = ["model=pnbm", "mechanism=dpsgd_paper", "epsilon=2", "mechanism.epochs=3", "noise_seed=0"]
     full = train(compose_cfg(*args, f"output_dir={tmp_path / 'full'}"))
-    original = trainer_mod.Trainer._epoch_metrics
-
-    def killed_in_epoch_3(self, epoch, fold, train_rmse):
-        if epoch == 3:
-            raise KeyboardInterrupt("simulated kill")
-        return original(self, epoch, fold, train_rmse)
-
-    monkeypatch.setattr(trainer_mod.Trainer, "_epoch_metrics", killed_in_epoch_3)
+    original = kill_in_epoch(monkeypatch, 3)
     for name, extra in (("default", []), ("resumable", ["resume=true"])):
         with pytest.raises(KeyboardInterrupt):
             train(compose_cfg(*args, *extra, f"output_dir={tmp_path / name}"))

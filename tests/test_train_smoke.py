@@ -15,7 +15,7 @@ from hydra import compose, initialize_config_dir
 from dprec_torch.errors import ConfigError, DprecError
 from dprec_torch.training import trainer as trainer_mod
 from dprec_torch.training.run import train
-from tests.helpers import CONF_DIR
+from tests.helpers import CONF_DIR, kill_in_epoch
 
 ROOT = Path(CONF_DIR).parent
 BASE = ["data=synthetic", "device=cpu", "compare_baselines=false", "tensorboard=false"]
@@ -56,14 +56,7 @@ def test_resume_matches_uninterrupted_run(tmp_path, monkeypatch, mechanism):
     args = ["model=pnbm", f"mechanism={mechanism}", "epsilon=2", "mechanism.epochs=3", "mechanism.sampling_ratio=0.5", "noise_seed=0"]
     full = run(tmp_path / "full", *args)
 
-    original = trainer_mod.Trainer._epoch_metrics
-
-    def killed_in_epoch_3(self, epoch, fold, train_rmse):
-        if epoch == 3:
-            raise KeyboardInterrupt("simulated kill")
-        return original(self, epoch, fold, train_rmse)
-
-    monkeypatch.setattr(trainer_mod.Trainer, "_epoch_metrics", killed_in_epoch_3)
+    original = kill_in_epoch(monkeypatch, 3)
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path / "killed", *args, "resume=true")  # asks to be resumable: a checkpoint every epoch (checkpoint_every=auto)
     monkeypatch.setattr(trainer_mod.Trainer, "_epoch_metrics", original)

@@ -127,11 +127,8 @@ def keystream_words(key: np.ndarray, n: int) -> np.ndarray:
 def uniform(key: np.ndarray, n: int) -> np.ndarray:
     """``n`` uniforms in (0, 1] (53 bits: k 2^-53, k = 1 .. 2^53; never 0, so their log is finite), element i from
     word i of the draw keyed ``key``."""
-    out = np.empty(int(n), np.float64)
-    if n:
-        _set_threads()
-        _uniform(_as_key(key), out)
-    return out
+    words = keystream_words(key, n)  # the kernels' _open_unit, in numpy (exact: (w >> 11) + 1 <= 2^53)
+    return ((words >> np.uint64(11)) + np.uint64(1)).astype(np.float64) * _TWO_M53
 
 
 def _in_place(target: torch.Tensor, kernel, value: float, key: np.ndarray) -> torch.Tensor:
@@ -308,20 +305,6 @@ if numba is not None:
                 base = g * per
                 for e in range(min(per, n - base)):
                     out[_U64(base + e)] = w64[_U64(e)]
-
-    @njit(parallel=True, **_FAST)
-    def _uniform(key, out):  # pragma: no cover - compiled
-        n = out.size
-        per = GROUP * ELEMENTS_PER_BLOCK
-        n_groups = (n + per - 1) // per
-        for p in prange((n_groups + GROUPS_PER_PIECE - 1) // GROUPS_PER_PIECE):
-            ks = np.empty((16, GROUP), np.uint32)
-            flat = np.empty(GROUP * 16, np.uint32)
-            for g in range(p * GROUPS_PER_PIECE, min(n_groups, (p + 1) * GROUPS_PER_PIECE)):
-                w64 = _group(key, g, ks, flat)
-                base = g * per
-                for e in range(min(per, n - base)):
-                    out[_U64(base + e)] = _open_unit(w64[_U64(e)])
 
     @njit(parallel=True, **_FAST)
     def _add_laplace(target, key, b):  # pragma: no cover - compiled

@@ -306,32 +306,34 @@ def _mechanism(row: dict) -> str:
     return row.get("mechanism") or next((o.split("=", 1)[1] for o in row.get("overrides", []) if o.startswith("mechanism=")), "?")
 
 
+def _stage_row(data: dict, stage: str, target: str, judged) -> list[str]:
+    """One target row for ``stage``: nothing when the stage is listed as skipped (its own row says so),
+    "not in this check" when absent, a failure, or ``judged(row) -> (figure, met)``."""
+    row = data.get(stage)
+    if row is None:
+        return [] if stage in (data.get("skipped") or {}) else [f"| {target} | not in this check | not yet measured |"]
+    if "error" in row:
+        return [f"| {target} | failed: {row['error'][:120]} | **not met** |"]
+    figure, met = judged(row)
+    return [f"| {target} | {figure} | {yes(met)} |"]
+
+
+def _netflix(net: dict) -> tuple[str, bool]:
+    epochs = int(net.get("epochs") or 0)
+    train = float(net["seconds_per_epoch"]) * max(epochs, 1)
+    met = epochs >= 20 and train <= GPU_TARGETS["netflix_train"] and (net.get("gpu_peak_gib") or 0) <= GPU_TARGETS["netflix_gib"]
+    return (f"{epochs} epochs in {train:.0f} s ({steady_epoch(net):.2f} s/epoch after the first), {_gib(net)}, "
+            f"process {net.get('process_wall', float('nan')):.0f} s"), met
+
+
 def _issue28_rows(data: dict) -> list[str]:
     """The Netflix-size DPPS-PNBM run and the ML-20M-size low-rank step against issue 28's targets."""
-    out = []
-    net = data.get("netflix")
-    target = f"Netflix-size DPPS-PNBM: 20 epochs ≤ {GPU_TARGETS['netflix_train']:g} s of training in ≤ {GPU_TARGETS['netflix_gib']:g} GiB"
-    if net is None:
-        if "netflix" not in (data.get("skipped") or {}):
-            out.append(f"| {target} | not in this check | not yet measured |")
-    elif "error" in net:
-        out.append(f"| {target} | failed: {net['error'][:120]} | **not met** |")
-    else:
-        train = float(net["seconds_per_epoch"]) * int(net.get("epochs") or 1)
-        met = int(net.get("epochs") or 0) >= 20 and train <= GPU_TARGETS["netflix_train"] and \
-            (net.get("gpu_peak_gib") or 0) <= GPU_TARGETS["netflix_gib"]
-        out.append(f"| {target} | {int(net.get('epochs') or 0)} epochs in {train:.0f} s ({steady_epoch(net):.2f} s/epoch after the "
-                   f"first), {_gib(net)}, process {net.get('process_wall', float('nan')):.0f} s | {yes(met)} |")
-    low = data.get("lowrank20m")
-    target = f"low-rank PNBM at ML-20M size ≤ {GPU_TARGETS['lowrank20m_step']:g} s a step"
-    if low is None:
-        if "lowrank20m" not in (data.get("skipped") or {}):
-            out.append(f"| {target} | not in this check | not yet measured |")
-    elif "error" in low:
-        out.append(f"| {target} | failed: {low['error'][:120]} | **not met** |")
-    else:
-        out.append(f"| {target} | {steady_epoch(low):.3f} s, {_gib(low)} | {yes(steady_epoch(low) <= GPU_TARGETS['lowrank20m_step'])} |")
-    return out
+    netflix = (f"Netflix-size DPPS-PNBM: 20 epochs ≤ {GPU_TARGETS['netflix_train']:g} s of training in "
+               f"≤ {GPU_TARGETS['netflix_gib']:g} GiB")
+    lowrank = f"low-rank PNBM at ML-20M size ≤ {GPU_TARGETS['lowrank20m_step']:g} s a step"
+    return (_stage_row(data, "netflix", netflix, _netflix)
+            + _stage_row(data, "lowrank20m", lowrank, lambda r: (f"{steady_epoch(r):.3f} s, {_gib(r)}",
+                                                                 steady_epoch(r) <= GPU_TARGETS["lowrank20m_step"])))
 
 
 SWEEP_CPU_GLOB = "sweep-cpu-*.json"  # experiments/benchmarks/bench_sweep.py on the CPU, one file per sweep
