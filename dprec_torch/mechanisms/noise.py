@@ -42,7 +42,7 @@ noise_generator` seeds from 63 bits of OS entropy (or from an explicit ``noise_s
 
 CUDA tensors keep torch's generator (Philox, already parallel): :func:`use_chacha` is False for them. The old serial
 mt19937 samplers stay reachable for reproducing numbers published before this sampler with
-``DPREC_NOISE_SAMPLER=torch`` (read in :func:`sampler` only); the privacy report's ``randomness.noise_sampler`` says
+``DPREC_NOISE_SAMPLER=torch`` (read in :func:`dprec_torch.seeding.noise_sampler` only); the privacy report's ``randomness.noise_sampler`` says
 which ran. Without numba the torch sampler runs (and the report says so).
 """
 
