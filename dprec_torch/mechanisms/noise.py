@@ -292,12 +292,18 @@ if numba is not None:
         """((w >> 11) + 1) 2^-53: in (0, 1]."""
         return np.float64((w >> _U64(11)) + _U64(1)) * _TWO_M53
 
+    @njit(inline="always", **_FAST)
+    def _layout(n):  # pragma: no cover - compiled
+        """(elements a group holds, groups, pieces of GROUPS_PER_PIECE groups) of an n-element draw."""
+        per = GROUP * ELEMENTS_PER_BLOCK
+        n_groups = (n + per - 1) // per
+        return per, n_groups, (n_groups + GROUPS_PER_PIECE - 1) // GROUPS_PER_PIECE
+
     @njit(parallel=True, **_FAST)
     def _words(key, out):  # pragma: no cover - compiled
         n = out.size
-        per = GROUP * ELEMENTS_PER_BLOCK
-        n_groups = (n + per - 1) // per
-        for p in prange((n_groups + GROUPS_PER_PIECE - 1) // GROUPS_PER_PIECE):
+        per, n_groups, n_pieces = _layout(n)
+        for p in prange(n_pieces):
             ks = np.empty((16, GROUP), np.uint32)
             flat = np.empty(GROUP * 16, np.uint32)
             for g in range(p * GROUPS_PER_PIECE, min(n_groups, (p + 1) * GROUPS_PER_PIECE)):
@@ -310,9 +316,8 @@ if numba is not None:
     def _add_laplace(target, key, b):  # pragma: no cover - compiled
         """target[i] += -b s_i log v_i (module docstring), in float64, rounded once to target's dtype."""
         n = target.size
-        per = GROUP * ELEMENTS_PER_BLOCK
-        n_groups = (n + per - 1) // per
-        for p in prange((n_groups + GROUPS_PER_PIECE - 1) // GROUPS_PER_PIECE):
+        per, n_groups, n_pieces = _layout(n)
+        for p in prange(n_pieces):
             ks = np.empty((16, GROUP), np.uint32)
             flat = np.empty(GROUP * 16, np.uint32)
             for g in range(p * GROUPS_PER_PIECE, min(n_groups, (p + 1) * GROUPS_PER_PIECE)):
@@ -328,9 +333,8 @@ if numba is not None:
     def _add_gaussian(target, key, std):  # pragma: no cover - compiled
         """Box-Muller on word pairs (module docstring), in float64, rounded once to target's dtype."""
         n = target.size
-        per = GROUP * ELEMENTS_PER_BLOCK  # even: a pair never straddles two groups
-        n_groups = (n + per - 1) // per
-        for p in prange((n_groups + GROUPS_PER_PIECE - 1) // GROUPS_PER_PIECE):
+        per, n_groups, n_pieces = _layout(n)  # per is even: a pair never straddles two groups
+        for p in prange(n_pieces):
             ks = np.empty((16, GROUP), np.uint32)
             flat = np.empty(GROUP * 16, np.uint32)
             for g in range(p * GROUPS_PER_PIECE, min(n_groups, (p + 1) * GROUPS_PER_PIECE)):

@@ -344,7 +344,7 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
             p.add_(g, alpha=-self.posterior_scale * eta / 2)
             if noise.use_chacha(p):  # M^2 draws a step for the full S: the parallel ChaCha20 sampler
                 noise.add_gaussian_(p, std, noise.draw_key(self.generator))
-            else:
+            else:  # not base.add_gaussian_noise_: this form's old draws were added with alpha (the same bits again)
                 p.add_(torch.randn(p.shape, generator=self.generator, device=p.device), alpha=std)
 
     # --------------------------------------------------------------- reporting

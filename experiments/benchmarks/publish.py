@@ -185,10 +185,13 @@ def steady_epoch(row: dict) -> float:
     return float(later) if later is not None else float(row["seconds_per_epoch"])
 
 
+def _mechanism(row: dict) -> str:
+    return row.get("mechanism") or next((o.split("=", 1)[1] for o in row.get("overrides", []) if o.startswith("mechanism=")), "?")
+
+
 def _label(row: dict) -> str:
     extra = " (`model.formulation=sparse_pair`)" if "model.formulation=sparse_pair" in row.get("overrides", []) else ""
-    mech = row.get("mechanism") or next((o.split("=", 1)[1] for o in row.get("overrides", []) if o.startswith("mechanism=")), "?")
-    return f"PNBM `{mech}`{extra}"
+    return f"PNBM `{_mechanism(row)}`{extra}"
 
 
 def gpu_tables(data: dict | None) -> str:
@@ -300,10 +303,6 @@ def gpu_tables(data: dict | None) -> str:
         lines.append(f"| {stage} | not measured: {why} | not yet measured |")
     lines += _issue28_rows(data)
     return "\n".join(lines)
-
-
-def _mechanism(row: dict) -> str:
-    return row.get("mechanism") or next((o.split("=", 1)[1] for o in row.get("overrides", []) if o.startswith("mechanism=")), "?")
 
 
 def _stage_row(data: dict, stage: str, target: str, judged) -> list[str]:
