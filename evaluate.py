@@ -1,5 +1,6 @@
 """Evaluate a predictor by cross-validation (``python evaluate.py model=pcc data.fold=all``)
-or a trained run against PCC/COS (``python evaluate.py run=outputs/<date>/<time>``)."""
+or a trained run against PCC/COS (``python evaluate.py run=outputs/<date>/<time>``): each fold's model is restored
+from its release ``release_fold<k>.pt``, never from the (secret, by default deleted) checkpoint."""
 
 from __future__ import annotations
 

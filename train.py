@@ -34,7 +34,9 @@ def main(cfg: DictConfig) -> float:
             return float("nan")  # one failed job (e.g. a diverged run) must not abort the whole sweep
         sys.exit(2)
     shown = {k: v for k, v in metrics.items() if k.startswith("test_") and not k.endswith("_std") and isinstance(v, float)}
-    log.info("final: %s | privacy epsilon %s", ", ".join(f"{k} {v:.4f}" for k, v in shown.items()), metrics["privacy"].get("epsilon"))
+    joint = metrics["privacy"].get("joint")  # several fold models of the same people: their joint epsilon (run_privacy)
+    log.info("final: %s | privacy epsilon %s%s", ", ".join(f"{k} {v:.4f}" for k, v in shown.items()), metrics["privacy"].get("epsilon"),
+             f" (joint over {joint['models']} fold models)" if isinstance(joint, dict) else "")
     print(comparison_table(metrics))
     return float(metrics.get("test_rmse", float("nan")))
 

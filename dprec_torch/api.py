@@ -5,14 +5,16 @@
     run.metrics["test_rmse"], run.privacy["epsilon"]
     print(run.table())                                   # the model beside non-private PCC/COS (and DP means at its epsilon)
     run.predict([0, 1], [10, 20]); run.recommend(0, n=5)
-    again = dprec_torch.load_run(run.dir)        # the released model, restored from its checkpoints
+    again = dprec_torch.load_run(run.dir)        # the released models, restored from release_fold<k>.pt
 
 * :func:`train` composes ``conf/config.yaml`` with the overrides exactly as ``train.py`` does (the same
   Hydra config, the same validation, the same ``train(cfg)``), writes the run dir, then returns
   :func:`load_run` of it -- so a :class:`Run` from ``train`` and one from ``load_run`` are the same thing.
-* :func:`load_run` never re-fits: each fold's model is RESTORED from ``checkpoint_fold<k>.pt``
-  (``model.restore``: S / the factors, the item means -- the DP release where the mechanism made one --
-  and the fallback all come from the checkpoint; :func:`dprec_torch.training.evaluate.restore_fold`), and
+* :func:`load_run` never re-fits and never reads a checkpoint (``checkpoint_fold<k>.pt`` is secret resume state,
+  deleted at the end of a private run): each trained model is RESTORED from its release ``release_fold<k>.pt``
+  (``model.restore``: U / S / the factors, the item means -- the DP release where the mechanism made one --
+  and the fallback all come from the release; each user's own training history is re-bound from the run's
+  training split; :func:`dprec_torch.training.evaluate.restore_fold`), and
   each fitted predictor (``noisy_gram``, ``dpals``, ``pcc``, ``slope_one``, ...) from its
   release ``release_fold<k>.pt`` (:mod:`dprec_torch.predictors.release`: the item side as released; each
   user's own part -- offset, factors, history -- recomputed from that user's ratings in the run's training
@@ -22,14 +24,15 @@
   data never had gets the model's documented fallback (item mean, then global mean); in
   :meth:`Run.recommend` an unknown user is an error.
 
-A run fitted before releases were written has no ``release_fold<k>.pt``: its :class:`Run` gives ``metrics``
-and ``privacy`` but refuses ``predict`` and ``recommend`` (re-fitting would be a different release, and for a
+A run trained or fitted before releases were written has no ``release_fold<k>.pt``: its :class:`Run` gives
+``metrics`` and ``privacy`` but refuses ``predict`` and ``recommend`` (re-fitting would be a different release, and for a
 private predictor new noise). Under an output mechanism (``laplace_output``, ``exponential_topk``) and for PNCF
 every answer draws fresh noise, as the mechanism prescribes (secret, or from the explicit ``noise_seed``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import tempfile
@@ -108,8 +111,8 @@ class Run:
         config: the resolved config the run was trained under (``config_resolved.json``).
         metrics: ``metrics.json`` (``test_rmse``, ``test_mae``, per-fold records, ``privacy``, ``baselines``, ...).
         dataset: the data as loaded (raw-id maps, folds).
-        models: fold index -> the restored model (a trained ``nn.Module`` or a fitted predictor); empty for a
-            fitted-predictor run from before releases were written (see the module doc).
+        models: fold index -> the restored model (a trained ``nn.Module`` or a fitted predictor, from its
+            ``release_fold<k>.pt``); empty for a run from before releases were written (see the module doc).
         folds: fold index -> the fold as loaded (train/test ratings, contiguous indices).
         device: where the models and folds live.
     """
@@ -121,6 +124,7 @@ class Run:
     models: dict[int, Any] = field(default_factory=dict)
     folds: dict[int, Fold] = field(default_factory=dict)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    job: str | None = None  # the run's job label of its noise keys (training.run.job_label)
 
     def __post_init__(self) -> None:
         self._user_index = {raw: k for k, raw in enumerate(self.dataset.user_ids)}
@@ -156,13 +160,22 @@ class Run:
         """The released model of ``fold`` (default: the run's first fold)."""
         if not self.models:
             raise ConfigError(
-                f"run {self.dir} fitted model={self.config.model.get('name')} before releases were written (no "
+                f"run {self.dir} trained or fitted model={self.config.model.get('name')} before releases were written (no "
                 "release_fold<k>.pt): it cannot be queried without re-fitting (load_run never re-fits); its metrics "
                 "and privacy are here")
         key = next(iter(self.models)) if fold is None else int(fold)
         if key not in self.models:
             raise ConfigError(f"run {self.dir} has folds {sorted(self.models)}, not {fold}")
         return self.models[key]
+
+    def _keys(self, fold: int | None) -> Any:
+        """The noise-key scope the run answered ``fold`` under (``run_experiment``'s ``key_scope(job, fold)``): a restored
+        output mechanism or PNCF with an explicit ``noise_seed`` then repeats the run's answers, query for query."""
+        from dprec_torch.seeding import key_scope
+
+        if self.job is None or not self.models:
+            return contextlib.nullcontext()
+        return key_scope(job=self.job, fold=next(iter(self.models)) if fold is None else int(fold))
 
     def _fold(self, fold: int | None) -> Fold:
         return self.folds[next(iter(self.folds)) if fold is None else int(fold)]
@@ -185,7 +198,8 @@ class Run:
             raise ConfigError(f"model={self.config.model.get('name')} only recommends (it predicts no ratings): "
                               "use run.recommend(user, n)")
         u, i = np.broadcast_arrays(_ids(users), _ids(items))
-        out = model.predict(self._users(u.ravel().tolist()), self._items(i.ravel().tolist()))
+        with self._keys(fold):
+            out = model.predict(self._users(u.ravel().tolist()), self._items(i.ravel().tolist()))
         return out.detach().float().cpu()
 
     def recommend(self, user: Any, n: int = 10, exclude_seen: bool = True, fold: int | None = None) -> list[Any]:
@@ -208,13 +222,15 @@ class Run:
             if not exclude_seen:
                 raise ConfigError(f"model={self.config.model.get('name')} ranks the items a user has not rated: "
                                   "use exclude_seen=True")
-            top = model.recommend(torch.tensor([u], dtype=torch.long, device=dev), int(n))[0].tolist()
+            with self._keys(fold):
+                top = model.recommend(torch.tensor([u], dtype=torch.long, device=dev), int(n))[0].tolist()
             return [self.dataset.item_ids[k] for k in top if k >= 0]
         if not isinstance(model, PredictsRatings):
             raise ConfigError(f"model={self.config.model.get('name')} has neither recommend nor predict")
         n_items = len(self.dataset.item_ids)
         items = torch.arange(n_items, device=dev)
-        scores = model.predict(torch.full((n_items,), u, dtype=torch.long, device=dev), items).detach().double()
+        with self._keys(fold):
+            scores = model.predict(torch.full((n_items,), u, dtype=torch.long, device=dev), items).detach().double()
         if exclude_seen:
             train = self._fold(fold).train
             seen = train.items[train.users == u].to(dev)
@@ -231,8 +247,11 @@ class Run:
         from dprec_torch.training.run import is_trainable
 
         trainable = is_trainable(self.config.model)
-        per_fold = [score_predictor(self.model(k), self.folds[k]) if trainable else score_restored(self.config, self.model(k), self.folds[k])
-                    for k in (self.models or [None])]
+        per_fold = []
+        for k in (self.models or [None]):
+            with self._keys(k):
+                per_fold.append(score_predictor(self.model(k), self.folds[k]) if trainable
+                                else score_restored(self.config, self.model(k), self.folds[k]))
         keys = [m for m in per_fold[0] if m in ("rmse", "mae") or "@" in m or m == "coverage"]
         return {f"test_{m}": float(np.mean([f[m] for f in per_fold])) for m in keys}
 
@@ -242,12 +261,14 @@ def load_run(run_dir: str | Path, device: str | None = None) -> Run:
     """The run in ``run_dir`` (a ``train.py`` or :func:`train` output dir) with each fold's released model restored.
 
     Reads ``config_resolved.json`` and ``metrics.json``, reloads the data the config names, and restores
-    every fold's model from ``checkpoint_fold<k>.pt`` on ``device`` (default: the run's own ``device``),
-    re-fitting nothing; every fitted predictor from its release ``release_fold<k>.pt`` (the item side as released,
-    each user's own part recomputed from their ratings in the fold's training split). A fitted-predictor run from
-    before releases were written has none: its :class:`Run` has no models.
+    every fold's model from its release ``release_fold<k>.pt`` on ``device`` (default: the run's own ``device``),
+    re-fitting nothing and never reading a checkpoint: a trained model's parameters and item means as released
+    (each user's own training history re-bound from the fold's training split), a fitted predictor's item side as
+    released (each user's own part recomputed from their ratings in the fold's training split). A run from before
+    releases were written has none: its :class:`Run` has no models.
     """
-    from dprec_torch.training.run import is_trainable
+    from dprec_torch.seeding import key_scope
+    from dprec_torch.training.run import is_trainable, job_label
 
     run_dir = Path(run_dir)
     cfg_path, metrics_path = run_dir / "config_resolved.json", run_dir / "metrics.json"
@@ -263,13 +284,17 @@ def load_run(run_dir: str | Path, device: str | None = None) -> Run:
     dataset = instantiate_node(cfg.data)
     models: dict[int, Any] = {}
     folds: dict[int, Fold] = {}
+    job = job_label(cfg)
     for fold in dataset.folds:
         folds[fold.index] = fold.to(dev)  # as loaded: recommend's "seen" items are all of u's training ratings
-        if is_trainable(cfg.model):
-            models[fold.index] = restore_fold(cfg, fold, run_dir, dev)[1]
-        elif release_path(run_dir, fold.index).is_file():  # fitted on the fold as loaded (fit_fold)
-            models[fold.index] = restore_predictor(cfg, folds[fold.index], run_dir, dev)
-    return Run(run_dir, cfg, metrics, dataset, models, folds, dev)
+        if not release_path(run_dir, fold.index).is_file():  # a run from before releases were written
+            continue
+        with key_scope(job=job, fold=fold.index):  # the keys the run restored under (run_experiment)
+            if is_trainable(cfg.model):  # trained on the fold as its mechanism capped it (restore_fold re-caps it)
+                models[fold.index] = restore_fold(cfg, fold, run_dir, dev)[1]
+            else:  # fitted on the fold as loaded (fit_fold)
+                models[fold.index] = restore_predictor(cfg, folds[fold.index], run_dir, dev)
+    return Run(run_dir, cfg, metrics, dataset, models, folds, dev, job)
 
 
 def train(overrides: Sequence[str] | DictConfig = ()) -> Run:

@@ -43,12 +43,13 @@ CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 # --------------------------------------------------------------------------------------------- keys
 #: Keys the runner reads itself, per node: ``cfg.model.name`` for labels, ``cfg.mechanism.epochs`` /
 #: ``sampling_ratio`` / ``unit`` for the batch schedule, ``max_user_ratings`` for the tau cap of
-#: user-level mechanisms. They are passed on to a target that declares them (``load_movielens(name=...)``)
-#: and dropped for one that does not.
+#: user-level mechanisms, ``chosen_on`` (on whose ratings the file's numbers were chosen) for the report's provenance
+#: (:mod:`dprec_torch.privacy.provenance`). They are passed on to a target that declares them
+#: (``load_movielens(name=...)``) and dropped for one that does not.
 NODE_RUNNER_KEYS: dict[str, tuple[str, ...]] = {
     "data": ("name",),
-    "model": ("name",),
-    "mechanism": ("name", "epochs", "sampling_ratio", "unit", "max_user_ratings"),
+    "model": ("name", "chosen_on"),
+    "mechanism": ("name", "epochs", "sampling_ratio", "unit", "max_user_ratings", "chosen_on"),
 }
 RUNNER_KEYS: tuple[str, ...] = tuple(dict.fromkeys(k for keys in NODE_RUNNER_KEYS.values() for k in keys))
 
@@ -223,6 +224,7 @@ TOP_DOMAINS: dict[str, Domain] = {
     "audit.alpha": number("(0, 1)"),
     "audit.probe_ratings": integer(1),
     "resume": boolean(),
+    "keep_checkpoint": boolean(note="false = a private run's secret checkpoint is deleted once its release is written"),
     "checkpoint_every": integer(1, also=("auto", "end"), note="auto = every epoch with resume=true, else every 60 s"),
     "compare_baselines": boolean(),
     "tensorboard": boolean(),
@@ -420,8 +422,22 @@ def check_node(kind: str, node: DictConfig, path: str | None = None) -> None:
             check_node(kind, node[key], f"{path}.{key}")
             continue
         dom = domain_of(target, key) or _bool_domain(declared.get(key))
+        if value == "auto" and _size_rule_knob(kind, key):  # resolved at set-up by dprec_torch/privacy/size_rule.py
+            continue
         if dom is not None and not dom.accepts(value):
             raise _fail_value(f"{path}.{key}", value, dom)
+
+
+#: the knobs that may be ``auto``: the low-rank PNBM's size rule sets them at set-up (:mod:`dprec_torch.privacy.size_rule`)
+SIZE_RULE_KNOBS: dict[str, tuple[str, ...]] = {
+    "mechanism": ("sampling_ratio", "epochs", "lr", "clip_norm", "mean_fraction"),
+    "model": ("rank",),
+}
+
+
+def _size_rule_knob(kind: str, key: str) -> bool:
+    """Whether ``kind.key`` may be ``auto`` (:data:`SIZE_RULE_KNOBS`)."""
+    return key in SIZE_RULE_KNOBS.get(kind, ())
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -553,7 +569,16 @@ def check_relation_preprocessing(cfg: DictConfig) -> None:
 
 def check_privacy_units(cfg: DictConfig, n_ratings: int, n_users: int) -> None:
     """delta < 1 / (number of privacy units): ratings at rating level, users at user level. A larger delta
-    allows a mechanism that publishes one unit's data outright, so its epsilon defends nothing."""
+    allows a mechanism that publishes one unit's data outright, so its epsilon defends nothing: refused.
+
+    delta > 1 / (10 N) is allowed but warned about (one line naming the fix; issue 33, 6): delta is the probability
+    that the epsilon bound fails outright, and a mechanism that publishes each of the N units' data whole with
+    probability delta is (0, delta)-DP, so at delta near 1/N it expects to leak about one unit's data in full.
+    Dwork & Roth (2014, Sec. 2.3) ask for delta below the inverse of any polynomial in N; 1/(10 N) is the
+    conventional ceiling in practice. Warned, not refused: between 1/(10 N) and 1/N no unit is expected to leak
+    whole (at most 1/10 of one in expectation), the printed (epsilon, delta) is still what the accountant proves,
+    and refusing would break commands (e.g. rating-level runs on ML-1M at the default delta=1e-6) that state their
+    delta openly."""
     for kind, rel, node in claimed_relations(cfg):
         if "delta" not in declared_parameters(form_target(node, cfg.get("model") if kind == "mechanism" else None)):
             continue  # a pure-epsilon mechanism: delta is not part of its claim
@@ -562,6 +587,17 @@ def check_privacy_units(cfg: DictConfig, n_ratings: int, n_users: int) -> None:
         if delta > 0 and delta * max(units, 1) >= 1:
             raise ConfigError(f"{kind}.delta={delta:g} is not below 1/{units} (relation={rel}: {units} {what} to "
                               f"protect), so epsilon defends nothing: set delta below {1 / max(units, 1):.2g}")
+        if delta > 0 and delta * 10 * max(units, 1) > 1:
+            log.warning("%s.delta=%g is above 1/(10 N) = %.2g (relation=%s: N = %d %s): delta is the chance that the "
+                        "guarantee fails outright, and near 1/N one of the %d %s can leak whole; set delta=%.1g or "
+                        "lower (the usual ceiling 1/(10 N))", kind, delta, 1 / (10 * max(units, 1)), rel, units, what,
+                        units, what, _round_down(1 / (10 * max(units, 1))))
+
+
+def _round_down(x: float) -> float:
+    """``x`` rounded down to one significant digit (a delta to type)."""
+    exp = math.floor(math.log10(x))
+    return max(1, math.floor(x / 10**exp * (1 + 1e-9))) * 10**exp
 
 
 # ------------------------------------------------------------------------ dataset-dependent defaults

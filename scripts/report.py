@@ -2,6 +2,8 @@
 
 A study's report (what ``scripts/study.py`` writes at its end) can be rebuilt with
 ``python scripts/report.py <out>/stage2 --out docs/results/<name> --ledger-dir <out> --selected <out>/selected.yaml``.
+It ends with what the sweep's jobs cost together: jobs on the same dataset share people, so their epsilons compose
+(:func:`dprec_torch.privacy.ledger.composition_lines`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout (its package and hydra_plugins), as from its root
 from dprec_torch.errors import DprecError
+from dprec_torch.privacy.ledger import composition_lines, ledger_report
 from dprec_torch.study.report import build_report
 
 
@@ -30,6 +33,8 @@ def main() -> None:
         logging.error("%s", err)
         sys.exit(2)
     print(path.read_text())
+    # the jobs of a sweep (and the folds of a fold=all job) share people: their epsilons compose (issue 33, 3)
+    print("\n".join(["Privacy over the whole sweep:", *composition_lines(ledger_report(args.ledger_dir or args.sweep_dir))]))
 
 
 if __name__ == "__main__":

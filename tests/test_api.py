@@ -48,11 +48,12 @@ def test_load_run_reproduces_the_test_rmse_exactly(tmp_path, model, mechanism, e
     items = [again.dataset.item_ids[k] for k in fold.test.items.tolist()]
     pred = again.predict(users, items)
     assert rating_metrics(pred, fold.test.values.cpu())["rmse"] == run.metrics["folds"][0]["test_rmse"]
-    if model == "pnbm":  # the DP item means come from the checkpoint; attach() would recompute the exact ones
+    assert not (tmp_path / "checkpoint_fold1.pt").exists()  # private: the secret checkpoint is gone (issue 33, 4)
+    if model == "pnbm":  # the DP item means come from the release; attach() would recompute the exact ones
         restored = again.model().item_means
         assert not torch.allclose(restored, fold.train.item_means().to(restored.dtype))
-        ckpt = torch.load(tmp_path / "checkpoint_fold1.pt", weights_only=False)
-        assert torch.equal(restored, ckpt["model"]["item_means"])
+        release = torch.load(tmp_path / "release_fold1.pt", weights_only=True)
+        assert torch.equal(restored, release["state"]["item_means"])
 
 
 def test_recommend_excludes_seen_items_and_speaks_raw_ids(tmp_path):

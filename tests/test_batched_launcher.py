@@ -105,10 +105,12 @@ def test_batched_sweep_gives_separate_run_numbers_and_one_run_dir_per_job(tmp_pa
         assert g["reused"] == {"dataset": 3, "fold": 3, "baselines": 3}
     seen = set()
     for job in sorted(p for p in sweep.iterdir() if p.is_dir()):
-        for name in (".hydra/config.yaml", ".hydra/overrides.yaml", "config_resolved.json", "metrics.json", "checkpoint_fold1.pt"):
+        for name in (".hydra/config.yaml", ".hydra/overrides.yaml", "config_resolved.json", "metrics.json", "release_fold1.pt"):
             assert (job / name).exists(), f"{job.name} has no {name}"
         assert any((job / "tb" / "fold1").iterdir()), f"{job.name} has no TensorBoard log"
         overrides = OmegaConf.to_container(OmegaConf.load(job / ".hydra" / "overrides.yaml"))
+        # the checkpoint holds the secret noise key: a private job deletes it at its end (issue 33, 4)
+        assert (job / "checkpoint_fold1.pt").exists() == ("mechanism=none" in overrides), job.name
         seen.add(tuple(sorted(o for o in overrides if not o.startswith("hydra."))))
         batched = json.loads((job / "metrics.json").read_text())
         separate = train(compose_cfg(*overrides, f"output_dir={tmp_path / 'separate' / job.name}"))

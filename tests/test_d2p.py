@@ -22,6 +22,7 @@ from dprec_torch.predictors.d2p import (
     substitution_matrix,
 )
 from dprec_torch.training.run import instantiate_node
+from dprec_torch.seeding import noise_generator
 
 SCALE = RatingScale(1.0, 5.0)
 CONF = Path(__file__).resolve().parents[1] / "conf" / "model" / "d2p.yaml"
@@ -41,7 +42,7 @@ def test_substitution_probabilities_by_hand() -> None:
 
 def test_sampled_substitutions_match_the_probabilities() -> None:
     reps = 60000
-    gen = torch.Generator().manual_seed(0)
+    gen = noise_generator(0)
     for s in (0, 1, 3):
         elem = torch.full((reps,), s)
         out = alter_ego(torch.zeros(reps, dtype=torch.long), elem, GROUPS, 0.5, 0.2, gen)

@@ -15,7 +15,7 @@ from dprec_torch.models.batching import PoissonBatchSampler, full_batch, poisson
 from dprec_torch.models.mf import MF
 from dprec_torch.models.pnbm import PNBM
 from dprec_torch.privacy.analysis import amplified_epsilon
-from dprec_torch.seeding import make_generator
+from dprec_torch.seeding import noise_generator
 from dprec_torch.training.trainer import Trainer
 from tests.helpers import CONF_DIR, tiny_fold
 
@@ -30,7 +30,7 @@ def setup(q: float = 0.2, epochs: int = 1, epsilon: float = 1.0, **kw):
                           entry_bound=model.gradient_entry_bound)
     opt = ClippedLaplaceDPSGD(model.parameters(), ctx, epsilon, sampling_ratio=q, seed=3, **kw)
     opt.prepare(model)  # the DP item means and S's start, before any batch (as setup_training does)
-    sampler = PoissonBatchSampler(train, model.item_means, q, "user", make_generator(5))
+    sampler = PoissonBatchSampler(train, model.item_means, q, "user", noise_generator(5))
     return fold, model, sampler, opt
 
 
@@ -114,7 +114,7 @@ def test_prepare_releases_the_dp_item_means_before_any_batch():
     assert not torch.allclose(model.item_means, exact)  # released with noise
     S = model.S.detach()
     assert torch.equal(S.diagonal(), torch.zeros(model.n_items)) and float(S[0, 1]) == 1.0  # constant init
-    batch = PoissonBatchSampler(fold.train, model.item_means, 1.0, "user", make_generator(5)).sample()
+    batch = PoissonBatchSampler(fold.train, model.item_means, 1.0, "user", noise_generator(5)).sample()
     assert torch.equal(batch.x.values(), full_batch(fold.train, model.item_means).x.values())  # centred by the DP means
     assert model.fallback_.global_mean == pytest.approx(opt.mean_release.global_mean)
     with pytest.raises(RuntimeError, match="release the item means again"):

@@ -22,7 +22,7 @@ from dprec_torch.mechanisms.exponential_topk import (
     window_chain,
 )
 from dprec_torch.predictors.slope_one import SlopeOne
-from dprec_torch.seeding import make_generator
+from dprec_torch.seeding import noise_generator
 
 SCORES = torch.tensor([[4.6, 1.2, 3.9, 2.5, 4.1, 1.0, 3.3]], dtype=torch.float64)
 
@@ -51,7 +51,7 @@ def test_exact_sampler_frequencies_match_enumeration() -> None:
     truth = brute_force(SCORES, eligible, 3, 2.0, 4.0)
     n = 60_000
     logw = topk_log_weights(SCORES, eligible, 2.0, 4.0).expand(n, -1).contiguous()
-    draws = mask_to_ids(sample_topk_exact(logw, 3, make_generator(0)), 3)
+    draws = mask_to_ids(sample_topk_exact(logw, 3, noise_generator(0)), 3)
     assert not bool((draws[:, None, :] == 4).any())  # the ineligible item never appears
     freq = Counter(map(tuple, draws.tolist()))
     worst = max(abs(freq.get(s, 0) / n - p) / math.sqrt(p * (1 - p) / n) for s, p in truth.items())
@@ -99,7 +99,7 @@ def test_chain_matches_exact_distribution_when_k_is_1() -> None:
     truth = brute_force(SCORES, eligible, 1, 4.0, 4.0)
     n_chains = 20_000
     chain, members = window_chain(SCORES.expand(n_chains, -1), eligible.expand(n_chains, -1), 1, 4.0, 4.0, n1=1, n2=3)
-    state = chain.run(400, make_generator(1))
+    state = chain.run(400, noise_generator(1))
     items = members[torch.arange(n_chains), state, 0]
     freq = torch.bincount(items, minlength=SCORES.shape[1]).double() / n_chains
     want = torch.tensor([truth[(j,)] for j in range(SCORES.shape[1])], dtype=torch.float64)

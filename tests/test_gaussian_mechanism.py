@@ -19,7 +19,7 @@ from dprec_torch.models.batching import PoissonBatchSampler
 from dprec_torch.models.mf import MF
 from dprec_torch.privacy.calibration import calibrate_gaussian
 from dprec_torch.privacy.opacus_accounting import RDP_ORDERS, OpacusAccountant
-from dprec_torch.seeding import make_generator
+from dprec_torch.seeding import noise_generator
 from tests.helpers import tiny_fold
 
 SCALE = RatingScale(1, 5)
@@ -55,7 +55,7 @@ def per_example_grad_norms_brute_force(m: MF, batch, residuals: torch.Tensor, un
 def test_clipped_per_example_norms_never_exceed_c(unit, c):
     fold = tiny_fold()
     m = trained_ish_mf(fold)
-    sampler = PoissonBatchSampler(fold.train, fold.train.item_means(), 0.02, unit, make_generator(1))
+    sampler = PoissonBatchSampler(fold.train, fold.train.item_means(), 0.02, unit, noise_generator(1))
     opt = GaussianDPSGD(m.parameters(), context(), epsilon=math.inf, unit=unit, clip_norm=c)
     n_clipped = 0
     for _ in range(3):
@@ -74,7 +74,7 @@ def test_clipped_per_example_norms_never_exceed_c(unit, c):
 def test_user_unit_refuses_rating_batches():
     fold = tiny_fold()
     m = trained_ish_mf(fold)
-    batch = PoissonBatchSampler(fold.train, fold.train.item_means(), 0.05, "rating", make_generator(0)).sample()
+    batch = PoissonBatchSampler(fold.train, fold.train.item_means(), 0.05, "rating", noise_generator(0)).sample()
     opt = GaussianDPSGD(m.parameters(), context(), epsilon=1.0, unit="user")
     with pytest.raises(ConfigError, match="unit=user"):
         opt.clip_residuals(torch.zeros(batch.n_targets), batch, m)

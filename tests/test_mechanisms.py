@@ -16,7 +16,7 @@ from dprec_torch.mechanisms.dpsgd_paper import DPSGDLaplace
 from dprec_torch.mechanisms.sgld import ScaledPosteriorSGLD
 from dprec_torch.models.batching import PoissonBatchSampler
 from dprec_torch.models.pnbm import PNBM
-from dprec_torch.seeding import make_generator
+from dprec_torch.seeding import noise_generator
 from dprec_torch.training.trainer import Trainer
 from tests.helpers import tiny_fold
 
@@ -30,7 +30,7 @@ def context(k: int = 10, c: float = 10.0) -> TrainingContext:
 
 def test_laplace_sampler_has_stated_scale():
     b = 0.7
-    x = laplace_noise(torch.Size([200_000]), b, make_generator(0), torch.device("cpu")).double()
+    x = laplace_noise(torch.Size([200_000]), b, noise_generator(0), torch.device("cpu")).double()
     assert float(x.abs().mean()) == pytest.approx(b, rel=0.01)  # E|X| = b (a std-as-scale bug gives b/sqrt(2))
     assert float(x.var()) == pytest.approx(2 * b * b, rel=0.02)
     assert stats.kstest(x.numpy(), stats.laplace(scale=b).cdf).pvalue > 1e-3
@@ -62,7 +62,7 @@ def test_dpsgd_update_rule():
 def test_clamp_bound_holds_on_every_step():
     fold = tiny_fold()
     model = PNBM(fold.train.n_items, floor_c=1.0).attach(fold.train)
-    sampler = PoissonBatchSampler(fold.train, model.item_means, 0.25, "rating", make_generator(0))
+    sampler = PoissonBatchSampler(fold.train, model.item_means, 0.25, "rating", noise_generator(0))
     epochs = 3
     ctx = context(k=epochs * sampler.steps_per_epoch(), c=1.0)
     opt = DPSGDLaplace(model.parameters(), ctx, epsilon=1.0, sampling_ratio=0.25, seed=0)

@@ -10,7 +10,7 @@ from dprec_torch.mechanisms.context import TrainingContext
 from dprec_torch.mechanisms.sgd import MapSGD
 from dprec_torch.models.batching import PoissonBatchSampler, full_batch
 from dprec_torch.models.mf import MF
-from dprec_torch.seeding import make_generator
+from dprec_torch.seeding import noise_generator
 from tests.contract import PredictorContract
 from tests.helpers import tiny_fold, toy_ratings
 
@@ -105,7 +105,7 @@ def test_closed_form_per_example_norms_match_autograd(unit):
     with torch.no_grad():
         m.user_factors.weight.normal_(0, 0.7)
         m.user_bias.weight.normal_(0, 0.5)
-    sampler = PoissonBatchSampler(fold.train, fold.train.item_means(), 0.01, unit, make_generator(3))
+    sampler = PoissonBatchSampler(fold.train, fold.train.item_means(), 0.01, unit, noise_generator(3))
     batch = sampler.sample()
     res = (m.batch_predict(batch) - batch.values).detach()
     closed = m.per_example_grad_norms(batch, res, unit).double()
@@ -136,7 +136,7 @@ class _FittedMF:
         ctx = TrainingContext(150, 50, n, train.n_users, train.scale, n_units=n, expected_batch_size=0.02 * n,
                               gradient_reduction="mean")
         opt = MapSGD(self.model.parameters(), ctx, lr=0.02 * 0.02 * n, weight_decay=10.0, beta=1.0)
-        sampler = PoissonBatchSampler(train, train.item_means(), 0.02, "rating", make_generator(0))
+        sampler = PoissonBatchSampler(train, train.item_means(), 0.02, "rating", noise_generator(0))
         for _ in range(150):
             b = sampler.sample()
             opt.zero_grad()

@@ -26,6 +26,7 @@ from dprec_torch.privacy.item_means import (
     release_item_means,
 )
 from dprec_torch.training.run import instantiate_node
+from dprec_torch.seeding import noise_generator
 from tests.contract import PredictorContract
 from tests.helpers import CONF_DIR, tiny_fold
 
@@ -257,12 +258,12 @@ def test_popularity_release_splits_the_callers_mu_exactly_and_needs_gaussian_noi
     fold = tiny_fold()
     mu = 0.8
     spec = ItemMeansSpec(relation="user", popularity_alpha=0.5, popularity_share=0.2)
-    rel = release_item_means(fold.train, spec, torch.Generator().manual_seed(0), mu=mu)
+    rel = release_item_means(fold.train, spec, noise_generator(0), mu=mu)
     mu0 = 1.0 / rel.details["popularity_noise_std"]  # stage 0: sensitivity 1
     mu1 = rel.sensitivity / rel.noise_std
     assert mu0 ** 2 + mu1 ** 2 == pytest.approx(mu ** 2, rel=1e-12)
     assert "re-weighted" in rel.describe()
-    plain = release_item_means(fold.train, ItemMeansSpec(relation="user"), torch.Generator().manual_seed(0), mu=mu)
+    plain = release_item_means(fold.train, ItemMeansSpec(relation="user"), noise_generator(0), mu=mu)
     assert plain.sensitivity / plain.noise_std == pytest.approx(mu) and "re-weighted" not in plain.describe()
     with pytest.raises(ConfigError):
         ItemMeansSpec(relation="user", noise="laplace", popularity_alpha=0.5)
@@ -283,7 +284,7 @@ def test_popularity_weighting_lowers_the_error_of_user_level_means():
         tot = 0.0
         for seed in range(20):
             spec = ItemMeansSpec(relation="user", count_weight=0.5, popularity_alpha=alpha)
-            rel = release_item_means(train, spec, torch.Generator().manual_seed(seed), mu=2.0)
+            rel = release_item_means(train, spec, noise_generator(seed), mu=2.0)
             tot += float((counts[seen] * (rel.means.double()[seen] - exact[seen]) ** 2).sum() / counts[seen].sum())
         return tot / 20
 
@@ -302,7 +303,7 @@ def test_pooled_counts_weigh_the_two_measurements_by_their_variance():
 
 def test_means_at_zero_noise_are_the_exact_means():
     fold = tiny_fold()
-    rel = release_item_means(fold.train, ItemMeansSpec(relation="rating"), torch.Generator().manual_seed(0), epsilon=math.inf)
+    rel = release_item_means(fold.train, ItemMeansSpec(relation="rating"), noise_generator(0), epsilon=math.inf)
     seen = fold.train.item_counts() > 0
     assert torch.allclose(rel.means[seen], fold.train.item_means()[seen], atol=1e-5)
 
@@ -337,7 +338,7 @@ def test_learned_similarity_beats_means_without_noise():
 
 
 def test_pnbm_surrogate_rows_are_the_ridge_solutions_on_the_neighbours():
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator().manual_seed(0)  # public test data
     x = torch.randn(40, 7, generator=gen, dtype=torch.float64)
     g = x.t() @ x
     m = NoisyGram(epsilon=math.inf, estimator="pnbm", k=3, reg=2.0)
@@ -438,7 +439,7 @@ def test_symmetric_solve_matches_lu_on_definite_and_indefinite_systems():
     """The pnbm surrogate's batched solve (Cholesky, eigen-solve fallback) gives LU's answer on both kinds of system."""
     from dprec_torch.predictors.noisy_gram import symmetric_solve
 
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator().manual_seed(0)  # public test data
     x = torch.randn(6, 5, 5, generator=g, dtype=torch.float64)
     a = x + x.transpose(1, 2)
     a[:3] += 12.0 * torch.eye(5, dtype=torch.float64)  # the first three positive definite, the rest indefinite

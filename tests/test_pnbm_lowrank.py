@@ -121,10 +121,10 @@ def test_surrogate_gradient_is_the_sum_of_scaled_user_gradients():
     rows, norms = model.per_user_gradient_rows(batch, residuals)
     assert rows.dtype == norms.dtype == torch.float64  # the norms are those of the rows surrogate_loss releases
     expect = torch.zeros_like(model.U, dtype=torch.float64).index_add_(0, batch.items, rows * scale[batch.rows][:, None])
-    assert torch.allclose(model.U.grad, expect.float(), atol=1e-5)
+    assert model.U.grad.dtype == torch.float64 and torch.allclose(model.U.grad, expect, atol=1e-12)  # no rounding before noise
     _, y = user_residuals(data.users, data.items, data.values, model.item_means, data.n_users, 2.0, 1.0)
     _, ref = per_user_gradients(data.users, data.items, y, model.U.detach(), data.n_users)  # lowrank_dpsgd's norms
-    assert torch.allclose(model.per_example_grad_norms(batch, residuals, "user").float(), ref[batch.users], rtol=1e-5)
+    assert torch.allclose(model.per_example_grad_norms(batch, residuals, "user").double(), ref[batch.users].double(), rtol=1e-5)
 
 
 def test_the_similarity_key_picks_the_form_and_a_bad_one_is_one_line():
@@ -205,15 +205,20 @@ def test_one_gaussian_step_is_the_lowrank_dpsgd_step():
     assert torch.allclose(setup.model.U.detach(), expect, atol=1e-6)
 
 
-def test_the_clipped_sgld_chain_at_a_constant_step_is_gaussian_dp_sgd(tmp_path):
-    """Same noise seed, same (eps, delta), same C, q, lr: the same sigma, the same draws, the same U."""
+def test_the_clipped_sgld_chain_at_a_constant_step_is_gaussian_dp_sgd(tmp_path, monkeypatch):
+    """Same noise keys, same (eps, delta), same C, q, lr: the same sigma, the same draws, the same U. (Two jobs that
+    differ in their config draw independent keys under one noise_seed; the job label is pinned here so both draw
+    the same.)"""
+    from dprec_torch.training import run as run_module
+
+    monkeypatch.setattr(run_module, "job_label", lambda cfg: "one-job")
     g = train(compose_cfg(*BASE, *GAUSSIAN, "epsilon=5", "noise_seed=7", f"output_dir={tmp_path / 'g'}"))
     s = train(compose_cfg(*BASE, *SGLD, "epsilon=5", "noise_seed=7", f"output_dir={tmp_path / 's'}"))
     assert s["test_rmse"] == g["test_rmse"]
     rep = s["privacy"]
     assert rep["noise"]["noise_multiplier"] == g["privacy"]["noise"]["noise_multiplier"]
-    ug = torch.load(tmp_path / "g" / "checkpoint_fold1.pt", weights_only=False)["model"]["U"]
-    us = torch.load(tmp_path / "s" / "checkpoint_fold1.pt", weights_only=False)["model"]["U"]
+    ug = torch.load(tmp_path / "g" / "release_fold1.pt", weights_only=True)["state"]["U"]
+    us = torch.load(tmp_path / "s" / "release_fold1.pt", weights_only=True)["state"]["U"]
     assert torch.equal(ug, us)
 
 
@@ -319,7 +324,7 @@ def test_training_learns_beyond_the_item_means_without_noise(tmp_path):
                                f"output_dir={tmp_path / 'a'}"]).metrics["test_rmse"]
     trained = dprec_torch.train([*BASE, *NONE, "epsilon=inf", "mechanism.epochs=30", "model.init_std=0.1",
                                  f"output_dir={tmp_path / 'b'}"]).metrics["test_rmse"]
-    assert trained < start - 0.01
+    assert trained < start - 0.005  # 0.006-0.008 over seeds 0-2 on the per-user keyed split of the synthetic data
 
 
 @pytest.mark.parametrize("mech", ["none", "gaussian", "sgld", "dpsgd"])

@@ -22,6 +22,7 @@ from dprec_torch.predictors.pncf import (
     truncated_scores,
 )
 from dprec_torch.training.run import instantiate_node
+from dprec_torch.seeding import noise_generator
 from tests.contract import PredictorContract
 from tests.helpers import ml100k_available
 
@@ -77,7 +78,7 @@ def test_sampled_first_round_matches_probabilities() -> None:
     reps = 20000
     sim = ROW.repeat(reps, 1)
     rs = torch.full((reps,), 0.5)
-    nb = private_neighbours(sim, rs, k=2, epsilon=4.0, w=0.1, gen=torch.Generator().manual_seed(0))
+    nb = private_neighbours(sim, rs, k=2, epsilon=4.0, w=0.1, gen=noise_generator(0))
     freq = torch.bincount(nb[:, 0], minlength=6).double() / reps
     z = math.exp(0.9) + math.exp(0.7) + 3 * math.exp(0.6)
     expect = [0.0, math.exp(0.9) / z, math.exp(0.7) / z] + [math.exp(0.6) / z] * 3
@@ -139,13 +140,13 @@ def test_nonprivate_prediction_matches_item_knn_formula() -> None:
 
 
 def test_private_similarity_noise_is_laplace_at_2k_rs_over_eps() -> None:
-    draws = laplace((200_000,), 0.7, torch.Generator().manual_seed(1), torch.device("cpu"))
+    draws = laplace((200_000,), 0.7, noise_generator(1), torch.device("cpu"))
     assert float(draws.abs().mean()) == pytest.approx(0.7, rel=0.02)  # E|Lap(b)| = b
     assert float(draws.mean()) == pytest.approx(0.0, abs=0.01)
 
 
 def _random_train(n_users: int, n_items: int, density: float, seed: int) -> Ratings:
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)  # public test data
     mask = torch.rand(n_users, n_items, generator=gen) < density
     u, i = mask.nonzero(as_tuple=True)
     v = torch.randint(1, 6, (u.numel(),), generator=gen).float()
@@ -226,7 +227,7 @@ def test_sampled_rounds_are_without_replacement_exponential_draws() -> None:
     """Gumbel-top-k = k sequential softmax rounds: P(first = a, second = b) = p_a p_b / (1 - p_a)."""
     reps = 40000
     sim = ROW.repeat(reps, 1)
-    nb = private_neighbours(sim, torch.full((reps,), 0.5), k=2, epsilon=4.0, w=0.1, gen=torch.Generator().manual_seed(1))
+    nb = private_neighbours(sim, torch.full((reps,), 0.5), k=2, epsilon=4.0, w=0.1, gen=noise_generator(1))
     scores, _, _ = truncated_scores(ROW, k=2, w=0.1)
     p = round_probabilities(scores, torch.isfinite(ROW), torch.tensor([1.0]))[0].double()
     for a, b in [(1, 2), (2, 1), (1, 3), (4, 5)]:
@@ -236,7 +237,7 @@ def test_sampled_rounds_are_without_replacement_exponential_draws() -> None:
 
 def test_rows_with_fewer_than_k_candidates_take_them_all() -> None:
     sim = torch.tensor([[NEG, 0.3, NEG, -0.2], [NEG, NEG, NEG, NEG]])
-    nb = private_neighbours(sim, torch.tensor([0.5, 0.5]), k=3, epsilon=1.0, w=None, gen=torch.Generator().manual_seed(0))
+    nb = private_neighbours(sim, torch.tensor([0.5, 0.5]), k=3, epsilon=1.0, w=None, gen=noise_generator(0))
     assert set(nb[0].tolist()) >= {1, 3}  # both candidates, whatever their scores
     assert nb.shape == (2, 3)
 

@@ -71,16 +71,25 @@ def test_non_private_runs_stay_reproducible_from_seed(tmp_path: Path) -> None:
 
 
 def test_no_secret_reaches_any_file_but_the_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every secret the run draws is a sentinel here; none of its digits may appear outside the checkpoint."""
-    drawn: list[int] = []
+    """Every root key the run draws is a sentinel here; neither it nor any key derived from it (streams, folds, jobs)
+    may appear, raw or in hex, outside the checkpoint."""
+    drawn: list[bytes] = []
+    real_derive = seeding.derive_key
 
-    def sentinel(bits: int) -> int:
-        drawn.append(0x5EC2E7 * 10**9 + len(drawn) * 7919 + 123457)
+    def sentinel(n: int) -> bytes:
+        drawn.append(bytes([0x5E, 0xC2, 0xE7, len(drawn)]) * (n // 4))
         return drawn[-1]
 
-    monkeypatch.setattr(seeding.secrets, "randbits", sentinel)
+    def derive(key: bytes, *labels) -> bytes:
+        out = real_derive(key, *labels)
+        drawn.append(out)
+        return out
+
+    monkeypatch.setattr(seeding.secrets, "token_bytes", sentinel)
+    monkeypatch.setattr(seeding, "derive_key", derive)
     run = dprec_torch.train(["data=synthetic", "data.preset=tiny", "compare_baselines=false", "tensorboard=true",
                              "device=cpu", "mechanism=dpsgd", "epsilon=1", "mechanism.epochs=1",
+                             "keep_checkpoint=true",  # kept (a private run deletes it) so the scan proves it alone holds them
                              f"output_dir={tmp_path / 'run'}"])
     assert len(drawn) >= 2  # the mechanism's noise and the Poisson sampler
     files = [p for p in run.dir.rglob("*") if p.is_file() and not p.name.startswith("checkpoint")]
@@ -88,8 +97,8 @@ def test_no_secret_reaches_any_file_but_the_checkpoint(tmp_path: Path, monkeypat
     for p in files:
         data = p.read_bytes()
         for secret in drawn:
-            for form in (str(secret), str(secret + seeding.SAMPLER_STREAM), hex(secret)):
-                assert form.encode() not in data, f"{p} holds a noise secret"
+            for form in (secret, secret.hex().encode(), secret[:16], secret[16:]):
+                assert form not in data, f"{p} holds a noise key"
     ckpt = torch.load(next(run.dir.glob("checkpoint_fold*.pt")), weights_only=False)
     assert ckpt  # the generator state lives only there (the checkpoint is marked private)
 

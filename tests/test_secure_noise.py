@@ -1,8 +1,8 @@
-"""Issue 28, 1: the CPU noise sampler -- ChaCha20 keystream, Laplace and Gaussian noise added in place.
+"""The package's CSPRNG: ChaCha20 keystream, Laplace and Gaussian noise added in place (dprec_torch/chacha.py).
 
 The block function is RFC 8439's (section 2.3.2's vector); a draw depends on its key alone (not on the thread
-count); the noise has the right law (KS tests on 10^6 draws with a fixed key); the key comes from the mechanism's
-torch generator, so a restored generator state redraws the same noise.
+count, nor on the device: the torch kernels give the numba kernels' words); the noise has the right law (KS tests
+on 10^6 draws with a fixed key). The 256-bit keys and their derivation: tests/test_secret_keys.py.
 """
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ import pytest
 import torch
 from scipy import stats
 
-from dprec_torch import seeding
-from dprec_torch.errors import ConfigError
-from dprec_torch.mechanisms import base, noise
+from dprec_torch import chacha as noise
 
 KEY = np.arange(8, dtype=np.uint32) * np.uint32(0x01010101)
 N = 1_000_000
@@ -59,7 +57,7 @@ def test_draws_do_not_depend_on_the_thread_count(threads) -> None:
         gau = noise.add_gaussian_(base_values.clone(), 0.7, KEY)
         out[n] = (lap, gau, noise.uniform(KEY, 40_001))
     assert torch.equal(out[1][0], out[2][0]) and torch.equal(out[1][1], out[2][1])
-    assert np.array_equal(out[1][2], out[2][2])
+    assert torch.equal(out[1][2], out[2][2])
 
 
 def test_same_key_same_draws_other_key_other_draws() -> None:
@@ -79,7 +77,7 @@ def test_a_prefix_of_a_longer_draw_is_the_shorter_draw() -> None:
 
 
 def test_uniforms_lie_in_the_half_open_unit_interval() -> None:
-    u = noise.uniform(KEY, N)
+    u = noise.uniform(KEY, N, open_interval=True).numpy()
     assert u.min() > 0 and u.max() <= 1
     assert abs(u.mean() - 0.5) < 5 * np.sqrt(1 / 12 / N)
     assert stats.kstest(u, stats.uniform().cdf).pvalue > 1e-3
@@ -87,7 +85,7 @@ def test_uniforms_lie_in_the_half_open_unit_interval() -> None:
 
 
 def test_log_is_accurate_to_an_ulp() -> None:
-    x = np.concatenate([noise.uniform(KEY, 20_000), [2.0**-53, 2.0**-52, 0.5, 1 - 2.0**-53, 1.0, np.sqrt(0.5)]])
+    x = np.concatenate([noise.uniform(KEY, 20_000, open_interval=True).numpy(), [2.0**-53, 2.0**-52, 0.5, 1 - 2.0**-53, 1.0, np.sqrt(0.5)]])
     got = np.array([noise._log(v) for v in x])
     ref = np.log(x)
     assert np.all(np.abs(got - ref) <= np.spacing(np.abs(ref)) + 1e-300)
@@ -148,49 +146,17 @@ def test_non_contiguous_targets_get_the_row_major_draws(add) -> None:
     assert torch.equal(add(half, 0.9, KEY), add(torch.zeros(100), 0.9, KEY).bfloat16())
 
 
-def test_the_key_comes_from_the_generator_and_a_restored_state_redraws_the_noise(monkeypatch) -> None:
-    monkeypatch.delenv(noise.ENV, raising=False)
-    gen = seeding.make_generator(123)
-    saved = gen.get_state()
-    lap = base.add_laplace_noise_(torch.zeros(5000), 0.5, gen)
-    gau = base.add_gaussian_noise_(torch.zeros(5000), 0.5, gen)
-    mlap = base.laplace_noise(torch.Size([7, 3]), 0.5, gen, torch.device("cpu"))
-    after = gen.get_state()
-    restored = torch.Generator().manual_seed(999)
-    restored.set_state(saved)  # what a resumed run does with the checkpoint's generator state
-    assert torch.equal(base.add_laplace_noise_(torch.zeros(5000), 0.5, restored), lap)
-    assert torch.equal(base.add_gaussian_noise_(torch.zeros(5000), 0.5, restored), gau)
-    assert torch.equal(base.laplace_noise(torch.Size([7, 3]), 0.5, restored, torch.device("cpu")), mlap)
-    assert torch.equal(restored.get_state(), after)
-    again = seeding.make_generator(123)  # one key (8 words) per draw
-    assert np.array_equal(noise.draw_key(again), torch.randint(0, 2**32, (8,), generator=seeding.make_generator(123),
-                                                             dtype=torch.int64).numpy().astype(np.uint32))
-    assert torch.equal(noise.add_laplace_(torch.zeros(5000), 0.5, noise.draw_key(seeding.make_generator(123))), lap)
-    assert not torch.equal(base.add_laplace_noise_(torch.zeros(5000), 0.5, seeding.make_generator(124)), lap)
+def test_the_torch_kernels_give_the_same_words_on_any_device() -> None:
+    """CUDA draws come from torch integer kernels: the same keystream as the CPU's numba kernels (checked on the CPU
+    here; on CUDA in tests/test_secret_keys.py when a GPU is present)."""
+    n = 2 * 8 + 5
+    lo, hi = noise.torch_keystream(KEY, n, "cpu")
+    words = noise.keystream_words(KEY, n)
+    assert np.array_equal((hi.numpy().astype(np.uint64) << np.uint64(32)) | lo.numpy().astype(np.uint64), words)
 
 
-def test_the_torch_sampler_stays_reachable_and_the_report_names_the_sampler(monkeypatch) -> None:
-    monkeypatch.setenv(noise.ENV, "torch")
-    assert noise.sampler() == "torch" and seeding.randomness_report(True)["noise_sampler"] == "torch"
-    t = torch.randn(3000)
-    old = base.torch_add_laplace_noise_(t.clone(), 0.9, seeding.make_generator(5))
-    assert torch.equal(base.add_laplace_noise_(t.clone(), 0.9, seeding.make_generator(5)), old)
-    g = torch.randn(3000)
-    assert torch.equal(base.add_gaussian_noise_(g.clone(), 0.9, seeding.make_generator(5)),
-                       g + torch.randn(g.shape, generator=seeding.make_generator(5)) * 0.9)
-    monkeypatch.setenv(noise.ENV, "chacha20")
-    report = seeding.randomness_report(True)
-    assert report["noise_sampler"] == "chacha20" and "ChaCha20" in report["statement"] and "Philox" in report["statement"]
-    assert seeding.randomness_report(False)["noise_sampler"] == "chacha20"
-    monkeypatch.setenv(noise.ENV, "pcg64")
-    with pytest.raises(ConfigError, match="DPREC_NOISE_SAMPLER"):
-        noise.sampler()
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_tensors_keep_torchs_generator() -> None:
-    t = torch.zeros(1000, device="cuda")
-    gen = torch.Generator(device="cuda").manual_seed(3)
-    ref = base.torch_add_laplace_noise_(torch.zeros(1000, device="cuda"), 1.0, torch.Generator(device="cuda").manual_seed(3))
-    assert torch.equal(base.add_laplace_noise_(t, 1.0, gen), ref)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_half_open_uniforms_never_reach_one(dtype) -> None:
+    u = noise.uniform(KEY, 100_000, dtype=dtype)
+    assert u.dtype == dtype and u.min() >= 0 and u.max() < 1
+    assert stats.kstest(u.double().numpy(), stats.uniform().cdf).pvalue > 1e-3

@@ -17,7 +17,7 @@ from dprec_torch.mechanisms.sgd import MapSGD
 from dprec_torch.models.batching import PoissonBatchSampler, UserBatch, full_batch
 from dprec_torch.models.pair_kernels import build_history, build_plan
 from dprec_torch.models.pnbm import PNBM
-from dprec_torch.seeding import make_generator
+from dprec_torch.seeding import noise_generator
 from tests.helpers import ml100k_available, tiny_fold
 
 
@@ -88,7 +88,7 @@ def test_full_batch_random_data(gradient, floor_c):
 def test_sampled_batches_random_data(gradient, unit):
     train = random_ratings(seed=1)
     models = pair_of_models(train, 2.0, gradient, seed=1)
-    sampler = PoissonBatchSampler(train, models[0].item_means, 0.3, unit, make_generator(5))
+    sampler = PoissonBatchSampler(train, models[0].item_means, 0.3, unit, noise_generator(5))
     for _ in range(3):
         batch = as_dtype(sampler.sample(), torch.float64)
         compare(models, batch, clamp=1.5)

@@ -13,7 +13,7 @@ from dprec_torch.mechanisms.sgd import MapSGD
 from dprec_torch.models.batching import PoissonBatchSampler, UserBatch, full_batch
 from dprec_torch.models.pnbm import PNBM
 from dprec_torch.models.pnbm_topk import PNBMTopK, corating_support, mirror_index, pcc_support, random_support
-from dprec_torch.seeding import make_generator
+from dprec_torch.seeding import noise_generator
 from dprec_torch.training.run import train
 from tests.contract import PredictorContract
 from tests.helpers import CONF_DIR, tiny_fold, toy_ratings
@@ -52,7 +52,7 @@ def test_matches_dense_pnbm_restricted_to_the_support(gradient, k, floor_c, rows
     with torch.no_grad():
         m.S_values.add_(torch.randn(m.S_values.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64))
     d = dense_twin(m, train, gradient)
-    sampler = PoissonBatchSampler(train, m.item_means.float(), 0.5, "rating", make_generator(2))
+    sampler = PoissonBatchSampler(train, m.item_means.float(), 0.5, "rating", noise_generator(2))
     for batch in (full_batch(train, m.item_means.float()), sampler.sample()):
         batch = as_double(batch)
         grads, preds = [], []

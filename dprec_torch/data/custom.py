@@ -95,7 +95,7 @@ def load_custom(
     ref = "the dataset" if catalog is None else f"the dataset (users) / the catalogue {catalog.path} (items)"
     encoded = [encode(r, user_ids, item_ids, scale, ref) for r in raws]
     if path:
-        folds = holdout_folds(encoded[0], wanted, test_fraction, seed)
+        folds = holdout_folds(encoded[0], wanted, test_fraction, seed, user_ids, item_ids)  # keyed by raw ids
     else:
         folds = [Fold(1, encoded[0], encoded[1], name="given")]
     report = {

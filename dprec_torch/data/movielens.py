@@ -239,7 +239,7 @@ def load_movielens(
             folds.append(Fold(k, train, test, name=f"u{k}"))
     else:
         whole = encode(raw, user_ids, item_ids, MOVIELENS_SCALE)
-        folds = holdout_folds(whole, wanted, test_fraction, seed)
+        folds = holdout_folds(whole, wanted, test_fraction, seed, user_ids, item_ids)  # keyed by raw ids
     report = {"source": str(folder), "n_ratings": len(raw), "duplicates_dropped": 0, ITEM_UNIVERSE: universe.describe()}
     dataset = build_dataset(
         name, folds, user_ids.tolist(), item_ids.tolist(), MOVIELENS_SCALE, min_user_ratings, max_user_ratings, seed, report

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from dprec_torch.data.ratings import Fold, RatingDataset, Ratings, RatingScale
-from dprec_torch.data.splits import CAP_STREAM, derive_seed
+from dprec_torch.data.streams import CAP_STREAM, derive_seed
 from dprec_torch.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)

@@ -11,6 +11,13 @@ round(fraction x |R_u|) of them, at least 1, never all), so every validation use
 history for Eq. (2). Privacy note: tuning runs train on the same users, so their epsilons add
 up in the privacy ledger (:mod:`dprec_torch.privacy.ledger`) like any other run's.
 
+Keyed by raw ids (issue 33, 2): u's held-out ratings are the ones of smallest
+:func:`~dprec_torch.data.preprocess.rating_keys` hash of (``derive_seed(seed, fold, VALIDATION_STREAM)``, u's raw id
+key, the item's raw id key) -- ties by item key --, the keys the loaders store in ``Ratings.meta``. So u's validation
+ratings depend on (seed, fold, u's raw id, u's own training ratings) only: *other users' ratings stay put when one
+user is added or removed*, even when the id map is rebuilt without that user (the split before issue 33 ranked by a
+``torch.rand`` drawn per rating POSITION, which moved everyone's ratings). Vectorised; any device.
+
 ``python train.py data=ml-100k-val`` (conf/data/ml-100k-val.yaml) selects this split through
 :func:`with_validation`, which wraps any dataset loader.
 """
@@ -21,9 +28,11 @@ from typing import Any
 
 import torch
 
+from dprec_torch.data.preprocess import rating_keys
 from dprec_torch.data.ratings import Fold, RatingDataset
+from dprec_torch.data.splits import id_keys
+from dprec_torch.data.streams import VALIDATION_STREAM, derive_seed
 from dprec_torch.errors import ConfigError
-from dprec_torch.seeding import make_generator
 
 VALIDATION_SUFFIX = "+validation"
 
@@ -33,14 +42,15 @@ def validation_fold(fold: Fold, fraction: float = 0.1, seed: int = 0) -> Fold:
     if not 0 < float(fraction) < 1:
         raise ConfigError(f"validation fraction must be strictly between 0 and 1, got {fraction}")
     train = fold.train
-    n = len(train)
-    gen = make_generator(int(seed) * 1_000_003 + int(fold.index))
-    key = torch.rand(n, generator=gen, dtype=torch.float64).to(train.device)
-    order = torch.argsort(train.users.double() + key)  # by user, then by a random key within the user
+    n, dev = len(train), train.device
+    uk, ik = id_keys(train)  # raw-id keys from train.meta (build_dataset stores them), else the contiguous ids
+    key = rating_keys(derive_seed(int(seed), int(fold.index), VALIDATION_STREAM), uk, ik, train.users, train.items)
+    order = torch.argsort(ik[train.items], stable=True)  # ties in the key: by item key
+    order = order[torch.argsort(((train.users << 32) | key)[order], stable=True)]  # by (user, key, item key)
     counts = torch.bincount(train.users, minlength=train.n_users)
     starts = torch.cumsum(counts, 0) - counts
-    rank = torch.empty(n, dtype=torch.long, device=train.device)
-    rank[order] = torch.arange(n, device=train.device) - starts[train.users[order]]
+    rank = torch.empty(n, dtype=torch.long, device=dev)
+    rank[order] = torch.arange(n, device=dev) - starts[train.users[order]]
     take = torch.round(counts.double() * float(fraction)).long().clamp_min(1)
     take = torch.where(counts >= 2, torch.minimum(take, counts - 1), torch.zeros_like(take))
     is_val = rank < take[train.users]

@@ -40,6 +40,8 @@ from dprec_torch.predictors.knn import ItemKNN
 from dprec_torch.privacy.item_means import ItemMeansSpec, release_item_means
 from dprec_torch.seeding import noise_generator
 
+DP_REFERENCE_STREAM = "dp_reference"  # the reference's key stream: apart from the run's, under one noise_seed
+
 log = logging.getLogger(__name__)
 
 
@@ -104,7 +106,7 @@ class DPMeansOffset(BasePredictor):
 
     def fit(self, train: Ratings) -> "DPMeansOffset":
         train = self._prepare(train)
-        gen = noise_generator(self.seed, "cpu")
+        gen = noise_generator(self.seed, "cpu", stream=DP_REFERENCE_STREAM)  # never the run's own noise
         spec = ItemMeansSpec("posterior", self.relation, "laplace", self.prior_std)
         release = release_item_means(train, spec, gen, epsilon=self.epsilon)
         self.item_avg_, self.global_avg_ = release.means.to(train.device), release.global_mean
@@ -131,7 +133,8 @@ def dp_reference_target(report: dict[str, Any], configured_epsilon: Any) -> tupl
     score entries, a non-private run's None)."""
     relation = str(report.get("relation") or "")
     rel = next((r for r in ("user", "rating") if relation == r or relation.startswith(r + " ")), None)
-    for eps in (report.get("epsilon"), configured_epsilon):
+    # a run-level report of several fold models: the reference stands beside ONE model, at one model's epsilon
+    for eps in (report.get("epsilon_per_model", report.get("epsilon")), configured_epsilon):
         try:
             value = float(eps)
         except (TypeError, ValueError):
@@ -141,20 +144,12 @@ def dp_reference_target(report: dict[str, Any], configured_epsilon: Any) -> tupl
     return None
 
 
-def reference_seed(noise_seed: int | None, fold_index: int) -> int | None:
-    """The DP reference's noise seed: None (secret) unless the run's ``noise_seed`` is explicit, then a stream apart
-    from the run's own generators (noise_seed, noise_seed + 1, ...)."""
-    if noise_seed is None:
-        return None
-    return (int(noise_seed) * 1_000_003 + 7919 * int(fold_index) + 104_729) % (2**63 - 1)
-
-
 def dp_reference_metrics(fold: Fold, target: tuple[float, str] | None, noise_seed: int | None) -> dict[str, dict[str, float]]:
     """``{DP_MEANS: test metrics}`` of DP means + offset at ``target`` = (epsilon, relation)
     (:func:`dp_reference_target`) on ``fold``; empty when ``target`` is None."""
     if target is None:
         return {}
-    ref = DPMeansOffset(target[0], target[1], reference_seed(noise_seed, fold.index), device=fold.train.device)
+    ref = DPMeansOffset(target[0], target[1], noise_seed, device=fold.train.device)  # its own stream (DP_REFERENCE_STREAM)
     return {DP_MEANS: score_predictor(ref.fit(fold.train), fold)}
 
 

@@ -43,11 +43,10 @@ from typing import Any, Callable, Iterable
 import torch
 from torch.optim import Optimizer
 
-from dprec_torch.mechanisms import noise
 from dprec_torch.mechanisms.context import TrainingContext, bound_model
 from dprec_torch.privacy.accountants import Accountant
 from dprec_torch.privacy.pnbm_clipping import clip_factors
-from dprec_torch.seeding import noise_generator
+from dprec_torch.seeding import SecretGenerator, noise_generator, secret
 
 
 class MechanismOptimizer(Optimizer):
@@ -147,7 +146,7 @@ class MechanismOptimizer(Optimizer):
 
     def add_gaussian_noise_(self, std: float) -> None:
         """G += N(0, std^2) on every parameter entry (a missing gradient counts as zero), from the secret generator
-        (:func:`add_gaussian_noise_`: ChaCha20 on the CPU, torch's Philox on CUDA)."""
+        (:func:`add_gaussian_noise_`: ChaCha20 under a 256-bit key, on every device)."""
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:
@@ -236,7 +235,7 @@ class MechanismOptimizer(Optimizer):
         release = state_dict.pop("mean_release", None)
         super().load_state_dict(state_dict)
         if gen is not None:
-            self.generator.set_state(gen.cpu() if self.generator.device.type == "cpu" else gen)
+            self.generator.set_state(gen)
         if acc is not None and self.accountant is not None:
             self.accountant.load_state_dict(acc)
         if release is not None:
@@ -244,63 +243,18 @@ class MechanismOptimizer(Optimizer):
         self.prepared = True
 
 
-def laplace_noise(shape: torch.Size, scale: float, generator: torch.Generator, device: torch.device) -> torch.Tensor:
-    """Lap(0, b) with *scale* b (variance 2 b^2), by inverse CDF, as a float32 tensor: on the CPU from the ChaCha20
-    sampler (:mod:`dprec_torch.mechanisms.noise`, one key drawn from ``generator``), else :func:`torch_laplace_noise`."""
-    device = torch.device(device)
-    if device.type == "cpu" and noise.sampler() == "chacha20":
-        return noise.add_laplace_(torch.zeros(shape, dtype=torch.float32), scale, noise.draw_key(generator))
-    return torch_laplace_noise(shape, scale, generator, device)
+def laplace_noise(shape: torch.Size, scale: float, generator: SecretGenerator, device: torch.device) -> torch.Tensor:
+    """Lap(0, b) with *scale* b (variance 2 b^2), by inverse CDF on ChaCha20 words (:mod:`dprec_torch.chacha`), as a
+    float32 tensor on ``device``."""
+    return add_laplace_noise_(torch.zeros(shape, dtype=torch.float32, device=device), scale, generator)
 
 
-def torch_laplace_noise(shape: torch.Size, scale: float, generator: torch.Generator, device: torch.device) -> torch.Tensor:
-    """The torch sampler's Lap(0, b): one float64 uniform from ``generator`` per entry, inverse CDF."""
-    u = torch.rand(shape, generator=generator, device=device, dtype=torch.float64) - 0.5
-    return (-scale * torch.sign(u) * torch.log1p(-2 * u.abs())).to(torch.float32)
+def add_laplace_noise_(target: torch.Tensor, scale: float, generator: SecretGenerator) -> torch.Tensor:
+    """target += Lap(0, b) entrywise, in place, from the secret generator (one 256-bit key per draw; on the CPU the
+    inverse CDF is fused with the keystream in a parallel kernel, no M^2 temporaries)."""
+    return secret(generator).add_laplace_(target, scale)
 
 
-NOISE_CHUNK = 1 << 16  # float64 draws per chunk of the torch sampler on the CPU: 512 KiB, stays in cache
-
-
-def add_laplace_noise_(target: torch.Tensor, scale: float, generator: torch.Generator) -> torch.Tensor:
-    """target += Lap(0, b) entrywise, in place.
-
-    A CPU tensor gets the ChaCha20 sampler (:mod:`dprec_torch.mechanisms.noise`: one 256-bit key drawn from
-    ``generator``, the inverse CDF fused with the keystream in a parallel kernel, no M^2 temporaries). A CUDA tensor,
-    or any tensor under ``DPREC_NOISE_SAMPLER=torch``, gets :func:`torch_add_laplace_noise_`.
-    """
-    if noise.use_chacha(target):
-        return noise.add_laplace_(target, scale, noise.draw_key(generator))
-    return torch_add_laplace_noise_(target, scale, generator)
-
-
-def torch_add_laplace_noise_(target: torch.Tensor, scale: float, generator: torch.Generator) -> torch.Tensor:
-    """The torch sampler: the same draws, bit for bit, as ``target + torch_laplace_noise(...)`` (the numbers
-    published before issue 28).
-
-    On the CPU the uniforms are drawn and transformed chunk by chunk in a cache-sized float64
-    buffer (the generator's stream is consumed in the same order), instead of five passes over
-    M^2 float64 temporaries; elsewhere it is ``torch_laplace_noise`` in one go.
-    """
-    if target.device.type != "cpu" or not target.is_contiguous():
-        return target.add_(torch_laplace_noise(target.shape, scale, generator, target.device))
-    flat = target.view(-1)
-    n = flat.numel()
-    buf = torch.empty(min(NOISE_CHUNK, n), dtype=torch.float64)
-    sign = torch.empty_like(buf)
-    for s in range(0, n, NOISE_CHUNK):
-        e = min(n, s + NOISE_CHUNK)
-        u, sg = buf[: e - s], sign[: e - s]
-        u.uniform_(-0.5, 0.5, generator=generator)  # = rand - 0.5, the same draws
-        torch.sign(u, out=sg)
-        u.abs_().mul_(-2).log1p_().mul_(sg).mul_(-scale)  # -b sign(u) log(1 - 2|u|)
-        flat[s:e].add_(u.to(target.dtype))
-    return target
-
-
-def add_gaussian_noise_(target: torch.Tensor, std: float, generator: torch.Generator) -> torch.Tensor:
-    """target += N(0, std^2) entrywise, in place: ChaCha20 + Box-Muller on the CPU (:mod:`dprec_torch.mechanisms.noise`),
-    torch's ``randn`` from ``generator`` on CUDA or under ``DPREC_NOISE_SAMPLER=torch`` (the old draws, bit for bit)."""
-    if noise.use_chacha(target):
-        return noise.add_gaussian_(target, std, noise.draw_key(generator))
-    return target.add_(torch.randn(target.shape, generator=generator, device=target.device, dtype=target.dtype) * std)
+def add_gaussian_noise_(target: torch.Tensor, std: float, generator: SecretGenerator) -> torch.Tensor:
+    """target += N(0, std^2) entrywise, in place: ChaCha20 + Box-Muller, from the secret generator, on any device."""
+    return secret(generator).add_gaussian_(target, std)

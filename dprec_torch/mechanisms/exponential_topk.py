@@ -64,7 +64,7 @@ from dprec_torch.errors import ConfigError, DataError
 from dprec_torch.interfaces import FittedPredictor, HasScoreRange, Predictor, Scorer
 from dprec_torch.predictors.release import ReleasesState
 from dprec_torch.privacy.budget import check_epsilon
-from dprec_torch.seeding import noise_generator
+from dprec_torch.seeding import SecretGenerator, noise_generator
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ def topk_log_prob(logw: torch.Tensor, sets: torch.Tensor) -> torch.Tensor:
     return logw.gather(1, sets).sum(1) - topk_log_normalizer(logw, k)
 
 
-def sample_topk_exact(logw: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
+def sample_topk_exact(logw: torch.Tensor, k: int, generator: SecretGenerator) -> torch.Tensor:
     """One exact draw from ``P(S) ∝ prod_{j in S} w_j`` over k-subsets per user row.
 
     Returns a ``[U, M]`` bool mask with ``min(k, #eligible)`` items per row.
@@ -115,7 +115,7 @@ def sample_topk_exact(logw: torch.Tensor, k: int, generator: torch.Generator) ->
     table = elementary_log_table(logw, k)
     left = torch.isfinite(logw).sum(1).clamp_max(k)  # slots to fill per user
     chosen = torch.zeros(n_users, n_items, dtype=torch.bool, device=logw.device)
-    log_u = torch.rand(n_users, n_items, generator=generator, dtype=torch.float64, device=logw.device).log()
+    log_u = generator.rand(n_users, n_items, dtype=torch.float64, device=logw.device).log()
     for i in range(n_items):
         r = left.clamp_min(1)[:, None]
         # P(item i joins | r slots left) = w_i e_{r-1}(w_{i+1:}) / e_r(w_{i:})
@@ -183,14 +183,14 @@ class BirthDeathChain:
         """Target law ``[U, J]``: ``pi_j ∝ w_j`` (Eq. (28) restricted to the candidates)."""
         return torch.softmax(self.log_w, dim=1)
 
-    def step(self, state: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    def step(self, state: torch.Tensor, generator: SecretGenerator) -> torch.Tensor:
         """One DTMC transition for every chain (``state``: ``[U]`` long)."""
         up = self.p_up.gather(1, state[:, None]).squeeze(1)
         down = self.p_down.gather(1, state[:, None]).squeeze(1)
-        u = torch.rand(state.shape, generator=generator, dtype=torch.float64, device=state.device)
+        u = generator.rand(state.shape, dtype=torch.float64, device=state.device)
         return state + (u < up).long() - ((u >= up) & (u < up + down)).long()
 
-    def run(self, n_iter: int, generator: torch.Generator, state: torch.Tensor | None = None) -> torch.Tensor:
+    def run(self, n_iter: int, generator: SecretGenerator, state: torch.Tensor | None = None) -> torch.Tensor:
         """``n_iter`` transitions from ``S_0`` (or ``state``); returns the final states."""
         if state is None:
             state = torch.zeros(self.log_w.shape[0], dtype=torch.long, device=self.log_w.device)
@@ -284,7 +284,7 @@ class ExponentialTopKRecommender:
         self.mech = mechanism
         label = predictor.name if isinstance(predictor, FittedPredictor) else type(predictor).__name__
         self.name = f"{label}+exponential_topk"
-        self.generator_: torch.Generator | None = None
+        self.generator_: SecretGenerator | None = None
         self.n_sets_ = 0
         self.n_items: int | None = None
         self.sensitivity_: float | None = mechanism.sensitivity
@@ -352,7 +352,7 @@ class ExponentialTopKRecommender:
         # NaN -> lo and +-inf -> the range ends: any value of one entry stays within the Delta it was calibrated to
         return s.double().nan_to_num(nan=self.range_[0]).clamp(*self.range_)
 
-    def _gen(self, device: torch.device) -> torch.Generator:
+    def _gen(self, device: torch.device) -> SecretGenerator:
         if self.generator_ is None:
             self.generator_ = noise_generator(self.mech.seed, device)
         return self.generator_

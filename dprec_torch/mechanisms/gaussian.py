@@ -203,6 +203,11 @@ class GaussianDPSGD(MechanismOptimizer):
         """The Opacus accountant's epsilon for the steps taken so far (at ``delta``)."""
         return self.accountant.get_epsilon(self.delta)
 
+    def planned_history(self) -> list[list[float]]:
+        """The whole run's accountant history, [sigma, q, steps] entries (the report's ``accountant_history``, which
+        :func:`~dprec_torch.privacy.ledger.joint_epsilon` composes over several releases of the same people)."""
+        return [[self.noise_multiplier, self.sampling_ratio, int(self.context.total_steps)]]
+
     def privacy_report(self) -> dict[str, Any]:
         eps = self.planned_epsilon()
         unit_words = "one rating" if self.unit == "rating" else "one user's whole profile"
@@ -224,6 +229,8 @@ class GaussianDPSGD(MechanismOptimizer):
             "epsilon_spent": self.epsilon_spent(),
             "delta": self.delta if math.isfinite(eps) else None,
             "accountant": f"opacus {self.accountant_name}",
+            "accountant_name": self.accountant_name,
+            "accountant_history": self.planned_history(),
             "analysis": (
                 f"Each step releases sum of per-{self.unit} gradients clipped to L2 norm c={self.clip_norm:g} plus "
                 f"N(0, (sigma c)^2) on every parameter, sigma={self.noise_multiplier:.4g}; Poisson sampling rate "
@@ -349,6 +356,10 @@ class GaussianPNBM(GaussianDPSGD):
                 if not self.lowrank and p.grad is not None and p.dim() == 2 and p.shape[0] == p.shape[1]:
                     zero_diagonal_(p.grad)
         super().add_noise()
+
+    def planned_history(self) -> list[list[float]]:
+        """The item means' entry, then the T steps (what :meth:`planned_epsilon` composes)."""
+        return ([[self.mean_sigma, 1.0, self.mean_releases]] if self.mean_sigma > 0 else []) + super().planned_history()
 
     def planned_epsilon(self) -> float:
         hist = [(self.mean_sigma, 1.0, self.mean_releases)] if self.mean_sigma > 0 else []

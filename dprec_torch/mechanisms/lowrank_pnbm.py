@@ -28,6 +28,7 @@ from dprec_torch.models.pnbm_lowrank import LowRankPNBM
 from dprec_torch.privacy.pnbm_clipping import clip_factors
 from dprec_torch.privacy.calibration import calibrate_gaussian
 from dprec_torch.privacy.item_means import ItemMeansRelease, ItemMeansSpec, install_item_means, release_item_means
+from dprec_torch.seeding import SecretGenerator
 
 
 def is_lowrank(model: Any) -> bool:
@@ -42,7 +43,7 @@ def gaussian_mean_multiplier(epsilon: float, delta: float, mean_fraction: float,
     return calibrate_gaussian(epsilon, delta, 1.0, 1, accountant).sigma / math.sqrt(mean_fraction)
 
 
-def release_means(model: LowRankPNBM, budget: float, noise: str, options: ItemMeansSpec, generator: torch.Generator
+def release_means(model: LowRankPNBM, budget: float, noise: str, options: ItemMeansSpec, generator: SecretGenerator
                   ) -> ItemMeansRelease:
     """Release the item means from the model's bound training data (``options``: the mechanism's ``mean_*`` keys as a
     posterior :class:`ItemMeansSpec`; budget: mu for ``gaussian``, the pure eps_0 for ``laplace``) and install them

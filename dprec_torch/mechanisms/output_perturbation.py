@@ -33,15 +33,15 @@ from dprec_torch.interfaces import (FittedPredictor, HasOutputSensitivity, HasRa
 from dprec_torch.predictors.release import ReleasesState
 from dprec_torch.predictors.slope_one import top_n_unrated
 from dprec_torch.privacy.budget import check_epsilon
-from dprec_torch.seeding import noise_generator
+from dprec_torch.seeding import SecretGenerator, noise_generator, secret
 
 log = logging.getLogger(__name__)
 
 
-def laplace_noise(shape: tuple[int, ...], scale: float, generator: torch.Generator, device: torch.device) -> torch.Tensor:
+def laplace_noise(shape: tuple[int, ...], scale: float, generator: SecretGenerator, device: torch.device) -> torch.Tensor:
     """``Lap(0, scale)`` draws as the difference of two ``Exp(1)`` draws times ``scale`` (float64)."""
-    e1 = torch.empty(shape, dtype=torch.float64, device=device).exponential_(1.0, generator=generator)
-    e2 = torch.empty(shape, dtype=torch.float64, device=device).exponential_(1.0, generator=generator)
+    e1 = secret(generator).exponential(shape, dtype=torch.float64, device=device)
+    e2 = generator.exponential(shape, dtype=torch.float64, device=device)
     return scale * (e1 - e2)
 
 
@@ -71,7 +71,7 @@ class LaplaceOutputPredictor:
         fitted = isinstance(predictor, FittedPredictor)  # declares name and task
         self.name = f"{predictor.name if fitted else type(predictor).__name__}+laplace_output"
         self.task = predictor.task if fitted else "rating"
-        self.generator_: torch.Generator | None = None
+        self.generator_: SecretGenerator | None = None
         self.n_released_ = 0
 
     # -------------------------------------------------------------- setup

@@ -68,7 +68,6 @@ import torch
 
 from dprec_torch.errors import ConfigError
 from dprec_torch.interfaces import ClipsTrainingPredictions, HasItemMeans
-from dprec_torch.mechanisms import noise
 from dprec_torch.mechanisms.base import MechanismOptimizer
 from dprec_torch.mechanisms.context import TrainingContext, bound_model
 from dprec_torch.mechanisms.dpsgd import is_pnbm
@@ -342,10 +341,7 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
             else:
                 g.addcdiv_(p, h, value=lam)
             p.add_(g, alpha=-self.posterior_scale * eta / 2)
-            if noise.use_chacha(p):  # M^2 draws a step for the full S: the parallel ChaCha20 sampler
-                noise.add_gaussian_(p, std, noise.draw_key(self.generator))
-            else:  # not base.add_gaussian_noise_: this form's old draws were added with alpha (the same bits again)
-                p.add_(torch.randn(p.shape, generator=self.generator, device=p.device), alpha=std)
+            self.generator.add_gaussian_(p, std)  # M^2 draws a step for the full S: the parallel ChaCha20 kernel
 
     # --------------------------------------------------------------- reporting
     def sample_epsilon_delivered(self) -> float | None:
@@ -487,6 +483,7 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
             "accountant": (f"Opacus {acc_text} over the item-mean release (noise multiplier {self.mean_sigma:.4g}, q = 1, "
                            f"1 step) and {k} chain steps (noise multiplier {self.noise_multiplier:.4g}, q = {q:g})"),
             "accountant_history": [[self.mean_sigma, 1.0, 1], [self.noise_multiplier, q, k]],
+            "accountant_name": self.accountant_name,
             "calibration": ("the typed epsilon sets the temperature rho: sigma is the smallest noise multiplier whose "
                             "history meets (epsilon, delta) (privacy/calibration.calibrate_gaussian), rho = eta (sigma C / (q N))^2"),
             "item_means": self.mean_release.report() if self.mean_release else None,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from dprec_torch.data.ratings import Ratings, _to_csr
+from dprec_torch.seeding import SecretGenerator
 
 
 @dataclass
@@ -113,7 +114,7 @@ class PoissonBatchSampler:
     the history by whatever the mechanism's ``prepare`` or a restored checkpoint installed.
     """
 
-    def __init__(self, train: Ratings, item_means: torch.Tensor, ratio: float, unit: str, generator: torch.Generator,
+    def __init__(self, train: Ratings, item_means: torch.Tensor, ratio: float, unit: str, generator: SecretGenerator,
                  history: bool = True) -> None:
         if not 0 < ratio <= 1:
             raise ValueError(f"sampling ratio must be in (0, 1], got {ratio}")
@@ -135,10 +136,10 @@ class PoissonBatchSampler:
             return self._full
         t = self.train
         if self.unit == "rating":
-            pick = torch.rand(len(t), generator=self.generator, device=self.generator.device).to(t.device) < self.ratio
+            pick = self.generator.rand(len(t), device=self.generator.device).to(t.device) < self.ratio
             user_mask = torch.zeros(t.n_users, dtype=torch.bool, device=t.device)
             user_mask[t.users[pick]] = True
         else:
-            user_mask = torch.rand(t.n_users, generator=self.generator, device=self.generator.device).to(t.device) < self.ratio
+            user_mask = self.generator.rand(t.n_users, device=self.generator.device).to(t.device) < self.ratio
             pick = user_mask[t.users]
         return make_batch(t, self.item_means, pick, user_mask, self.history)

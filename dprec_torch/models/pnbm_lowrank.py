@@ -169,7 +169,9 @@ class LowRankPNBM(BindsHistory, nn.Module):
         self.feature_reg = float(feature_reg)
         self.features_ = None  # the public item features bound with the data (bind)
         gen = torch.Generator().manual_seed(int(seed))  # drawn on the CPU: the same U_0 on every device
-        init = (torch.randn(self.n_items, self.rank, generator=gen, dtype=torch.float64) * self.init_std).float()
+        # float64 U: the per-user rows are summed in float64 and the noise is added to that sum before any rounding
+        # (a float32 gradient would round the clipped sum first; M x rank numbers, so the cost is small)
+        init = torch.randn(self.n_items, self.rank, generator=gen, dtype=torch.float64) * self.init_std
         self.U = nn.Parameter(init.to(device or "cpu"))
         self.register_buffer("item_means", torch.zeros(self.n_items, device=self.U.device))
         self.history: Ratings | None = None

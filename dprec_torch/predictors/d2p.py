@@ -54,7 +54,7 @@ from dprec_torch.errors import ConfigError, DataError
 from dprec_torch.privacy.budget import check_epsilon
 from dprec_torch.predictors.base import BasePredictor
 from dprec_torch.predictors.release import check_release_items
-from dprec_torch.seeding import noise_generator
+from dprec_torch.seeding import SecretGenerator, noise_generator
 
 log = logging.getLogger(__name__)
 
@@ -140,13 +140,13 @@ def calibrate(epsilon: float, p: float, n: int, g_min: int) -> tuple[float, floa
 
 
 # ------------------------------------------------------------------ AlterEgo
-def alter_ego(prof: torch.Tensor, elem: torch.Tensor, groups: torch.Tensor, p: float, p_star: float, gen: torch.Generator) -> torch.Tensor:
+def alter_ego(prof: torch.Tensor, elem: torch.Tensor, groups: torch.Tensor, p: float, p_star: float, gen: SecretGenerator) -> torch.Tensor:
     """Selector (Alg. 2) + Profiler (Alg. 3) for every (profile, element) entry at once: new elements."""
     n = groups.shape[0]
     dev = elem.device
-    u_sel = torch.rand(elem.shape, generator=gen, device=dev, dtype=torch.float64)
-    u_keep = torch.rand(elem.shape, generator=gen, device=dev, dtype=torch.float64)
-    u_pick = torch.rand(elem.shape, generator=gen, device=dev, dtype=torch.float64)
+    u_sel = gen.rand(elem.shape, device=dev, dtype=torch.float64)
+    u_keep = gen.rand(elem.shape, device=dev, dtype=torch.float64)
+    u_pick = gen.rand(elem.shape, device=dev, dtype=torch.float64)
     in_r = u_sel < p  # Selector: RItems with probability p, else GItems
     keep = u_keep < p_star  # Profiler: retain with probability p*
     any_item = (u_pick * n).long().clamp_max(n - 1)

@@ -60,7 +60,7 @@ from dprec_torch.privacy.item_means import (
     item_stats_sensitivity,
     release_item_means,
 )
-from dprec_torch.seeding import noise_generator, noise_seed_or_secret
+from dprec_torch.seeding import SecretGenerator, noise_generator
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +133,8 @@ def power_sensitivity(max_ratings: int, clamp_r: float, relation: str) -> float:
     return max_ratings * clamp_r**2 * (2.0 if relation == "rating" else 1.0)
 
 
-def _sym_noise(n: int, d: int, std: float, gen: torch.Generator, device: torch.device) -> torch.Tensor:
-    z = torch.randn(n, d, d, generator=gen, device=gen.device, dtype=torch.float64).to(device) * std
+def _sym_noise(n: int, d: int, std: float, gen: SecretGenerator, device: torch.device) -> torch.Tensor:
+    z = gen.randn(n, d, d, device=gen.device, dtype=torch.float64).to(device) * std
     up = torch.triu(z)
     return up + torch.triu(z, 1).transpose(1, 2)
 
@@ -262,13 +262,13 @@ class DPALS(BasePredictor):
         self.item_avg_, self.global_avg_ = rel.means.to(dev), rel.global_mean
         install_private_fallback(self, self.item_avg_, self.global_avg_)
         self.user_offset_, y = user_residuals(train, self.item_avg_, self.beta_p, self.clamp_r)
-        keep = per_user_sample(train, self.max_ratings_per_user, noise_seed_or_secret(self.seed, private=math.isfinite(self.epsilon)),
-                               hash="lehmer")  # keyed by the raw ids in train.meta
+        # a per-user function of u's own ratings for ANY key (so bounded); the key is drawn from the secret stream anyway
+        keep = per_user_sample(train, self.max_ratings_per_user, gen.randbits(63), hash="lehmer")  # keyed by the raw ids in train.meta
         mask = train.csr(torch.ones_like(y))
         resid = train.csr(y)
         m_cap = self.max_ratings_per_user
         # step 1: noisy power iteration
-        q = torch.linalg.qr(torch.randn(n_i, d, generator=gen, device=gen.device, dtype=torch.float64).to(dev))[0]
+        q = torch.linalg.qr(gen.randn(n_i, d, device=gen.device, dtype=torch.float64).to(dev))[0]
         self.power_std_ = 0.0
         if self.power_iters > 0:
             c0 = self.clamp_r * math.sqrt(m_cap) if m_cap is not None else math.inf
@@ -277,7 +277,7 @@ class DPALS(BasePredictor):
             for _ in range(self.power_iters):
                 w = power_statistics(train, y, keep, q, c0)
                 if self.power_std_ > 0:
-                    w = w + torch.randn(n_i, d, generator=gen, device=gen.device, dtype=torch.float64).to(dev) * self.power_std_
+                    w = w + gen.randn(n_i, d, device=gen.device, dtype=torch.float64).to(dev) * self.power_std_
                 q = torch.linalg.qr(w)[0]
         v = q * (self.init_scale * math.sqrt(n_i))
         # step 2: ALS rounds with noisy item statistics
@@ -288,7 +288,7 @@ class DPALS(BasePredictor):
             a, b = als_round_statistics(train, y, keep, v, self.reg, self.clip_factor, mask, resid)
             if self.als_std_ > 0:
                 a = a + _sym_noise(n_i, d, self.als_std_, gen, dev)
-                b = b + torch.randn(n_i, d, generator=gen, device=gen.device, dtype=torch.float64).to(dev) * self.als_std_
+                b = b + gen.randn(n_i, d, device=gen.device, dtype=torch.float64).to(dev) * self.als_std_
             evals, evecs = torch.linalg.eigh(a)
             a_psd = (evecs * evals.clamp_min(0.0)[:, None, :]) @ evecs.transpose(1, 2)
             # lambda_v = item_reg + noise_reg x s sqrt(d): the ridge grows with the noise's spectral scale

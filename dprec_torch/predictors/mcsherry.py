@@ -57,7 +57,7 @@ from dprec_torch.privacy.calibration import analytic_gaussian_sigma, classic_gau
 from dprec_torch.predictors.release import fallback_release
 from dprec_torch.privacy.item_means import install_private_fallback
 from dprec_torch.privacy.budget import check_epsilon_delta
-from dprec_torch.seeding import noise_generator
+from dprec_torch.seeding import SecretGenerator, noise_generator
 
 log = logging.getLogger(__name__)
 
@@ -124,8 +124,8 @@ def paper_covariance_bound(clamp_b: float) -> float:
 
 
 # ----------------------------------------------------------- Gaussian mechanism
-def _laplace(shape: tuple[int, ...], scale: float, gen: torch.Generator, device: torch.device) -> torch.Tensor:
-    u = torch.rand(shape, generator=gen, device=device, dtype=torch.float64) - 0.5
+def _laplace(shape: tuple[int, ...], scale: float, gen: SecretGenerator, device: torch.device) -> torch.Tensor:
+    u = gen.rand(shape, device=device, dtype=torch.float64) - 0.5
     return (-scale * torch.sign(u) * torch.log1p(-2.0 * u.abs())).to(torch.float32)
 
 
@@ -241,7 +241,7 @@ class McSherryMironov(BasePredictor):
             if self.calibration == "classic" and eps["cov"] >= 1:
                 raise ConfigError(f"mcsherry: calibration=classic needs eps_cov < 1 (got {eps['cov']:.3g}); use calibration=analytic")
             self.sigma_ = calib(self.sensitivity_, eps["cov"], self.delta)
-            noise = torch.randn(cov.shape, generator=gen, device=dev, dtype=torch.float32) * self.sigma_
+            noise = gen.randn(cov.shape, device=dev, dtype=torch.float32) * self.sigma_
             cov = cov + noise
             cov = (cov + cov.t()) / 2.0  # post-processing
         else:

@@ -77,7 +77,7 @@ from dprec_torch.privacy.item_means import (
     item_stats_sensitivity,
     release_item_means,
 )
-from dprec_torch.seeding import noise_generator
+from dprec_torch.seeding import SecretGenerator, noise_generator
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ def triangle(g: torch.Tensor) -> torch.Tensor:
     return g[r, c]
 
 
-def top_eigen(g: torch.Tensor, k: int, shift: float, gen: torch.Generator, iters: int = 30) -> tuple[torch.Tensor, torch.Tensor]:
+def top_eigen(g: torch.Tensor, k: int, shift: float, gen: SecretGenerator, iters: int = 30) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``k`` largest eigenpairs of symmetric ``g`` (descending) by subspace iteration on g + shift I.
 
     Post-processing only; ``shift`` (the noise edge) keeps the negative half of the noise spectrum away
@@ -147,7 +147,7 @@ def top_eigen(g: torch.Tensor, k: int, shift: float, gen: torch.Generator, iters
     """
     m = g.shape[0]
     width = min(m, k + 10)
-    q = torch.randn(m, width, generator=gen, device=gen.device, dtype=g.dtype).to(g.device)
+    q = gen.randn(m, width, device=gen.device, dtype=g.dtype).to(g.device)
     for _ in range(iters):
         q, _ = torch.linalg.qr(g @ q + shift * q)
     small = q.t() @ g @ q
@@ -170,9 +170,9 @@ def symmetric_solve(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def symmetric_noise(m: int, std: float, gen: torch.Generator, device: torch.device) -> torch.Tensor:
+def symmetric_noise(m: int, std: float, gen: SecretGenerator, device: torch.device) -> torch.Tensor:
     """An M x M symmetric matrix whose upper triangle (incl. diagonal) is iid N(0, std^2)."""
-    z = torch.randn(m, m, generator=gen, device=gen.device, dtype=torch.float64).to(device) * std
+    z = gen.randn(m, m, device=gen.device, dtype=torch.float64).to(device) * std
     up = torch.triu(z)
     return up + torch.triu(z, 1).t()
 

@@ -55,7 +55,7 @@ from dprec_torch.errors import ConfigError, DataError
 from dprec_torch.privacy.budget import check_epsilon
 from dprec_torch.predictors.base import BasePredictor
 from dprec_torch.predictors.release import fallback_release
-from dprec_torch.seeding import noise_generator
+from dprec_torch.seeding import SecretGenerator, noise_generator
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ def round_probabilities(scores: torch.Tensor, available: torch.Tensor, coef: tor
     return torch.softmax(logits, dim=-1)
 
 
-def private_neighbours(sim: torch.Tensor, rs: torch.Tensor, k: int, epsilon: float, w: float | None, gen: torch.Generator) -> torch.Tensor:
+def private_neighbours(sim: torch.Tensor, rs: torch.Tensor, k: int, epsilon: float, w: float | None, gen: SecretGenerator) -> torch.Tensor:
     """Alg. 2 for every row of ``sim`` (``[..., L]``, ``-inf`` = not a candidate) at once: k rounds of the
     exponential mechanism at eps/(2k), without replacement. Returns the ``[..., k]`` picked positions.
 
@@ -178,15 +178,15 @@ def private_neighbours(sim: torch.Tensor, rs: torch.Tensor, k: int, epsilon: flo
     scores, _, _ = truncated_scores(padded, kk, w)
     coef = torch.where(rs > 0, epsilon / (4.0 * k * rs.clamp_min(1e-12)), torch.zeros_like(rs))
     logits = (coef[..., None] * scores).masked_fill(~torch.isfinite(sim), float("-inf"))
-    u = torch.rand(sim.shape, generator=gen, device=sim.device, dtype=torch.float64).clamp_(1e-300, 1.0)
+    u = gen.rand(sim.shape, device=sim.device, dtype=torch.float64).clamp_(1e-300, 1.0)
     gumbel = -torch.log(-torch.log(u)).to(sim.dtype)
     keys = torch.where(torch.isfinite(logits), logits + gumbel, torch.full_like(logits, float("-inf")))
     return torch.topk(keys, kk, dim=-1).indices
 
 
-def laplace(shape: tuple[int, ...], scale: torch.Tensor | float, gen: torch.Generator, device: torch.device) -> torch.Tensor:
+def laplace(shape: tuple[int, ...], scale: torch.Tensor | float, gen: SecretGenerator, device: torch.device) -> torch.Tensor:
     """Laplace(0, scale) draws by inverse CDF from an explicit generator."""
-    u = torch.rand(shape, generator=gen, device=device, dtype=torch.float64) - 0.5
+    u = gen.rand(shape, device=device, dtype=torch.float64) - 0.5
     x = -torch.sign(u) * torch.log1p(-2.0 * u.abs())
     return (x * torch.as_tensor(scale, dtype=torch.float64, device=device)).to(torch.float32)
 

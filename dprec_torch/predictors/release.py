@@ -20,6 +20,13 @@ What the file is depends on the claim (``meta["covered_by_epsilon"]``): for a pr
 costs nothing more. For a non-private predictor (epsilon = inf), for PNCF (per-query noise, no end-to-end claim)
 and for an output mechanism (``laplace_output``, ``exponential_topk``, whose epsilon covers the noised answers, not
 the model) it is the curator's fitted state: keep it as private as the training data.
+
+A trained model (PNBM, its low-rank and top-k forms, MF; issue 33, 4) writes the same file at the end of its fold
+(:func:`write_trained_release`): its ``state_dict`` (the learned parameters and the buffers it predicts with, e.g. U
+and the DP item means) with a copy of the fold's privacy report and ``meta`` (model, mechanism, fold, sizes, epochs,
+the resolved model config without its public init seed); :func:`dprec_torch.training.evaluate.restore_fold` restores
+it with ``model.restore``. The checkpoint ``checkpoint_fold<k>.pt`` is the resume state and holds the secret noise
+key: a release never reads or copies it.
 """
 
 from __future__ import annotations
@@ -80,7 +87,8 @@ def read_release(path: str | Path, device: torch.device | str | None = None) -> 
     """The file :func:`write_release` wrote (tensors and plain values only: ``weights_only`` loading)."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"missing release {path}: the run was fitted before releases were written; fit it again")
+        raise ConfigError(f"missing release {path}: the run was made before releases were written (or did not finish "
+                          "this fold); train or fit it again")
     try:
         release = torch.load(path, map_location=device, weights_only=True)
     except Exception as err:  # noqa: BLE001 - a damaged file is one readable line
@@ -114,3 +122,89 @@ def restored_fallback(train: Ratings, state: dict[str, Any]) -> MeanFallback:
     fb.item_counts_ = torch.as_tensor(state["item_counts"], device=train.device)
     fb.user_counts_ = train.user_counts()
     return fb
+
+
+# ----------------------------------------------------------------------------------- a trained model (issue 33, 4)
+#: top-level keys of a trained model's release state a resumable checkpoint has and a release must not (the noise
+#: generators, the accountant, the optimizer's moments): :func:`write_trained_release` refuses a state naming them
+CHECKPOINT_ONLY_KEYS = frozenset({"optimizer", "sampler_generator", "rng", "accountant", "mean_release", "history"})
+
+
+def _cpu_copy(obj: Any) -> Any:
+    """Detached CPU copies of the tensors in ``obj`` (dicts, lists and plain values kept as they are)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _cpu_copy(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_cpu_copy(v) for v in obj)
+    return obj
+
+
+def model_released_state(model: torch.nn.Module) -> dict[str, Any]:
+    """What a trained model released: its ``state_dict`` -- the learned parameters (U, S, or MF's biases and factors),
+    the buffers it predicts with (the item means r_bar: the DP release where the mechanism made one; MF's public
+    mu_0; top-k PNBM's support) and, as ``_extra_state``, the fallback as released and MF's public rating scale --,
+    as CPU tensors and plain values. ``model.restore(train, state)`` takes it as it took a checkpoint's ``model``
+    entry. Nothing of the mechanism (optimizer, noise generators, accountant) is in a model's ``state_dict``."""
+    state = _cpu_copy(dict(model.state_dict()))
+    check_no_secrets(state)
+    bad = sorted(CHECKPOINT_ONLY_KEYS & set(state))
+    if bad:
+        raise RuntimeError(f"release state names {bad}: a release holds the model, never the checkpoint's resume state")
+    return state
+
+
+def user_side_of(model: torch.nn.Module) -> str:
+    """The release entry's ``user_side``: where each user's own part of a trained model's predictions comes from."""
+    from dprec_torch.interfaces import DeclaresFallback, ReadsUserHistory
+
+    if isinstance(model, ReadsUserHistory):  # PNBM, its low-rank and top-k forms
+        return ("not in the file: each user's own training ratings R_u, which the prediction for u reads (Eq. (2): joint "
+                "DP), are re-bound by load_run and evaluate.py run= from the run's training split (capped at tau for a "
+                "user-level mechanism, as trained); u's offset (and item-feature weights) follow from them at prediction time")
+    users = [n for n, _ in model.named_parameters() if n.startswith("user_")]
+    text = (f"in the file: the user parameters ({', '.join(users)}) are trained parameters, noised with the rest by the "
+            "mechanism and covered by its epsilon with them where it is finite (the privacy scope's epsilon_covers); "
+            "predictions are post-processing of the file alone") if users else "no user-side part: predictions read the file alone"
+    if isinstance(model, DeclaresFallback) and model.fallback == "mean":
+        text += ("; EXCEPT the fallback for ids without training ratings (model.fallback=mean): its exact training item "
+                 "means and user counts are in the file and NOT covered by epsilon")
+    return text
+
+
+def write_trained_release(path: str | Path, model: torch.nn.Module, report: dict[str, Any],
+                          meta: dict[str, Any]) -> dict[str, Any]:
+    """Write a trained model's release (:func:`model_released_state`) to ``path`` atomically, as :func:`write_release`
+    writes a fitted predictor's, and return the privacy report's ``release`` entry (also copied into ``meta``).
+
+    Covered by epsilon when the mechanism's epsilon is finite and every part of the model the file holds is covered
+    (the privacy scope of the model lists nothing it does not cover: non-DP item means, top-k PNBM's data-chosen
+    support, MF's ``fallback=mean`` means make it not covered). No generator state, seed, key, optimizer or
+    accountant state and no pre-noise statistic is in the file: those live in the (secret) checkpoint only."""
+    import json
+    import math
+
+    from dprec_torch.privacy.scope import _model_artefacts
+
+    eps = report.get("epsilon")
+    finite = eps is not None and math.isfinite(float(eps))
+    covers, not_covered = _model_artefacts(model, report)
+    covered = finite and not not_covered
+    if covered:
+        what = ("the trained model, which epsilon covers whole (" + "; ".join(covers)
+                + "): publishing it costs no further privacy")
+    elif finite:
+        what = ("the trained model; epsilon covers its parameters, NOT " + "; ".join(not_covered)
+                + ": keep the file as private as the training data, or retrain without them")
+    else:
+        what = "the trained model, which no finite epsilon covers: keep it as private as the training data"
+    entry = {"file": Path(path).name, "covered_by_epsilon": bool(covered), "what": what, "user_side": user_side_of(model),
+             "holds": sorted(model.state_dict().keys()),
+             "never_holds": "noise keys or seeds, generator or sampler state, optimizer/accountant state, pre-noise "
+                            "statistics (all in the secret checkpoint_fold<k>.pt only)"}
+    privacy = json.loads(json.dumps({**report, "release": entry}, default=str))  # plain values (weights_only loading)
+    meta = {**meta, "kind": "trained", "privacy": privacy}
+    check_no_secrets(meta.get("model_config", {}), "meta.model_config")
+    atomic_torch_save(path, {"format": RELEASE_FORMAT, "meta": meta, "state": model_released_state(model)})
+    return entry

@@ -6,6 +6,9 @@ class saves and restores it with the optimizer's state (so a resumed run keeps t
 spent) and the checkpoint loader refuses a checkpoint that lacks it. Implementations:
 :class:`PureDPAccountant` (Laplace steps, below) and
 :class:`dprec_torch.privacy.opacus_accounting.OpacusAccountant` (Gaussian steps, RDP/PRV).
+
+Several whole releases about the same people (the fold models of a ``data.fold=all`` run, a sweep's jobs on
+one dataset) compose by :func:`dprec_torch.privacy.ledger.joint_epsilon`, by the accountant their reports name.
 """
 
 from __future__ import annotations

@@ -74,6 +74,7 @@ import torch
 
 from dprec_torch.errors import ConfigError
 from dprec_torch.interfaces import HasMeanFallback
+from dprec_torch.seeding import SecretGenerator
 
 RELATIONS = ("user", "rating")
 RELATION_TEXT = {
@@ -280,7 +281,7 @@ class ItemMeansRelease:
                 **self.details}
 
 
-def release_item_means(train: Any, spec: ItemMeansSpec, generator: torch.Generator, *, epsilon: float | None = None,
+def release_item_means(train: Any, spec: ItemMeansSpec, generator: SecretGenerator, *, epsilon: float | None = None,
                        mu: float | None = None, noise_multiplier: float | None = None) -> ItemMeansRelease:
     """Release DP item means of ``train`` with the estimator and options of ``spec`` (module docstring): the package's
     one definition. The noise is drawn from ``generator`` in the estimator's fixed order.
@@ -312,7 +313,7 @@ def release_item_means(train: Any, spec: ItemMeansSpec, generator: torch.Generat
 
 
 # ------------------------------------------------------------------ the posterior estimator
-def _posterior(train: Any, spec: ItemMeansSpec, budget: float, gen: torch.Generator) -> ItemMeansRelease:
+def _posterior(train: Any, spec: ItemMeansSpec, budget: float, gen: SecretGenerator) -> ItemMeansRelease:
     """(S, gamma C) + noise on all 2M entries, then the shrunk means (module docstring).
 
     ``budget`` is mu (GDP) for ``noise=gaussian`` and the pure epsilon for ``noise=laplace``; inf = no noise.
@@ -338,7 +339,7 @@ def _posterior(train: Any, spec: ItemMeansSpec, budget: float, gen: torch.Genera
         std0 = 0.0 if math.isinf(budget) else 1.0 / mu0
         k = popularity_counts(train, relation)
         if std0 > 0:
-            k = k + torch.randn(m, generator=gen, device=gen.device, dtype=torch.float64).to(k.device) * std0
+            k = k + gen.randn(m, device=gen.device, dtype=torch.float64).to(k.device) * std0
         floor = 2.0 * std0 if std0 > 0 else 1.0
         weight = popularity_weights(k, popularity_alpha, floor).to(train.values.device)
         budget = math.sqrt(1.0 - popularity_share) * budget
@@ -349,11 +350,11 @@ def _posterior(train: Any, spec: ItemMeansSpec, budget: float, gen: torch.Genera
     elif noise == "laplace":
         b = delta / budget
         std = math.sqrt(2.0) * b
-        u = torch.rand(2 * m, generator=gen, device=gen.device, dtype=torch.float64).to(stats.device) - 0.5
+        u = gen.rand(2 * m, device=gen.device, dtype=torch.float64).to(stats.device) - 0.5
         stats = stats - b * torch.sign(u) * torch.log1p(-2.0 * u.abs())
     else:
         std = delta / budget
-        stats = stats + torch.randn(2 * m, generator=gen, device=gen.device, dtype=torch.float64).to(stats.device) * std
+        stats = stats + gen.randn(2 * m, device=gen.device, dtype=torch.float64).to(stats.device) * std
     gamma = resolve_count_weight(relation, noise, count_weight)
     # back to per-item units: S_i / a_i and C_i / a_i carry noise std / a_i (a = 1 without re-weighting)
     s, c, std_i = stats[:m] / weight, stats[m:] / (gamma * weight), std / weight
@@ -374,13 +375,13 @@ def _posterior(train: Any, spec: ItemMeansSpec, budget: float, gen: torch.Genera
 
 
 # ------------------------------------------------------------------ the centred estimator
-def _laplace(n: int, scale: float, gen: torch.Generator, device: torch.device) -> torch.Tensor:
-    u = torch.rand(n, generator=gen, device=gen.device, dtype=torch.float64).to(device) - 0.5
+def _laplace(n: int, scale: float, gen: SecretGenerator, device: torch.device) -> torch.Tensor:
+    u = gen.rand(n, device=gen.device, dtype=torch.float64).to(device) - 0.5
     return -scale * torch.sign(u) * torch.log1p(-2 * u.abs())
 
 
-def _gauss(n: int, std: float, gen: torch.Generator, device: torch.device) -> torch.Tensor:
-    return torch.randn(n, generator=gen, device=gen.device, dtype=torch.float64).to(device) * std
+def _gauss(n: int, std: float, gen: SecretGenerator, device: torch.device) -> torch.Tensor:
+    return gen.randn(n, device=gen.device, dtype=torch.float64).to(device) * std
 
 
 def _global_stats(train: Any, relation: str) -> tuple[float, float, float, float]:
@@ -396,7 +397,7 @@ def _global_stats(train: Any, relation: str) -> tuple[float, float, float, float
     return float(z.sum()), float(len(train)), m0, a0
 
 
-def _centred_global_mean(train: Any, relation: str, noise: str, budget: float, gen: torch.Generator) -> tuple[float, dict]:
+def _centred_global_mean(train: Any, relation: str, noise: str, budget: float, gen: SecretGenerator) -> tuple[float, dict]:
     """Step 1. ``budget`` is eps_g (Laplace) or the noise multiplier sigma_g (Gaussian, L2 sensitivity sqrt(2))."""
     s, c, m0, a0 = _global_stats(train, relation)
     dev = train.values.device
@@ -413,7 +414,7 @@ def _centred_global_mean(train: Any, relation: str, noise: str, budget: float, g
 
 
 def _centred(train: Any, spec: ItemMeansSpec, epsilon: float | None, noise_multiplier: float | None,
-             generator: torch.Generator) -> ItemMeansRelease:
+             generator: SecretGenerator) -> ItemMeansRelease:
     """Both steps (module docstring). Laplace: ``epsilon`` is the total pure-DP budget of both steps
     (eps_g = global_fraction * epsilon). Gaussian (user level only): ``noise_multiplier`` sigma is used for both steps
     (sensitivity 1 after the weights; the global step scales its sqrt(2) sensitivity into the std), i.e. the release

@@ -12,9 +12,10 @@ choice, and no end-to-end epsilon follows from it (choose on other people's data
 
 What one run charges (:func:`charged_epsilon`):
 
-* one model per fold it trained: a ``fold=all`` run released five models, so it charges the sum of
-  its folds' epsilons (each fold record's ``privacy_epsilon`` when the runner wrote it, else the
-  run's ``privacy.epsilon`` once per fold);
+* one model per fold it trained: a ``fold=all`` run released five models, so it charges their joint
+  epsilon, ``privacy.joint`` (:func:`run_privacy`: the fold models composed by the mechanism's own
+  accountant), once; a record written before that field charges the sum of its folds' epsilons (each
+  fold record's ``privacy_epsilon`` when the runner wrote it, else the run's ``privacy.epsilon`` once per fold);
 * per-query mechanisms (``laplace_output``, Park & Acharya) whose report gives the epsilon of one
   released value charge its composition over all ``released_values`` (basic composition: every
   released value reads the same ratings, so parallel composition does not apply). Reports that
@@ -39,6 +40,10 @@ at the mechanism's relation, before the final runs' own eps; the choice among th
 ratings and is not counted in that sum (the statement says so).
 For mechanisms whose epsilon is null (the paper-faithful ``dpsgd_paper`` and ``sgld_paper`` on
 PNBM), nothing is defended, for tuning or otherwise.
+
+When every run of a dataset carries an accountant history under one Opacus accountant, one delta and one
+relation (the Gaussian mechanisms), the entry's ``composed`` is their composition by that accountant (tighter
+than the basic sum, which stays in the table's columns).
 
 ``python scripts/ledger.py SWEEP_DIR`` prints the table; :func:`ledger_report` returns it as a dict.
 """
@@ -71,6 +76,8 @@ class LedgerRun:
     epsilon_nominal: float | None = None
     models: int = 1
     epsilon_per_model: float = math.nan
+    #: the run's accountant record for a tighter composition with the other runs on the same people (:func:`_history`)
+    accounting: dict[str, Any] | None = None
 
 
 @dataclass
@@ -99,6 +106,19 @@ class LedgerEntry:
             else:
                 return math.inf, delta
         return eps, delta
+
+    def composed(self) -> dict[str, Any] | None:
+        """All the runs' releases composed by their own accountant when every run carries an accountant history under
+        one Opacus accountant, one delta and one relation (:func:`joint_epsilon`:
+        the concatenated histories, tighter than :meth:`total`'s sum); None otherwise (:meth:`total` is then the figure)."""
+        records = [r.accounting for r in self.runs]
+        if len(records) < 2 or any(a is None for a in records) or len({r.relation for r in self.runs}) != 1:
+            return None
+        joint = joint_epsilon(records, what="jobs")  # type: ignore[arg-type]
+        if "accountant_history" not in joint:
+            return None
+        return {"epsilon": joint["epsilon"], "delta": joint["delta"], "relation": self.runs[0].relation,
+                "method": joint["method"]}
 
     @property
     def test_runs(self) -> list[LedgerRun]:
@@ -182,6 +202,127 @@ def _delta_text(delta: float) -> str:
     return "not established" if math.isnan(delta) else f"{delta:.3g}"
 
 
+# ------------------------------------------------------------------ releases of the same people
+#: the accountants whose histories compose by concatenation (Opacus's, :mod:`dprec_torch.privacy.opacus_accounting`)
+HISTORY_ACCOUNTANTS = ("rdp", "prv")
+
+
+def _float_or_none(value: Any) -> float | None:
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def joint_epsilon(reports: list[dict[str, Any]], what: str = "models") -> dict[str, Any]:
+    """The joint (epsilon, delta) of releasing everything ``reports`` describe, when they are releases about the SAME
+    people (the fold models of one ``data.fold=all`` run, the jobs of a sweep on one dataset).
+
+    Each report is a mechanism's ``privacy_report()`` (or a record this function returned: composition is
+    associative). The composition is the one the mechanisms' own accountant does:
+
+    * every report carries ``accountant_history`` (subsampled-Gaussian (sigma, q, steps) entries, the item means
+      included) under one Opacus accountant ``accountant_name`` (``rdp``/``prv``) and one ``delta``: the histories are
+      concatenated and that accountant gives epsilon at that delta
+      (:func:`~dprec_torch.privacy.calibration.gaussian_epsilon`, the figure each report's own ``epsilon`` is);
+    * every ``delta`` is 0 (pure epsilon, e.g. Laplace DP-SGD and its Laplace item means): the sum of the epsilons
+      (exact basic composition), a per-query report counted over all its released values
+      (:func:`charged_epsilon`);
+    * otherwise: basic composition, (sum eps_k, sum delta_k);
+    * any ``epsilon`` null (not established): null; any infinite (not private): inf.
+
+    Returns ``{"epsilon", "delta", "models", "epsilon_per_model", "method"}`` plus, for a history composition,
+    ``accountant_name`` and ``accountant_history`` (the concatenation).
+    """
+    per_model = [None if r.get("epsilon") is None else charged_epsilon(r) for r in reports]
+    out: dict[str, Any] = {"models": len(reports), "epsilon_per_model": per_model}
+    if not reports:
+        return {**out, "epsilon": 0.0, "delta": 0.0, "method": f"no {what} released"}
+    if any(e is None for e in per_model):
+        return {**out, "epsilon": None, "delta": None,
+                "method": f"not established: a {what[:-1]}'s epsilon is null, so nothing is defended for them together"}
+    if any(math.isinf(e) or math.isnan(e) for e in per_model):
+        return {**out, "epsilon": math.inf, "delta": None, "method": f"not private: a {what[:-1]}'s epsilon is inf"}
+    deltas = [_float_or_none(r.get("delta")) for r in reports]
+    names = {r.get("accountant_name") for r in reports}
+    histories = [r.get("accountant_history") for r in reports]
+    if (len(names) == 1 and next(iter(names)) in HISTORY_ACCOUNTANTS and all(h for h in histories)
+            and deltas[0] is not None and len(set(deltas)) == 1):
+        from dprec_torch.privacy.calibration import gaussian_epsilon
+
+        name, delta = next(iter(names)), deltas[0]
+        history = [[float(s), float(q), int(n)] for h in histories for s, q, n in h]
+        eps = gaussian_epsilon(history, delta, name)
+        return {**out, "epsilon": eps, "delta": delta, "accountant_name": name, "accountant_history": history,
+                "method": (f"Opacus {name.upper()} accountant over the concatenated histories of the {len(reports)} {what} "
+                           "(each one's item means and steps), the accountant each reports its own epsilon by")}
+    total = float(sum(per_model))  # type: ignore[arg-type]
+    if all(d == 0.0 for d in deltas):
+        return {**out, "epsilon": total, "delta": 0.0,
+                "method": f"basic composition of pure epsilon over the {len(reports)} {what} (exact: the sum)"}
+    delta_sum = math.nan if any(d is None for d in deltas) else float(sum(deltas))  # type: ignore[arg-type]
+    return {**out, "epsilon": total, "delta": None if math.isnan(delta_sum) else delta_sum,
+            "method": (f"basic composition over the {len(reports)} {what}: (sum epsilon, sum delta)"
+                       + ("; a delta is not established" if math.isnan(delta_sum) else ""))}
+
+
+def run_privacy(reports: list[dict[str, Any]], folds: list[Any] | None = None) -> dict[str, Any]:
+    """The run-level ``metrics.json["privacy"]`` of a run that trained one model per fold (``reports``: each fold's
+    ``privacy_report()``, in fold order; ``folds``: their ids).
+
+    One model: its report as it is. Several (``data.fold=all``): the fold models are trained on the SAME people, so
+    what the run released is all of them together. The record is then fold 1's report with ``epsilon`` and ``delta``
+    replaced by the joint figure of every fold's whole release (item means included), by the accountant the
+    mechanism uses (:func:`joint_epsilon`), and:
+
+    * ``epsilon_per_fold``: each fold model's own epsilon (a per-query report's composed over its released values);
+    * ``epsilon_per_model``: the largest of them (what publishing any ONE fold model costs; null if any is null);
+    * ``delta_per_model``; ``accountant_history`` the concatenation (so the record's ``epsilon`` is its composition)
+      and ``accountant_history_per_model`` fold 1's;
+    * ``epsilon_scope`` "joint: ..." (a per-query report's own scope moves to ``epsilon_scope_per_model``);
+    * ``joint``: ``{"models", "folds", "epsilon", "delta", "method", "statement"}`` -- the ledger charges this once.
+    """
+    first = dict(reports[0])
+    if len(reports) < 2:
+        return first
+    k = len(reports)
+    folds = list(folds) if folds is not None else list(range(1, k + 1))
+    joint = joint_epsilon(reports, what="fold models")
+    eps, delta, per = joint["epsilon"], joint["delta"], joint["epsilon_per_model"]
+    one = None if any(e is None for e in per) else max(per)
+    rel = first.get("relation") or "no"
+    fold_text = ", ".join(map(str, folds))
+    if eps is None:
+        statement = (f"This run released {k} models (folds {fold_text}) trained on the same people; no epsilon is "
+                     "established for one of them, so none is for all of them together (epsilon null).")
+    elif math.isinf(eps):
+        statement = f"This run released {k} models (folds {fold_text}); they are not private (epsilon inf)."
+    else:
+        one_text = "" if one is None else f"{one:.4g}" + ("" if joint["delta"] == 0 else f" at delta = {first.get('delta')}")
+        statement = (f"This run released {k} models (folds {fold_text}), each trained on the same people (every fold's "
+                     f"training set holds ratings of the same users), so their guarantees compose: releasing all of them "
+                     f"is epsilon = {eps:.4g}" + ("" if delta == 0 else f", delta = {delta:g}") + f" ({rel} level; "
+                     f"{joint['method']}). Each fold model alone: epsilon = {one_text}. Publish one fold model to spend "
+                     "only its own epsilon.")
+    record = {**first, "epsilon_per_fold": per, "epsilon_per_model": one, "delta_per_model": first.get("delta"),
+              "joint": {"models": k, "folds": folds, "epsilon": eps, "delta": delta, "method": joint["method"],
+                        "statement": statement}}
+    if eps is not None and math.isfinite(eps):
+        record.update(epsilon=eps, delta=delta,
+                      epsilon_scope=f"joint: all {k} fold models this run released (folds {fold_text}), which share people")
+        if "epsilon_scope" in first:
+            record["epsilon_scope_per_model"] = first["epsilon_scope"]
+        if "accountant_history" in joint:
+            record.update(accountant_history=joint["accountant_history"],
+                          accountant_history_per_model=first.get("accountant_history"))
+    elif eps is None:
+        record["epsilon"] = None
+    record["analysis"] = f"{first.get('analysis', '')} {statement}".strip()
+    return record
+
+
 def read_run(path: Path) -> LedgerRun | None:
     """One ``metrics.json`` as a ledger line (None for files without a privacy record)."""
     try:
@@ -196,18 +337,37 @@ def read_run(path: Path) -> LedgerRun | None:
     base = data[: -len(VALIDATION_SUFFIX)] if validation else data
     fold_records = [f for f in m.get("folds", []) if isinstance(f, dict)]
     folds = tuple(sorted(int(f["fold"]) for f in fold_records if "fold" in f)) or (0,)
+    joint = priv.get("joint")
+    rel = priv.get("relation")
+    rel = rel.split()[0] if isinstance(rel, str) and rel else None
+    nominal = m.get("epsilon")
+    nominal = None if nominal is None else _epsilon(nominal)
+    if isinstance(joint, dict):  # a multi-fold run's record (run_privacy): its joint figure, charged once
+        eps = _epsilon(joint.get("epsilon"))
+        delta = run_delta({"epsilon": joint.get("epsilon"), "delta": joint.get("delta")})
+        return LedgerRun(str(path), base, folds, str(m.get("mechanism")), rel, eps, delta, validation, m.get("test_rmse"),
+                         str(m.get("model", "?")), nominal, int(joint.get("models") or len(fold_records) or 1),
+                         _epsilon(priv.get("epsilon_per_model")), _history(priv))
     per_model = charged_epsilon(priv)
-    # one released model per fold record; a fold's own privacy record wins over the run's (fold 1's)
+    # one released model per fold record; a fold's own privacy record wins over the run's (fold 1's). Records written
+    # before the joint figure (run_privacy) headline fold 1's epsilon: basic composition over the fold models
     charges = [charged_epsilon(f["privacy"]) if isinstance(f.get("privacy"), dict)
                else _epsilon(f["privacy_epsilon"]) if "privacy_epsilon" in f else per_model
                for f in fold_records] or [per_model]
-    rel = priv.get("relation")
-    rel = rel.split()[0] if isinstance(rel, str) and rel else None
     delta = run_delta(priv) * len(charges)
-    nominal = m.get("epsilon")
-    nominal = None if nominal is None else _epsilon(nominal)
     return LedgerRun(str(path), base, folds, str(m.get("mechanism")), rel, float(sum(charges)), delta, validation,
-                     m.get("test_rmse"), str(m.get("model", "?")), nominal, len(charges), per_model)
+                     m.get("test_rmse"), str(m.get("model", "?")), nominal, len(charges), per_model,
+                     _history(priv) if len(charges) == 1 else None)
+
+
+def _history(priv: dict[str, Any]) -> dict[str, Any] | None:
+    """What :func:`joint_epsilon` composes for a run: its (joint) epsilon, delta and
+    accountant history (None without a history: such runs compose by basic composition)."""
+    if not priv.get("accountant_history") or priv.get("accountant_name") is None:
+        return None
+    eps = (priv.get("joint") or priv).get("epsilon")
+    return {"epsilon": eps, "delta": priv.get("delta"), "accountant_name": priv["accountant_name"],
+            "accountant_history": priv["accountant_history"]}
 
 
 def collect(sweep_dir: str | Path) -> list[LedgerEntry]:
@@ -229,7 +389,7 @@ def ledger_report(sweep_dir: str | Path) -> dict[str, Any]:
         er, dr = e.total("rating")
         out.append({"data": e.data, "folds": list(e.folds), "runs": len(e.runs), "validation_runs": len(e.runs) - len(e.test_runs),
                     "models": sum(r.models for r in e.runs),
-                    "epsilon_user_level": eu, "epsilon_rating_level": er, "delta": du,
+                    "epsilon_user_level": eu, "epsilon_rating_level": er, "delta": du, "composed": e.composed(),
                     "per_run": [{"path": r.path, "mechanism": r.mechanism, "relation": r.relation, "epsilon": r.epsilon,
                                  "models": r.models, "epsilon_per_model": r.epsilon_per_model, "folds": list(r.folds),
                                  "delta": r.delta, "validation": r.validation, "test_rmse": r.test_rmse} for r in e.runs],
@@ -237,19 +397,45 @@ def ledger_report(sweep_dir: str | Path) -> dict[str, Any]:
     return {"sweep_dir": str(sweep_dir), "entries": out}
 
 
+#: the statement every ledger (and so every sweep report) prints above its table
+JOBS_COMPOSE = ("Runs (sweep jobs, folds, validation runs) on the same dataset share people, so their epsilons compose: "
+                "publishing all of them costs the line's total, not any one run's epsilon; a data.fold=all run is "
+                "charged its joint epsilon over its fold models.")
+
+
 def format_ledger(report: dict[str, Any]) -> str:
     """A short text table (one line per dataset, then its warnings)."""
     lines = [f"privacy ledger for {report['sweep_dir']} (one line per dataset: every fold trains on the same people)",
+             JOBS_COMPOSE,
              f"{'data':<14} {'folds':<10} {'runs':>5} {'val':>4} {'models':>6} {'eps(user)':>10} {'eps(rating)':>12} {'delta':>9}"]
     for e in report["entries"]:
         lines.append(f"{e['data']:<14} {','.join(map(str, e['folds'])):<10} {e['runs']:>5} {e['validation_runs']:>4} "
                      f"{e.get('models', e['runs']):>6} {e['epsilon_user_level']:>10.4g} {e['epsilon_rating_level']:>12.4g} "
                      f"{_delta_text(e['delta']):>9}")
+        c = e.get("composed")
+        if c and c.get("epsilon") is not None:
+            lines.append(f"  composed by their accountant: eps={c['epsilon']:.4g} at delta={_delta_text(c['delta'])} "
+                         f"({c['relation']} level; {c['method']}); the columns above are the basic sum")
         for t in e.get("tuning", []):
             nominal = "?" if t["epsilon_nominal"] is None else f"{t['epsilon_nominal']:g}"
             lines.append(f"  tuning {t['method']} eps={nominal}: {t['statement']}")
         lines += [f"  WARNING: {w}" for w in e["warnings"]]
     return "\n".join(lines)
+
+
+def composition_lines(report: dict[str, Any]) -> list[str]:
+    """A sweep's jobs compose when they share people: :data:`JOBS_COMPOSE`, then per dataset what all its runs cost
+    together (the basic sum, and the accountant's composition where :meth:`LedgerEntry.composed` gives one)."""
+    lines = [JOBS_COMPOSE]
+    for e in report["entries"]:
+        text = (f"{e['data']}: {e['runs']} run(s), {e.get('models', e['runs'])} model(s) on the same people: "
+                f"epsilon = {e['epsilon_user_level']:.4g} at user level, {e['epsilon_rating_level']:.4g} at rating level, "
+                f"delta = {_delta_text(e['delta'])} (basic composition)")
+        c = e.get("composed")
+        if c and c.get("epsilon") is not None:
+            text += f"; by their accountant: epsilon = {c['epsilon']:.4g} at delta = {_delta_text(c['delta'])} ({c['relation']} level)"
+        lines.append(text)
+    return lines
 
 
 def merge_legacy(report: dict[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,15 @@ which :func:`preset_choice` resolves (issue 25, 3):
 
 A ``model.KEY=...`` on the command line replaces the interpolation, so the user's own value wins and the report
 names it. :func:`hyperparameter_provenance` is the ``hyperparameters`` entry of a run's privacy report.
+
+Without a preset (issue 33, 5), every ``conf/model``, ``conf/mechanism`` and ``conf/tuned`` file carries a
+``chosen_on`` config value (a population, a list of them, ``data-independent`` or ``not recorded``) that says on whose
+ratings its numbers were chosen; a tuned file's value replaces its mechanism file's in the composed ``mechanism`` node.
+The runner drops the key before a class is built (``NODE_RUNNER_KEYS``). A model or mechanism value the user set
+(:func:`user_values`: the running Hydra job's command line, or a difference from the package's composition of the same
+choices for ``train(cfg)`` called from Python) is reported as "chosen by the user: not counted": the package cannot tell
+whether it was chosen by looking at these people's ratings. Custom data says the package cannot tell whose people it
+holds, so it never claims a choice was made on other people.
 """
 
 from __future__ import annotations
@@ -98,44 +107,210 @@ OmegaConf.register_new_resolver("preset", _preset_value, replace=True)
 
 def _people_text(people: str | None, cfg: DictConfig) -> str:
     if people is None:
-        return f"data={cfg.data.get('name', '?')}, whose people are not known to the package"
+        files = [str(cfg.data.get(k)) for k in ("path", "train_path", "test_path") if cfg.data.get(k)]
+        where = f" ({', '.join(files)})" if files else ""
+        return f"data={cfg.data.get('name', '?')}{where}, whose people are unknown to the package"
     if people == "synthetic":
         return "synthetic data (generated, no people)"
     return DESCRIPTIONS.get(people, people)
 
 
-def tuned_source(mechanism: str, model: str) -> str | None:
-    """The dataset named by a ``# chosen_on: <dataset>`` line of ``conf/tuned/<mechanism>_<model>.yaml`` (None: none)."""
+#: ``chosen_on`` values that name no people: the file's numbers read no ratings / nobody recorded which ones they read
+DATA_INDEPENDENT, NOT_RECORDED = "data-independent", "not recorded"
+
+#: keys of the model and mechanism nodes whose value is not a hyperparameter chosen by results: what the run is
+#: (``name``, the class), what it protects and how strongly, which the user types anyway (``epsilon``, ``delta``, the
+#: neighbouring ``relation`` / ``unit``), seeds, the accountant that proves the figure, and compute-only settings
+#: (the same numbers by other kernels or chunk sizes)
+NOT_TUNED = frozenset({"_target_", "_partial_", "_convert_", "_recursive_", "_args_", "name", "chosen_on", "epsilon",
+                       "delta", "seed", "accountant", "relation", "unit", "formulation", "pair_budget", "pair_backend",
+                       "dense_max_items", "block_budget"})
+
+
+def chosen_on(node: DictConfig | None) -> list[str]:
+    """The ``chosen_on`` value of a model or mechanism node as a list: population names (``ml-100k``, ``ml-1m``),
+    :data:`DATA_INDEPENDENT`, or :data:`NOT_RECORDED` (also for a node without the key). Every ``conf/model``,
+    ``conf/mechanism`` and ``conf/tuned`` file carries it; a tuned file's value replaces its mechanism file's (Hydra's
+    merge), so the mechanism node's value is the tuned file's wherever the run has one."""
+    value = node.get("chosen_on") if isinstance(node, DictConfig) else None
+    if value is None:
+        return [NOT_RECORDED]
+    values = list(value) if OmegaConf.is_list(value) or isinstance(value, (list, tuple)) else [value]
+    return [str(v) for v in values] or [NOT_RECORDED]
+
+
+def _desc(source: str) -> str:
+    return DESCRIPTIONS.get(source, source)
+
+
+def _sources_text(sources: list[str]) -> str:
+    return " and ".join(_desc(s) for s in sources)
+
+
+# ------------------------------------------------------------------------------------ the user's own values
+def _hydra_task() -> tuple[list[str], dict[str, Any]] | None:
+    """The command line's overrides and group choices of the running Hydra job (None outside one)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        if not HydraConfig.initialized():
+            return None
+        hc = HydraConfig.get()
+        return [str(o) for o in hc.overrides.task], dict(hc.runtime.choices)
+    except Exception:  # noqa: BLE001 - no usable Hydra state: the composition fallback decides
+        return None
+
+
+def _override_key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def _tuned_key(key: str) -> str | None:
+    """``mechanism.lr`` / ``model.rank`` for a hyperparameter key (a dotted config path), None for anything else."""
+    node, _, rest = key.partition(".")
+    if node not in ("mechanism", "model") or not rest or rest.split(".", 1)[0] in NOT_TUNED:
+        return None
+    return key
+
+
+def _compose(overrides: list[str]) -> DictConfig | None:
+    """``conf/config.yaml`` composed with ``overrides`` (in a running Hydra app its own search path, else ``conf/``);
+    None where it cannot be composed."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
     from dprec_torch.config import CONF_DIR
 
-    path = CONF_DIR / "tuned" / f"{mechanism}_{model}.yaml"
-    if not path.exists():
+    try:
+        if GlobalHydra.instance().is_initialized():
+            return compose(config_name="config", overrides=overrides)
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return compose(config_name="config", overrides=overrides)
+    except Exception as err:  # noqa: BLE001 - provenance must not fail a finished run
+        log.debug("provenance: cannot compose the package's values (%s)", err)
         return None
-    for line in path.read_text().splitlines():
-        if line.startswith("# chosen_on:"):
-            return line.split(":", 1)[1].split()[0]
-    return None
+
+
+def _reference(cfg: DictConfig) -> DictConfig | None:
+    """The config the package gives for this run's choices without any value of the user's: the running Hydra job's
+    command line minus its ``mechanism.*`` / ``model.*`` values, or (``train(cfg)`` from Python) the same data,
+    mechanism, model and preset composed afresh; with the dataset-dependent defaults filled in as the runner does."""
+    from dprec_torch.config import fill_dataset_defaults
+
+    task = _hydra_task()
+    mech, model = cfg.mechanism.get("name"), cfg.model.get("name")
+    if task is not None and task[1].get("mechanism") == mech and task[1].get("model") == model:
+        # drop the user's VALUES (mechanism.lr=3), keep the CHOICES (mechanism=none): the package's values for them
+        overrides = [o for o in task[0] if not _override_key(o).startswith(("mechanism.", "model."))]
+    else:  # train(cfg) on a config composed by compose(overrides=...): the choices are readable from the config itself
+        overrides = [f"mechanism={mech}", f"model={model}"]
+        if cfg.get("preset") is not None:
+            overrides.append(f"+experiment={cfg.preset.name}")
+    ref = _compose(overrides)
+    if ref is None:
+        return None
+    ref.data = cfg.data  # model.k: null of PCC/COS -> the dataset's k, as validate() did to cfg
+    fill_dataset_defaults(ref)
+    return ref
+
+
+def _leaves(value: Any, prefix: str) -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(_leaves(v, f"{prefix}.{k}"))
+        return out or {prefix: {}}
+    return {prefix: value}
+
+
+def user_values(cfg: DictConfig) -> dict[str, Any]:
+    """The model and mechanism hyperparameters the user set (``mechanism.lr`` -> its value), not the package: every
+    ``mechanism.*`` / ``model.*`` value that differs from the package's for the same choices (:func:`_reference`), and,
+    in a Hydra run, every one the command line names (even at the package's value). Keys in :data:`NOT_TUNED` are not
+    hyperparameters and never count."""
+    keys: set[str] = set()
+    task = _hydra_task()
+    if task is not None and task[1].get("mechanism") == cfg.mechanism.get("name") \
+            and task[1].get("model") == cfg.model.get("name"):
+        keys |= {k for k in (_tuned_key(_override_key(o)) for o in task[0]) if k}
+    ref = _reference(cfg)
+    if ref is not None:
+        from dprec_torch.config import fill_dataset_defaults
+
+        cfg = cfg.copy()
+        fill_dataset_defaults(cfg)  # as validate() does: a PCC/COS model.k of null is the dataset's k
+        for node in ("mechanism", "model"):
+            mine = _leaves(OmegaConf.to_container(cfg[node], resolve=False), node)
+            base = _leaves(OmegaConf.to_container(ref[node], resolve=False), node)
+            keys |= {k for k in set(mine) | set(base) if _tuned_key(k) and mine.get(k, "<absent>") != base.get(k, "<absent>")}
+    out = {}
+    for key in sorted(keys):
+        try:
+            out[key] = OmegaConf.select(cfg, key, default=_ABSENT)
+        except Exception:  # noqa: BLE001 - an unresolvable value is still the user's
+            out[key] = "?"
+    return out
+
+
+_ABSENT = "(removed)"
+
+
+def _shown(values: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={'null' if v is None else v}" for k, v in values.items())
+
+
+USER_CHOICE = ("chosen by the user: not counted in epsilon (the package cannot tell whether that choice looked at "
+               "results on these people's ratings; if it did, it is not post-processing)")
 
 
 def defaults_provenance(cfg: DictConfig, people: str | None) -> dict[str, Any]:
-    """Provenance of a run without a preset: the model's defaults and the tuned mechanism file, whose ``chosen_on``
-    line (where there is one) says on whose ratings its numbers were chosen."""
+    """Provenance of a run without a preset: the ``chosen_on`` values of its model node (``conf/model/<model>.yaml``)
+    and mechanism node (``conf/tuned/<mechanism>_<model>.yaml`` where there is one, else
+    ``conf/mechanism/<mechanism>.yaml``), and the values the user set (:func:`user_values`), which the package cannot
+    vouch for."""
+    from dprec_torch.config import CONF_DIR
+
     model, mech = cfg.model.get("name", "?"), cfg.mechanism.get("name", "?")
-    source = tuned_source(mech, model)
-    files = f"conf/model/{model}.yaml, conf/tuned/{mech}_{model}.yaml"
-    if source is None:
-        return {"source": f"package defaults ({files}) and any command-line values", "chosen_on": "not recorded",
-                "shares_people": "unknown",
-                "statement": f"package defaults (chosen on not recorded; {files}) and any command-line values: "
-                             "if any of them was chosen by looking at results on these people's ratings, that choice is not "
-                             "counted in epsilon"}
-    shared = shares_people(source, people)
-    text = (f"package defaults ({files}), the tuned numbers chosen on {DESCRIPTIONS.get(source, source)}; the training "
-            f"data is {_people_text(people, cfg)}: ")
-    text += ("the same people: that choice read their ratings and is NOT counted in epsilon" if shared is True else
-             "no user in common, so the choice is a fixed input for them (end to end)" if shared is False else
-             f"whether they include any of {DESCRIPTIONS.get(source, source)} is unknown")
-    return {"source": f"package defaults ({files})", "chosen_on": source, "shares_people": shared, "statement": text}
+    tuned = (CONF_DIR / "tuned" / f"{mech}_{model}.yaml").exists()
+    files = ", ".join([f"conf/model/{model}.yaml", f"conf/mechanism/{mech}.yaml"]
+                      + ([f"conf/tuned/{mech}_{model}.yaml"] if tuned else []))
+    listed = chosen_on(cfg.model) + chosen_on(cfg.mechanism)
+    populations = list(dict.fromkeys(s for s in listed if s not in (DATA_INDEPENDENT, NOT_RECORDED)))
+    unrecorded = NOT_RECORDED in listed
+    sources = populations + ([NOT_RECORDED] if unrecorded else [])
+    source = sources[0] if len(sources) == 1 else sources or [DATA_INDEPENDENT]
+    verdicts = [shares_people(p, people) for p in populations]
+    shared: bool | str = (True if True in verdicts else
+                          "unknown" if people is None or (unrecorded and people != "synthetic") else False)
+    mine = user_values(cfg)
+    data_text = _people_text(people, cfg)
+    if not populations and unrecorded:
+        text = (f"package defaults (chosen on not recorded; {files}): the training data is {data_text}"
+                + "; if any of them was chosen by looking at results on these people's ratings, that choice is not "
+                "counted in epsilon")
+    elif not populations:
+        text = f"package defaults ({files}), set without reading any ratings: a fixed input (end to end)"
+    else:
+        text = (f"package defaults ({files}), chosen on {_sources_text(populations)}"
+                + (" (and some with no record of the data they were chosen on)" if unrecorded else "")
+                + f"; the training data is {data_text}: ")
+        if shared is True:
+            text += "the same people: that choice read their ratings and is NOT counted in epsilon"
+        elif people is None:
+            text += (f"it cannot tell whose people a custom file holds, so it cannot claim the choice was made on "
+                     f"other people: if the file holds any of {_sources_text(populations)}, as a file cut from MovieLens "
+                     "may, the choice read their ratings and is NOT counted in epsilon for them")
+        elif shared == "unknown":
+            text += ("no user in common with those, but the values with no record may have been chosen on these "
+                     "people's ratings: if so, that choice is not counted in epsilon")
+        else:
+            text += "no user in common, so the choice is a fixed input for them (end to end)"
+    if mine:
+        if shared is False and people != "synthetic":
+            shared = "unknown"
+        text = f"{_shown(mine)} {USER_CHOICE}; the other values: {text.replace('(end to end)', '(end to end for those values only)')}"
+    return {"source": f"package defaults ({files})" + (" and the user's values" if mine else ""), "chosen_on": source,
+            "shares_people": shared, "user_values": sorted(mine), "statement": text}
 
 
 def hyperparameter_provenance(cfg: DictConfig) -> dict[str, Any]:
@@ -147,8 +322,18 @@ def hyperparameter_provenance(cfg: DictConfig) -> dict[str, Any]:
     source, shared = choice["chosen_on"], choice["shares_people"]
     model = OmegaConf.to_container(cfg.model, resolve=True)
     # the preset's item_features: auto stands for the validated true (on wherever a catalogue is attached)
-    own = sorted(k for k, v in choice["config"].items()
-                 if k in model and model[k] != v and not (k == "item_features" and v is True and model[k] == "auto"))
+    own = {k for k, v in choice["config"].items()
+           if k in model and model[k] != v and not (k == "item_features" and v is True and model[k] == "auto")}
+    # and any other model or mechanism value the user set (a fixed key of the preset, a mechanism number); a value equal
+    # to the validated choice's stays the preset's
+    mine = user_values(cfg)
+    own |= {k.partition(".")[2] if k.startswith("model.") else k for k, v in mine.items()
+            if not (k.startswith("model.") and k.partition(".")[2] in choice["config"]
+                    and choice["config"][k.partition(".")[2]] == model.get(k.partition(".")[2]))}
+    own_keys = sorted(own)
+    shown = {k if k.startswith("mechanism.") else f"model.{k}": OmegaConf.select(cfg, k if k.startswith("mechanism.")
+                                                                                 else f"model.{k}", default=_ABSENT)
+             for k in own_keys}
     name = cfg.preset.name
     typed, eps = choice["typed_epsilon"], float(choice["epsilon"])
     rule = ("" if typed == eps else f" (the nearest validated epsilon at or below the typed {typed:g})" if eps <= typed
@@ -161,11 +346,18 @@ def hyperparameter_provenance(cfg: DictConfig) -> dict[str, Any]:
                  "(not post-processing)")
     elif shared is False:
         text += "no user in common, so the choice is a fixed input for them and the epsilon includes it (end to end)"
+    elif people is None:
+        text += (f"it cannot tell whose people a custom file holds, so it cannot claim the selection was made on "
+                 f"other people: if the file holds any of {DESCRIPTIONS.get(source, source)}, as a file cut from MovieLens "
+                 "may, the selection read their validation ratings and is NOT counted in epsilon for them")
     else:
         text += (f"whether they include any of {DESCRIPTIONS.get(source, source)} is unknown; if they do, the selection is "
                  "not counted in epsilon for those people")
-    if own:
-        text += f"; the user's own values replace the preset's for model.{', model.'.join(own)} (not validated here)"
+    if own_keys:
+        if shared is False and people != "synthetic":
+            shared = "unknown"
+        text = text.replace("(end to end)", "(end to end for the preset's values only)")
+        text += f"; {_shown(shown)} replace the preset's values (not validated here): {USER_CHOICE}"
     return {"source": f"preset {name} (conf/experiment/{name}.yaml)", "chosen_on": source, "validated_epsilon": eps,
             "typed_epsilon": typed, "selection": str(cfg.preset.selection), "grid_sha256": str(cfg.preset.grid_sha256),
-            "shares_people": shared, "user_values": own, "statement": text}
+            "shares_people": shared, "user_values": own_keys, "statement": text}

@@ -93,8 +93,9 @@ def privacy_scope(report: dict[str, Any], model: Any = None, diagnostics: bool =
         "test metrics (test_rmse, ... and the per-epoch test columns): the released model scored on held-out "
         "test ratings, which epsilon does not cover",
         "dataset counts in 'dataset' (ratings, users and items per fold, preprocessing drops)",
-        "checkpoint_fold*.pt: resume state holding the noise generator's state and pre-noise statistics; "
-        "keep it private (publish the model parameters, never the checkpoint)",
+        "checkpoint_fold*.pt: SECRET resume state holding the noise and sampler generators' state (the run's noise "
+        "key) and pre-noise statistics; a private run deletes it once its release is written (kept only with "
+        "resume=true or keep_checkpoint=true): never publish it; publish release_fold<k>.pt, the model as released",
     ]
     if model is not None:
         covered, extra = _model_artefacts(model, report)

@@ -9,6 +9,15 @@ Resume trusts nothing it is given (issue 15 #8):
 * a truncated or corrupt checkpoint, or one that lacks the mechanism's accountant state or the record of
   its DP item-mean release (a resume restores what ``MechanismOptimizer.prepare`` made, never makes it again),
   gives one line naming the file and the fix, and nothing is written over it.
+
+The checkpoint is SECRET (issue 33, 4): besides the model it holds the noise and Poisson-sampler generators' states
+(the run's secret key material: whoever has them can replay the noise and undo it), the global RNG states, the
+mechanism's accountant and its record of the DP item-mean release. It is resume state, never a release: the model
+that was released is ``release_fold<k>.pt`` (:mod:`dprec_torch.predictors.release`), which ``load_run``,
+``evaluate.py run=``, ``Run.predict`` and ``Run.recommend`` read. After a successful run whose noise was secret (a
+private mechanism: its epsilon is finite or not established; not ``mechanism=none``/``epsilon=inf``), every fold's
+checkpoint is deleted once ``metrics.json`` and every release are on disk (:func:`discard_secret_checkpoints`), unless
+``resume=true`` or ``keep_checkpoint=true``. Never publish a kept checkpoint.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ import copy
 import dataclasses
 import json
 import logging
+import math
 import threading
 from pathlib import Path
 from typing import Any
@@ -33,7 +43,7 @@ log = logging.getLogger(__name__)
 #: top-level keys that may change between a run and its resume: where/how it runs and what it logs,
 #: never what is trained, on which data, or under which privacy parameters
 RESUME_SAFE_KEYS = ("resume", "checkpoint_every", "device", "tensorboard", "output_dir", "hydra", "log_private_diagnostics",
-                    "compare_baselines", "baseline_k")
+                    "compare_baselines", "baseline_k", "keep_checkpoint")
 CHECKPOINT_KEYS = ("model", "optimizer", "sampler_generator", "rng", "epoch", "history")
 FIX = "delete it to restart from scratch, or point hydra.run.dir (output_dir) elsewhere"
 
@@ -84,6 +94,48 @@ def prepare_run_dir(out: Path, config: dict[str, Any]) -> None:
         if stale:
             log.warning("resume=false: %s in %s (an earlier run) will be overwritten", ", ".join(stale), out)
     atomic_write_json(path, config)
+
+
+def holds_secret(report: dict[str, Any]) -> bool:
+    """Whether a fold's checkpoint holds secret randomness: its mechanism drew noise, i.e. its report's epsilon is
+    finite or not established (None); a non-private run (epsilon = inf) drew none and keeps a public seed."""
+    eps = report.get("epsilon")
+    try:
+        return eps is None or math.isfinite(float(eps))
+    except (TypeError, ValueError):
+        return True
+
+
+def discard_secret_checkpoints(out: Path, folds: list[dict[str, Any]], *, resume: bool, keep: bool) -> list[Path]:
+    """Delete ``out/checkpoint_fold<k>.pt`` of every fold record (``train_fold``'s, with ``fold`` and ``privacy``)
+    whose noise was secret (:func:`holds_secret`), unless ``resume`` or ``keep`` (``keep_checkpoint=true``). Call it
+    only once ``metrics.json`` and every ``release_fold<k>.pt`` are on disk (``run_experiment`` does): a run killed
+    before keeps its checkpoints and can be resumed. Returns the files deleted."""
+    if resume or keep:
+        return []
+    gone = []
+    for record in folds:
+        path = out / f"checkpoint_fold{int(record['fold'])}.pt"
+        if holds_secret(record.get("privacy", {})) and path.is_file():
+            if not (out / f"release_fold{int(record['fold'])}.pt").is_file():  # a bug: never lose the only copy
+                raise RuntimeError(f"{path}: no release_fold{record['fold']}.pt beside it; the checkpoint is kept")
+            path.unlink()
+            gone.append(path)
+    if gone:
+        log.info("deleted %s: it held the run's secret noise key (keep_checkpoint=true or resume=true keeps it); the "
+                 "released models are release_fold<k>.pt", ", ".join(p.name for p in gone))
+    return gone
+
+
+def check_nothing_released(out: Path, fold_index: int) -> None:
+    """``resume=true`` for a fold without a checkpoint: refuse when that fold already finished and was released
+    (``release_fold<k>.pt`` and ``metrics.json`` are there; its secret checkpoint was deleted): training it again would
+    make a second release of the same people with fresh noise. Nothing to resume: load it with ``load_run``."""
+    release = out / f"release_fold{int(fold_index)}.pt"
+    if release.is_file() and (out / "metrics.json").is_file():
+        raise ConfigError(f"resume=true: fold {fold_index} of {out} already finished and was released ({release.name}); its "
+                          "secret checkpoint was deleted, so there is nothing to resume. Load it with dprec_torch.load_run "
+                          "or evaluate.py run=, or train again with resume=false or in another hydra.run.dir (a new release)")
 
 
 def save_checkpoint(path: Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, sampler_generator: torch.Generator,

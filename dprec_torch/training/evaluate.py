@@ -3,8 +3,8 @@
 Two modes:
 * ``python evaluate.py model=pcc data.fold=all`` cross-validates a predictor and
   prints fold, RMSE, MAE, mean +- std and fit time;
-* ``python evaluate.py run=<train run dir>`` reloads a trained run's checkpoints
-  and prints its test RMSE/MAE next to its references on the same folds and k: non-private PCC and
+* ``python evaluate.py run=<train run dir>`` reloads a run's releases (``release_fold<k>.pt``, never the secret
+  checkpoints) and prints its test RMSE/MAE next to its references on the same folds and k: non-private PCC and
   COS, and DP item means + user offset at the run's epsilon (:mod:`dprec_torch.evaluation.baselines`);
   ``compare_baselines=false`` on this command leaves them out.
 Both write ``metrics.json`` into this command's run dir.
@@ -28,10 +28,10 @@ from dprec_torch.errors import ConfigError
 from dprec_torch.evaluation.cross_validate import cross_validate, score_predictor
 from dprec_torch.interfaces import TrainableModel
 from dprec_torch.io import atomic_write_json
-from dprec_torch.seeding import seed_everything
+from dprec_torch.seeding import key_scope, seed_everything
 from dprec_torch.evaluation.baselines import dp_reference_target, reference_info, reference_label, reference_metrics
-from dprec_torch.training.checkpoint import read_checkpoint
-from dprec_torch.training.run import build_model, build_predictor, instantiate_node, is_trainable, mechanism_fold, output_dir, validate
+from dprec_torch.training.run import (build_model, build_predictor, instantiate_node, is_trainable, job_label, mechanism_fold,
+                                      output_dir, validate)
 
 log = logging.getLogger(__name__)
 
@@ -80,22 +80,22 @@ def run_privacy(run_dir: Path) -> dict[str, Any]:
 
 def restore_fold(cfg: DictConfig, fold: Fold, run_dir: Path,
                  device: torch.device) -> tuple[Fold, TrainableModel, dict[str, Any]]:
-    """The model that ``run_dir`` released on ``fold``, RESTORED from its checkpoint (``model.restore``), never
-    re-fitted; returns (the fold it was trained on -- capped for a user-level mechanism --, the model, the checkpoint)."""
-    ckpt_path = run_dir / f"checkpoint_fold{fold.index}.pt"
-    if not ckpt_path.exists():
-        raise ConfigError(f"missing checkpoint {ckpt_path}; was the run trained on fold {fold.index}?")
-    ckpt = read_checkpoint(ckpt_path, map_location=device)
-    if int(ckpt["epoch"]) != int(cfg.mechanism.epochs):
-        log.warning("%s holds epoch %d of %d: the run did not finish", ckpt_path, ckpt["epoch"], cfg.mechanism.epochs)
+    """The model that ``run_dir`` released on ``fold``, RESTORED from its release ``release_fold<k>.pt``
+    (``model.restore``: parameters, item means, fallback as released), never re-fitted and never read from the
+    (secret, usually deleted) checkpoint; returns (the fold it was trained on -- capped for a user-level mechanism,
+    whose users' own histories the model re-binds --, the model, the release)."""
+    from dprec_torch.predictors.release import read_release, release_path
+
+    path = release_path(run_dir, fold.index)
+    release = read_release(path, device)
     fold = mechanism_fold(cfg, fold.to(device))
     model = build_model(cfg, fold, device).to(device)
     try:
-        model.restore(fold.train, ckpt["model"])
-    except RuntimeError as err:
-        raise ConfigError(f"checkpoint {ckpt_path} does not fit model={cfg.model.get('name')} "
+        model.restore(fold.train, release["state"])
+    except (RuntimeError, KeyError, ConfigError) as err:
+        raise ConfigError(f"release {path} does not fit model={cfg.model.get('name')} "
                           f"({str(err).splitlines()[0][:160]}); retrain the run with this version") from None
-    return fold, model, ckpt
+    return fold, model, release
 
 
 def restore_predictor(cfg: DictConfig, fold: Fold, run_dir: Path, device: torch.device) -> Any:
@@ -123,7 +123,7 @@ def evaluate_run(run_dir: Path, device: torch.device, compare_baselines: bool = 
     ``compare_baselines=False``), on the same folds and the same k (the run's ``baseline_k``) as ``train.py``.
 
     The model is RESTORED (``model.restore``): S / the factors, the item means -- the DP release for a
-    mechanism that made one -- and the fallback all come from the checkpoint; only the users' own
+    mechanism that made one -- and the fallback all come from the release ``release_fold<k>.pt``; only the users' own
     training histories are re-bound (PNBM reads them), so this scores exactly the private model trained.
     """
     cfg_path = run_dir / "config_resolved.json"
@@ -134,15 +134,18 @@ def evaluate_run(run_dir: Path, device: torch.device, compare_baselines: bool = 
     k, target = int(cfg.baseline_k), dp_reference_target(run_privacy(run_dir), cfg.epsilon)
     rows, records = [], []
     trainable = is_trainable(cfg.model)
+    job = job_label(cfg)
     for loaded in dataset.folds:
-        if trainable:
-            fold, model, ckpt = restore_fold(cfg, loaded, run_dir, device)
-            m, done = score_predictor(model, fold), {"epoch": int(ckpt["epoch"])}
-        else:  # a fitted predictor: its release_fold<k>.pt (train.py fitted it on the fold as loaded)
-            fold = loaded.to(device)
-            m, done = score_restored(cfg, restore_predictor(cfg, fold, run_dir, device), fold), {}
+        with key_scope(job=job, fold=loaded.index):  # the keys the run answered under: a seeded per-answer mechanism repeats
+            if trainable:
+                fold, model, release = restore_fold(cfg, loaded, run_dir, device)
+                m, done = score_predictor(model, fold), {"epoch": int(release["meta"].get("epochs", cfg.mechanism.epochs))}
+            else:  # a fitted predictor: its release_fold<k>.pt (train.py fitted it on the fold as loaded)
+                fold = loaded.to(device)
+                m, done = score_restored(cfg, restore_predictor(cfg, fold, run_dir, device), fold), {}
         # the references on the fold as loaded (train.py scores them on the same split, before any tau cap)
-        b = reference_metrics(loaded.to(device), k, target, cfg.get("noise_seed")) if compare_baselines else {}
+        with key_scope(job=job, fold=loaded.index):  # the keys train.py drew the DP reference under (run_experiment)
+            b = reference_metrics(loaded.to(device), k, target, cfg.get("noise_seed")) if compare_baselines else {}
         records.append({"fold": fold.index, **{f"test_{key}": v for key, v in m.items()}, **done, **({"baselines": b} if b else {})})
         rows.append((fold.index, m, b))
     metrics = {

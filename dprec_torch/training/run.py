@@ -33,12 +33,13 @@ from dprec_torch.mechanisms.context import TrainingContext, gradient_reduction_o
 from dprec_torch.models.batching import PoissonBatchSampler, poisson_steps_per_epoch
 from dprec_torch.privacy_harness.registry import check_claim
 from dprec_torch.privacy.provenance import hyperparameter_provenance
+from dprec_torch.privacy import size_rule
 from dprec_torch.privacy.scope import diagnostics_enabled, item_universe_of, privacy_scope, reference_scope
-from dprec_torch.seeding import SAMPLER_STREAM, noise_generator, randomness_report, seed_everything
+from dprec_torch.seeding import SAMPLER_STREAM, key_scope, noise_generator, randomness_report, seed_everything
 from dprec_torch.sweep_cache import shared
 from dprec_torch.evaluation.baselines import (baseline_metrics, dp_reference_metrics, dp_reference_target, log_references, reference_hparams,
                                               reference_info, reference_label)
-from dprec_torch.training.checkpoint import load_checkpoint, prepare_run_dir
+from dprec_torch.training.checkpoint import check_nothing_released, discard_secret_checkpoints, load_checkpoint, prepare_run_dir
 from dprec_torch.training.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -141,6 +142,7 @@ class TrainingSetup:
     sampler: PoissonBatchSampler
     optimizer: Any
     epochs: int
+    rule: dict[str, Any] | None = None  # the size rule's record when it set any knob (privacy/size_rule.py)
 
 
 def setup_training(cfg: DictConfig, fold: Fold, device: torch.device, prepare: bool = True) -> TrainingSetup:
@@ -150,6 +152,7 @@ def setup_training(cfg: DictConfig, fold: Fold, device: torch.device, prepare: b
     ``prepare`` made (``train_fold``), so nothing is released twice."""
     fold = mechanism_fold(cfg, fold)
     train = fold.train
+    cfg, rule = size_rule.apply(cfg, train)  # knobs set to `auto`: the size rule's values for this fold's public sizes
     model = build_model(cfg, fold, device).to(device)
     model.attach(train)
     mech_cls = training_mechanism(cfg).form_for(model)  # the class the mechanism's constructor builds for this model
@@ -174,7 +177,7 @@ def setup_training(cfg: DictConfig, fold: Fold, device: torch.device, prepare: b
     sampler = PoissonBatchSampler(train, model.item_means if isinstance(model, HasItemMeans) else train.item_means(),
                                   ratio, unit, noise_generator(sampler_seed, device, SAMPLER_STREAM),
                                   history=not (isinstance(model, ReadsTargetsOnly) and not model.reads_history))
-    return TrainingSetup(fold, model, sampler, optimizer, epochs)
+    return TrainingSetup(fold, model, sampler, optimizer, epochs, rule)
 
 
 References = Callable[[Fold, dict[str, Any]], dict[str, dict[str, float]]]
@@ -198,6 +201,8 @@ def train_fold(cfg: DictConfig, fold: Fold, out: Path, device: torch.device, ref
     loaded = fold
     path = out / f"checkpoint_fold{fold.index}.pt"
     resuming = bool(cfg.resume) and path.exists()
+    if cfg.resume and not resuming:  # a finished private fold whose secret checkpoint was deleted: never release again
+        check_nothing_released(out, fold.index)
     setup = setup_training(cfg, fold, device, prepare=not resuming)
     fold, model, sampler, optimizer, epochs = setup.fold, setup.model, setup.sampler, setup.optimizer, setup.epochs
     train = fold.train
@@ -225,8 +230,11 @@ def train_fold(cfg: DictConfig, fold: Fold, out: Path, device: torch.device, ref
         result = trainer.fit(fold, restored)
         metrics = score_predictor(model, fold)  # overlaps the last checkpoint's write
         report = optimizer.privacy_report()
+        if setup.rule is not None:
+            report["size_rule"] = setup.rule
         report["scope"] = privacy_scope(report, model, diagnostics, item_universe_of(train))
         report.update(noise_randomness(cfg, report, trainable=True))
+        report["release"] = write_trained_fold_release(cfg, out, fold, model, report, result.epochs)  # issue 33, 4
         refs = references(loaded, report) if references is not None else None
         if writer is not None:
             hparams = {f"mechanism.{k}": v for k, v in OmegaConf.to_container(cfg.mechanism, resolve=True).items()
@@ -246,6 +254,24 @@ def train_fold(cfg: DictConfig, fold: Fold, out: Path, device: torch.device, ref
             "epoch_seconds": result.epoch_seconds,
             "history": result.history, "privacy": report, "diagnostics": diagnostics,
             **({"references": refs} if refs is not None else {})}
+
+
+def write_trained_fold_release(cfg: DictConfig, out: Path, fold: Fold, model: torch.nn.Module, report: dict[str, Any],
+                               epochs: int) -> dict[str, Any]:
+    """Write the trained ``model``'s release for ``fold`` to ``out/release_fold<k>.pt`` (atomic; the model's state, a copy
+    of the privacy report, metadata; never the checkpoint's generator/optimizer state) and return the report's
+    ``release`` entry (:func:`dprec_torch.predictors.release.write_trained_release`)."""
+    from dprec_torch.predictors.release import release_path, write_trained_release
+
+    model_config = {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items() if k != "seed"}
+    meta = {"model": cfg.model.get("name"), "mechanism": cfg.mechanism.get("name"), "fold": int(fold.index),
+            "fold_name": fold.name, "n_users": int(fold.train.n_users), "n_items": int(fold.train.n_items),
+            "epochs": int(epochs), "model_config": model_config}
+    path = release_path(out, fold.index)
+    entry = write_trained_release(path, model, report, meta)
+    log.info("fold %s: release written to %s (%s)", fold.index, path,
+             "covered by epsilon" if entry["covered_by_epsilon"] else "not covered by epsilon")
+    return entry
 
 
 def build_predictor(cfg: DictConfig) -> Any:
@@ -347,6 +373,24 @@ def noise_randomness(cfg: DictConfig, report: dict[str, Any], trainable: bool) -
     return {"randomness": randomness_report(secret)}
 
 
+#: config keys that change nothing a run releases (where it runs, what it logs, when it checkpoints; the fold is a key
+#: label of its own): left out of :func:`job_label`, so such a change redraws the same noise under one noise_seed
+NOT_RELEASE_KEYS = ("hydra", "output_dir", "resume", "keep_checkpoint", "checkpoint_every", "tensorboard", "device",
+                    "log_private_diagnostics", "compare_baselines", "noise_seed")
+
+
+def job_label(cfg: DictConfig) -> str:
+    """A digest of everything that shapes a job's releases (the resolved config but :data:`NOT_RELEASE_KEYS` and
+    ``data.fold``): the job label of its noise keys. Two jobs of a sweep that differ in anything they release (epsilon,
+    lr, ...) draw independent noise under one ``noise_seed``; the same job run twice draws the same (one release)."""
+    import hashlib
+
+    conf = {k: v for k, v in resolved_config(cfg).items() if k not in NOT_RELEASE_KEYS}
+    if isinstance(conf.get("data"), dict):
+        conf["data"] = {k: v for k, v in conf["data"].items() if k != "fold"}
+    return hashlib.sha256(json.dumps(conf, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
 def resolved_config(cfg: DictConfig) -> dict[str, Any]:
     """The resolved config as plain containers (what ``config_resolved.json`` and each checkpoint record)."""
     return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
@@ -367,9 +411,10 @@ def summarise(cfg: DictConfig, dataset: RatingDataset, folds: list[dict[str, Any
         vals = [f[k] for f in folds]
         metrics[k] = float(np.mean(vals))
         metrics[k + "_std"] = float(np.std(vals))
-    # each fold released its own model: the ledger charges every fold's epsilon (issue 15, 5)
+    # each fold released its own model, all on the same people: privacy.epsilon is their joint figure (run_privacy)
     metrics["folds"] = [{**{k: v for k, v in f.items() if k not in ("history", "privacy", "diagnostics")},
-                         "privacy_epsilon": f["privacy"].get("epsilon")} for f in folds]
+                         "privacy_epsilon": f["privacy"].get("epsilon"), "privacy_delta": f["privacy"].get("delta")}
+                        for f in folds]
     if "epochs" in folds[0]:
         metrics["epochs"] = folds[0]["epochs"]
         metrics["train_seconds"] = float(sum(f["fit_seconds"] for f in folds))
@@ -379,7 +424,10 @@ def summarise(cfg: DictConfig, dataset: RatingDataset, folds: list[dict[str, Any
         metrics["seconds_per_epoch_after_first"] = float(np.mean(later)) if later else None
         metrics["history"] = {f["fold"]: f["history"] for f in folds}
     # where the hyperparameters came from, and whether that source shares people with this data (issue 24, 2)
-    metrics["privacy"] = {**folds[0]["privacy"], "hyperparameters": hyperparameter_provenance(cfg)}
+    from dprec_torch.privacy.ledger import run_privacy
+
+    metrics["privacy"] = {**run_privacy([f["privacy"] for f in folds], [f["fold"] for f in folds]),
+                          "hyperparameters": hyperparameter_provenance(cfg)}
     if baselines:
         metrics["baselines"] = {name: {m: float(np.mean([b[name][m] for b in baselines])) for m in baselines[0][name]}
                                 for name in baselines[0]}
@@ -425,17 +473,20 @@ def run_experiment(cfg: DictConfig, device: torch.device) -> dict[str, Any]:
         return {**shared("baselines", cfg.data, lambda: baseline_metrics(fold, k), fold.index, device, k),
                 **dp_reference_metrics(fold, target, cfg.get("noise_seed"))}  # not shared: it depends on epsilon
 
+    job = job_label(cfg)
     for fold in dataset.folds:
         fold = shared("fold", cfg.data, lambda: fold.to(device), fold.index, device)
         log.info("fold %s (%s): train %s | test %d ratings", fold.index, fold.name, fold.train.describe(), len(fold.test))
-        record = (train_fold(cfg, fold, out, device, references if cfg.compare_baselines else None) if trainable
-                  else fit_fold(cfg, fold, device))
+        with key_scope(job=job, fold=fold.index):  # every fold and job its own keys, under one noise_seed too
+            record = (train_fold(cfg, fold, out, device, references if cfg.compare_baselines else None) if trainable
+                      else fit_fold(cfg, fold, device))
         folds.append(record)
         # the references are test metrics like the model's own: every run has them (compare_baselines), whatever
         # log_private_diagnostics says (it governs what is computed from the training data for the private model)
         if cfg.compare_baselines and "test_rmse" in record:
             target = dp_reference_target(record["privacy"], cfg.epsilon)
-            refs = record.pop("references", None) or references(fold, record["privacy"])
+            with key_scope(job=job, fold=fold.index):
+                refs = record.pop("references", None) or references(fold, record["privacy"])
             baselines.append(refs)
             info = reference_info(k, target)
             scope = record["privacy"].get("scope")
@@ -446,6 +497,8 @@ def run_experiment(cfg: DictConfig, device: torch.device) -> dict[str, Any]:
     if baselines:
         metrics["baseline_info"] = info
     atomic_write_json(out / "metrics.json", metrics)
+    if trainable:  # metrics.json and every release are on disk: the secret checkpoints go (keep_checkpoint, resume)
+        discard_secret_checkpoints(out, folds, resume=bool(cfg.get("resume")), keep=bool(cfg.get("keep_checkpoint")))
     return metrics
 
 
@@ -465,6 +518,15 @@ def comparison_table(metrics: dict[str, Any]) -> str:
     topn = {k: v for k, v in metrics.items() if k.startswith("test_") and "@" in k and not k.endswith("_std")}
     if topn:
         lines.append("top-N: " + ", ".join(f"{k[5:]} {v:.4f}" for k, v in topn.items()))
+    joint = metrics["privacy"].get("joint")
+    if isinstance(joint, dict):  # several fold models of the same people: the joint figure, then one model's
+        one = metrics["privacy"].get("epsilon_per_model")
+        delta = metrics["privacy"].get("delta")
+        eps_text = ("not established" if eps is None else f"{eps:.6g}" + ("" if not delta else f" (delta={delta:g})")
+                    + f" joint over the {joint['models']} fold models (same people; each alone: "
+                    + ("not established" if one is None else f"{one:.6g}") + ")")
+    else:
+        eps_text = "not established" if eps is None else eps
     lines.append(f"privacy: {metrics['privacy'].get('mechanism')} | relation={metrics['privacy'].get('relation')} | "
-                 f"epsilon={'not established' if eps is None else eps}")
+                 f"epsilon={eps_text}")
     return "\n".join(lines)

@@ -55,7 +55,8 @@ class Trainer:
     ``checkpoint_every`` (the config key of that name): ``"auto"`` checkpoints every epoch when ``resume`` is
     true (the run asked to be resumable) and otherwise once :data:`AUTO_CHECKPOINT_SECONDS` have passed since the
     last checkpoint; ``"end"`` only the last epoch; an integer N every N-th epoch. The last epoch is always
-    checkpointed (``evaluate.py run=``, ``load_run`` and a resume of a finished run read it).
+    checkpointed (a resume of a finished run reads it; ``evaluate.py run=`` and ``load_run`` read the release instead,
+    and a private run deletes its secret checkpoint at its end: :mod:`dprec_torch.training.checkpoint`).
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: MechanismOptimizer, sampler: PoissonBatchSampler, epochs: int,

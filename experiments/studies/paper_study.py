@@ -43,10 +43,10 @@ FORMS = ("Every method below is a **paper-faithful** mechanism, one explicit cho
          "DPSGD-PNBM is `mechanism=dpsgd_paper` (Alg. 1 as printed), DPSGD-MF is `mechanism=dpsgd_paper model=mf` "
          "(Berlioz et al., ε per rating value), DPPS-PNBM and DPPS-MF are `mechanism=sgld_paper` (Alg. 2 as printed; "
          "the grid sets ρ). For PNBM neither defends an ε (exact item means; Alg. 1's ΔF bounds one gradient entry), "
-         "so their ε is the configured figure only; the defaults `mechanism=dpsgd` and `mechanism=sgld` are the "
-         "provable forms, whose reported ε is the typed ε, and are not part of this study. "
-         "(The results were produced before the rename, when these forms were called `dpsgd`/`sgld`; "
-         "`python experiments/studies/paper_study.py --relabel` rewrote their method names, no number.)")
+         "so their ε is the configured figure only; the defaults `mechanism=dpsgd` (reported ε = the typed ε) and "
+         "`mechanism=sgld` (none defended: the chain's δ is not established) are the provable forms, and are not part "
+         "of this study. (Results produced before the rename, when these forms were called `dpsgd`/`sgld`, were "
+         "relabelled by `python experiments/studies/paper_study.py --relabel`: method names only, no number.)")
 
 
 def load(folder: Path) -> dict | None:

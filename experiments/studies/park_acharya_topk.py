@@ -56,6 +56,7 @@ from dprec_torch.mechanisms.exponential_topk import (  # noqa: E402
     window_chain,
 )
 from dprec_torch.predictors.slope_one import SlopeOne  # noqa: E402
+from dprec_torch.seeding import SecretGenerator, noise_generator  # noqa: E402
 
 log = logging.getLogger("park_acharya_topk")
 
@@ -76,7 +77,7 @@ def overlap(sets: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
     return (sets[:, :, None] == reference[:, None, :]).any(2).double().mean(1)
 
 
-def accuracy_rows(scores: torch.Tensor, eligible: torch.Tensor, args: argparse.Namespace, gen: torch.Generator) -> list[dict]:
+def accuracy_rows(scores: torch.Tensor, eligible: torch.Tensor, args: argparse.Namespace, gen: SecretGenerator) -> list[dict]:
     k, delta = args.k, args.sensitivity
     top = torch.topk(scores.masked_fill(~eligible, -1e9), k, 1).indices
     reference = mask_to_ids(torch.zeros_like(eligible).scatter_(1, top, True), k)
@@ -104,7 +105,7 @@ def kl(p: torch.Tensor, counts: torch.Tensor) -> float:
     return float((p * (p / q).log()).sum())
 
 
-def kl_rows(score: torch.Tensor, eligible: torch.Tensor, args: argparse.Namespace, gen: torch.Generator) -> list[dict]:
+def kl_rows(score: torch.Tensor, eligible: torch.Tensor, args: argparse.Namespace, gen: SecretGenerator) -> list[dict]:
     k, k_hat, n = args.k, args.k_hat, args.chains
     checkpoints = sorted({int(x) for x in np.unique(np.logspace(0, math.log10(args.kl_iter), 25).astype(int))})
     rows = []
@@ -209,8 +210,9 @@ def main(argv: list[str] | None = None) -> int:
         users = users[torch.randperm(users.numel(), generator=gen)[: args.n_users]].sort().values
         scores = model.score(users).clamp(fold.train.scale.lo, fold.train.scale.hi)
         eligible = ~model.rated_mask(users)
-        acc = accuracy_rows(scores, eligible, args, gen)
-        kls = kl_rows(scores[:1], eligible[:1], args, gen)
+        noise = noise_generator(args.seed)  # the samplers' draws: ChaCha20 under the explicit seed's key (seeding)
+        acc = accuracy_rows(scores, eligible, args, noise)
+        kls = kl_rows(scores[:1], eligible[:1], args, noise)
     except DprecError as err:
         log.error("%s", err)
         return 2

@@ -39,7 +39,9 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         p = r["privacy"]
         eps = p.get("epsilon")
-        if eps is None and p.get("epsilon_for_sample_only") is not None:
+        if eps is None and p.get("epsilon_if_exact_sample") is not None:  # provable sgld: DP item means, chain's delta unknown
+            guaranteed = f"none (chain's δ not established; an exact sample: {float(p['epsilon_if_exact_sample']):g})"
+        elif eps is None and p.get("epsilon_for_sample_only") is not None:
             guaranteed = f"none (exact item means; sample of S: {float(p['epsilon_for_sample_only']):g})"
         elif eps is None:
             guaranteed = "none defended (paper: per-entry)"
