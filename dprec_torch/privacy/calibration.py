@@ -34,10 +34,16 @@ Every calibration is memoised: sweeps and audits with one configuration calibrat
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
+import logging
 import math
+import os
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Iterable, Sequence
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -140,6 +146,104 @@ def _gdp_mu(epsilon: float, delta: float) -> float:
     return float(mu)
 
 
+# --------------------------------------------------------------------------- Opacus's own figure
+#: RDP orders: Opacus's defaults (``RDPAccountant.DEFAULT_ALPHAS``, written out so that importing the accountants does
+#: not import Opacus; tests/test_accountant_cache.py checks they are Opacus's) plus larger ones (small epsilon at small delta)
+OPACUS_DEFAULT_ALPHAS: list[float] = [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64))
+RDP_ORDERS: list[float] = OPACUS_DEFAULT_ALPHAS + [64, 80, 96, 128, 160, 192, 256, 384, 512, 768, 1024]
+
+
+def _epsilon_kwargs(mechanism: str) -> dict[str, Any]:
+    return {"alphas": RDP_ORDERS} if mechanism == "rdp" else {}
+
+
+def opacus_epsilon(history: list[tuple[float, float, int]] | tuple, delta: float, mechanism: str) -> float:
+    """Opacus's own accountant (``create_accountant``) on ``history``: its epsilon at ``delta`` (0 before any step,
+    inf with sigma = 0). Imports Opacus."""
+    if not history:
+        return 0.0
+    if any(sigma <= 0 for sigma, _, _ in history):
+        return math.inf
+    from opacus.accountants import create_accountant
+
+    acc = create_accountant(mechanism=mechanism)
+    acc.history = [(float(s), float(q), int(n)) for s, q, n in history]
+    with np.errstate(divide="ignore"):  # PRV at q = 1 takes log(1 - q) = -inf on a branch np.where discards
+        return float(acc.get_epsilon(delta=delta, **_epsilon_kwargs(mechanism)))
+
+
+# --------------------------------------------------------------------------- the on-disk memo
+#: bump when a function below changes its answer for the same arguments (old entries are then never read)
+MEMO_VERSION = 1
+_log = logging.getLogger(__name__)
+
+
+def _opacus_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("opacus")
+    except PackageNotFoundError:  # pragma: no cover - opacus is a dependency
+        return "absent"
+
+
+def memo_dir() -> Path | None:
+    """``$DPREC_CACHE/accountant`` (default ``~/.cache/dprec/accountant``); None with ``DPREC_ACCOUNTANT_CACHE=0``."""
+    if os.environ.get("DPREC_ACCOUNTANT_CACHE", "1") == "0":
+        return None
+    return Path(os.environ.get("DPREC_CACHE") or Path.home() / ".cache" / "dprec").expanduser() / "accountant"
+
+
+def disk_memo(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Memoise ``fn`` (a pure function of public numbers: a calibration, the epsilon of a history) on disk, keyed by
+    its name, arguments, :data:`MEMO_VERSION` and the Opacus version, so a run whose figures were computed before
+    never imports Opacus (seconds of start-up). One small JSON file per key, written atomically; a float round-trips
+    exactly through JSON (``repr``), so a cached figure is the computed one bit for bit. Unreadable entries are
+    recomputed; a cache that cannot be written is skipped."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any) -> Any:
+        root = memo_dir()
+        if root is None:
+            return fn(*args)
+        key = json.dumps([fn.__name__, MEMO_VERSION, _opacus_version(), args], default=list)
+        path = root / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
+        try:
+            entry = json.loads(path.read_text())
+            if entry["key"] == key:
+                return _decode(entry["value"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        value = fn(*args)
+        try:
+            from dprec_torch.io import atomic_write_json
+
+            root.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(path, {"key": key, "value": _encode(value)})
+        except OSError as err:  # read-only home, full disk: the figure is still right, only not cached
+            _log.debug("accountant cache not written (%s)", err)
+        return value
+
+    wrapper.uncached = fn  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, Noise):
+        return {"noise": [_f(value.sigma), _f(value.mu)]}
+    return {"float": _f(value)}
+
+
+def _f(x: float) -> Any:
+    return x if math.isfinite(x) else repr(float(x))  # inf / nan as strings: strict JSON
+
+
+def _decode(value: dict[str, Any]) -> Any:
+    if "noise" in value:
+        return Noise(*(float(x) for x in value["noise"]))
+    return float(value["float"])
+
+
 # --------------------------------------------------------------------------- epsilon of a history
 def _compact(history: Iterable[Sequence[float]]) -> tuple[tuple[float, float, int], ...]:
     """(sigma, q, steps) entries as floats/ints, consecutive equal (sigma, q) merged (as Opacus records steps)."""
@@ -157,12 +261,11 @@ def _compact(history: Iterable[Sequence[float]]) -> tuple[tuple[float, float, in
 def _rdp_of_one_step(q: float, sigma: float) -> np.ndarray:
     from opacus.accountants.analysis.rdp import compute_rdp
 
-    from dprec_torch.privacy.opacus_accounting import RDP_ORDERS
-
     return np.asarray(compute_rdp(q=q, noise_multiplier=sigma, steps=1, orders=RDP_ORDERS))
 
 
 @lru_cache(maxsize=4096)
+@disk_memo
 def _history_epsilon(history: tuple[tuple[float, float, int], ...], delta: float, accountant: str) -> float:
     if not history:
         return 0.0
@@ -171,7 +274,6 @@ def _history_epsilon(history: tuple[tuple[float, float, int], ...], delta: float
     if accountant == "rdp":  # RDPAccountant's sum over the history of compute_rdp(q, sigma, steps) = steps x one step's
         from opacus.accountants.analysis.rdp import get_privacy_spent
 
-        from dprec_torch.privacy.opacus_accounting import RDP_ORDERS
 
         rdp = sum(steps * _rdp_of_one_step(q, sigma) for sigma, q, steps in history)
         return float(get_privacy_spent(orders=RDP_ORDERS, rdp=rdp, delta=delta)[0])
@@ -179,12 +281,7 @@ def _history_epsilon(history: tuple[tuple[float, float, int], ...], delta: float
         if any(q != 1.0 for _, q, _ in history):
             raise ConfigError("the gdp accountant composes unsampled releases only (q = 1)")
         return gdp_epsilon(math.sqrt(sum(steps / (sigma * sigma) for sigma, _, steps in history)), delta)
-    from dprec_torch.privacy.opacus_accounting import OpacusAccountant
-
-    acc = OpacusAccountant(accountant)
-    for sigma, q, steps in history:
-        acc.step(sigma, q, steps=steps)
-    return acc.get_epsilon(delta)
+    return opacus_epsilon(history, delta, accountant)
 
 
 def gaussian_epsilon(history: Iterable[Sequence[float]], delta: float, accountant: str = "rdp") -> float:
@@ -225,6 +322,7 @@ def calibrate_gaussian(target_epsilon: float, delta: float, q: float = 1.0, step
 
 
 @lru_cache(maxsize=512)
+@disk_memo
 def _calibrate(target_epsilon: float, delta: float, q: float, steps: int, accountant: str, prior_t: tuple,
                tolerance: float, search: str) -> Noise:
     if accountant == "gdp":
@@ -244,8 +342,6 @@ def _calibrate(target_epsilon: float, delta: float, q: float, steps: int, accoun
 
 def _opacus_search(target_epsilon: float, delta: float, q: float, steps: int, accountant: str, tolerance: float) -> float:
     from opacus.accountants.utils import get_noise_multiplier
-
-    from dprec_torch.privacy.opacus_accounting import RDP_ORDERS
 
     kwargs = {"alphas": RDP_ORDERS} if accountant == "rdp" else {}
     try:

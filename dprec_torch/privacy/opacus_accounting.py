@@ -20,25 +20,16 @@ Calibrating sigma to a target (eps, delta) under these accountants is
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-import numpy as np
-from opacus.accountants import RDPAccountant, create_accountant
-
 from dprec_torch.errors import ConfigError
+# RDP orders and Opacus's own figure live with every other call of Opacus's analysis (privacy/calibration.py)
+from dprec_torch.privacy.calibration import OPACUS_DEFAULT_ALPHAS, RDP_ORDERS, gaussian_epsilon, opacus_epsilon  # noqa: F401
 
 ACCOUNTANTS = ("rdp", "prv")
 #: how a privacy report names each accountant
 ACCOUNTANT_TEXT = {"rdp": "RDP (Poisson-subsampled Gaussian, Mironov et al. 2019)",
                    "prv": "PRV (numerical composition of privacy random variables, Gopi et al. 2021; an upper bound)"}
-#: RDP orders: Opacus's defaults plus larger ones (needed for small epsilon at small delta)
-RDP_ORDERS: list[float] = list(RDPAccountant.DEFAULT_ALPHAS) + [64, 80, 96, 128, 160, 192, 256, 384, 512, 768,
-                                                               1024]
-
-
-def _epsilon_kwargs(mechanism: str) -> dict[str, Any]:
-    return {"alphas": RDP_ORDERS} if mechanism == "rdp" else {}
 
 
 def _check(mechanism: str) -> str:
@@ -48,44 +39,39 @@ def _check(mechanism: str) -> str:
 
 
 class OpacusAccountant:
-    """Thin wrapper: ``step(noise_multiplier, sample_rate, steps)`` then ``get_epsilon(delta)``."""
+    """Thin wrapper: ``step(noise_multiplier, sample_rate, steps)`` then ``get_epsilon(delta)``. It keeps the history
+    of (sigma, q, steps) as Opacus's accountants do, and asks :func:`~dprec_torch.privacy.calibration.gaussian_epsilon`
+    for the figure: Opacus's answer (``rdp``: the same sum of ``compute_rdp`` per entry and ``get_privacy_spent``;
+    ``prv``: :func:`opacus_epsilon`), memoised in memory and on disk, so a figure computed before imports no Opacus."""
 
     def __init__(self, mechanism: str = "rdp") -> None:
         self.mechanism = _check(mechanism)
-        self._acc = create_accountant(mechanism=self.mechanism)
+        self._history: list[tuple[float, float, int]] = []
 
     def step(self, noise_multiplier: float, sample_rate: float, steps: int = 1) -> None:
-        """Record ``steps`` applications of the Poisson-subsampled Gaussian mechanism."""
-        if steps == 1:
-            self._acc.step(noise_multiplier=float(noise_multiplier), sample_rate=float(sample_rate))
-            return
-        hist = self._acc.history
-        if hist and hist[-1][:2] == (float(noise_multiplier), float(sample_rate)):
-            hist[-1] = (hist[-1][0], hist[-1][1], hist[-1][2] + int(steps))
+        """Record ``steps`` applications of the Poisson-subsampled Gaussian mechanism (merged into the last entry when
+        (sigma, q) repeats, as Opacus's accountants record steps)."""
+        entry = (float(noise_multiplier), float(sample_rate))
+        if self._history and self._history[-1][:2] == entry:
+            self._history[-1] = (*entry, self._history[-1][2] + int(steps))
         else:
-            hist.append((float(noise_multiplier), float(sample_rate), int(steps)))
+            self._history.append((*entry, int(steps)))
 
     def get_epsilon(self, delta: float) -> float:
         """Opacus's epsilon for the history so far (0 before any step, inf with sigma = 0)."""
-        if not self._acc.history:
-            return 0.0
-        if any(sigma <= 0 for sigma, _, _ in self._acc.history):
-            return math.inf
-        with np.errstate(divide="ignore"):  # PRV at q = 1 takes log(1 - q) = -inf on a branch np.where discards
-            return float(self._acc.get_epsilon(delta=delta, **_epsilon_kwargs(self.mechanism)))
+        return gaussian_epsilon(self._history, delta, self.mechanism)
 
     @property
     def history(self) -> list[tuple[float, float, int]]:
-        return list(self._acc.history)
+        return list(self._history)
 
     @property
     def steps(self) -> int:
-        return sum(n for _, _, n in self._acc.history)
+        return sum(n for _, _, n in self._history)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"mechanism": self.mechanism, "history": [tuple(h) for h in self._acc.history]}
+        return {"mechanism": self.mechanism, "history": [tuple(h) for h in self._history]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.mechanism = _check(state.get("mechanism", self.mechanism))
-        self._acc = create_accountant(mechanism=self.mechanism)
-        self._acc.history = [tuple(h) for h in state["history"]]  # type: ignore[misc]
+        self._history = [(float(s), float(q), int(n)) for s, q, n in state["history"]]

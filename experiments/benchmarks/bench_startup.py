@@ -12,7 +12,9 @@ numba caches; the minimum over runs is reported) and reads the times from Hydra'
   ``/proc``, so Linux only, else None; it may include the first few ms of the epoch): the steady
   figure for "to the first epoch" on a loaded machine;
 * ``imports``: ``python -X importtime`` of the same command, the top-level modules over 50 ms
-  (from the fastest run).
+  (from the fastest run);
+* ``import_torch`` and ``end_to_end_over_import_torch``: ``python -c "import torch"`` timed in the same call
+  (interleaved with the runs, minimum), and the end-to-end figure over it (the start-up target is a ratio to it).
 
     python experiments/benchmarks/bench_startup.py --out docs/results/benchmarks/startup-cpu.json -- data=ml-1m device=cpu mechanism=none
     python experiments/benchmarks/bench_startup.py --root /tmp/head -- data=ml-1m device=cpu   # another checkout (before/after)
@@ -104,15 +106,28 @@ def run_once(root: Path, overrides: list[str], importtime: bool) -> dict:
             "imports": top_imports(output) if importtime else None}
 
 
+def import_torch_seconds() -> float:
+    """Wall seconds of ``python -c "import torch"`` in a fresh process (the start-up target's yardstick)."""
+    t0 = time.time()
+    subprocess.run([sys.executable, "-c", "import torch"], check=True)
+    return time.time() - t0
+
+
 def measure(root: Path, overrides: list[str], repeat: int) -> dict:
-    runs = [run_once(root, overrides, importtime=False) for _ in range(repeat)]
+    torch_runs = []
+    runs = []
+    for _ in range(repeat):  # interleaved, so a machine that slows down slows both
+        torch_runs.append(import_torch_seconds())
+        runs.append(run_once(root, overrides, importtime=False))
     imp = run_once(root, overrides, importtime=True)
     firsts = [r["to_first_epoch"] for r in runs if r["to_first_epoch"] is not None]
     cpu_firsts = [r["cpu_to_first_epoch"] for r in runs if r["cpu_to_first_epoch"] is not None]
     return {"command": "python train.py " + " ".join(overrides), "root": str(root), "runs": runs,
             "to_first_epoch": min(firsts) if firsts else None, "end_to_end": min(r["end_to_end"] for r in runs),
             "cpu_seconds": min(r["cpu_seconds"] for r in runs), "cpu_to_first_epoch": min(cpu_firsts) if cpu_firsts else None,
-            "imports": imp["imports"], "load_avg": os.getloadavg()[0]}
+            "imports": imp["imports"], "import_torch": round(min(torch_runs), 3),
+            "end_to_end_over_import_torch": round(min(r["end_to_end"] for r in runs) / min(torch_runs), 2),
+            "load_avg": os.getloadavg()[0]}
 
 
 def main() -> None:
