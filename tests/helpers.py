@@ -48,3 +48,14 @@ def kill_in_epoch(monkeypatch, epoch: int = 3):
 
     monkeypatch.setattr(trainer_mod.Trainer, "_epoch_metrics", killed)
     return original
+
+
+def walk(obj, path=""):
+    """Every (path, value) of a nested dict/list, depth first (for scanning a loaded release for forbidden entries)."""
+    yield path, obj
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            yield from walk(value, f"{path}.{key}")
+    elif isinstance(obj, (list, tuple)):
+        for k, value in enumerate(obj):
+            yield from walk(value, f"{path}[{k}]")

@@ -48,7 +48,7 @@ def test_load_run_reproduces_the_test_rmse_exactly(tmp_path, model, mechanism, e
     items = [again.dataset.item_ids[k] for k in fold.test.items.tolist()]
     pred = again.predict(users, items)
     assert rating_metrics(pred, fold.test.values.cpu())["rmse"] == run.metrics["folds"][0]["test_rmse"]
-    assert not (tmp_path / "checkpoint_fold1.pt").exists()  # private: the secret checkpoint is gone (issue 33, 4)
+    assert not (tmp_path / "checkpoint_fold1.pt").exists()  # private: the secret checkpoint is gone
     if model == "pnbm":  # the DP item means come from the release; attach() would recompute the exact ones
         restored = again.model().item_means
         assert not torch.allclose(restored, fold.train.item_means().to(restored.dtype))

@@ -109,7 +109,7 @@ def test_batched_sweep_gives_separate_run_numbers_and_one_run_dir_per_job(tmp_pa
             assert (job / name).exists(), f"{job.name} has no {name}"
         assert any((job / "tb" / "fold1").iterdir()), f"{job.name} has no TensorBoard log"
         overrides = OmegaConf.to_container(OmegaConf.load(job / ".hydra" / "overrides.yaml"))
-        # the checkpoint holds the secret noise key: a private job deletes it at its end (issue 33, 4)
+        # the checkpoint holds the secret noise key: a private job deletes it at its end
         assert (job / "checkpoint_fold1.pt").exists() == ("mechanism=none" in overrides), job.name
         seen.add(tuple(sorted(o for o in overrides if not o.startswith("hydra."))))
         batched = json.loads((job / "metrics.json").read_text())

@@ -45,7 +45,7 @@ def test_ml100k_tab_format(tmp_path):
 def test_ml1m_colon_format_with_id_maps(tmp_path):
     text = "1::1193::5::978300760\n1::661::3::978302109\n2::1193::4::978298413\n10::661::1::978298413\n"
     path = write(tmp_path, "ratings.dat", text)
-    # seed 1: the per-rating keyed split (issue 33) holds out one of the 4 ratings (seed 0 holds out all 4)
+    # seed 1: the per-rating keyed split holds out one of the 4 ratings (seed 0 holds out all 4)
     ds = load_custom(path=str(path), rating_scale=[1, 5], fold=1, test_fraction=0.25, seed=1)
     assert ds.user_ids == [1, 2, 10] and ds.item_ids == [661, 1193]
     assert ds.scale == RatingScale(1.0, 5.0)

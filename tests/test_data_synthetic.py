@@ -44,7 +44,7 @@ def test_sizes_distinct_pairs_and_scale(preset):
 def test_explicit_sizes_override_preset_and_dense_requests():
     ds = load_synthetic("ml-1m", n_users=50, n_items=30, n_ratings=400, fold="all")
     assert (ds.n_users, ds.n_items) == (50, 30)
-    # a keyed Bernoulli per rating (issue 33): ~10 % held out (binomial sd 6), every rating on one side
+    # a keyed Bernoulli per rating: ~10 % held out (binomial sd 6), every rating on one side
     assert all(len(f.train) + len(f.test) == 400 and 15 <= len(f.test) <= 65 for f in ds.folds)
     u, i, _ = generate_synthetic(10, 10, 90, seed=0)  # 90% dense: drawn without replacement
     assert np.unique(u * 10 + i).shape[0] == 90

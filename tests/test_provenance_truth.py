@@ -56,7 +56,9 @@ def test_a_hyperparameter_override_is_chosen_by_the_user_and_not_counted(overrid
 
 
 def test_an_override_on_the_training_peoples_data_stays_not_counted():
-    prov = hyperparameter_provenance(_compose("data=ml-1m", "mechanism.lr=3"))
+    cfg = _compose("data=ml-1m", "mechanism.lr=3")
+    cfg.mechanism.chosen_on = "ml-1m"  # the other values chosen on the training people themselves
+    prov = hyperparameter_provenance(cfg)
     assert prov["shares_people"] is True and "chosen by the user: not counted" in prov["statement"]
 
 
@@ -145,9 +147,64 @@ def test_every_tuned_model_and_mechanism_file_carries_its_source_as_a_value(path
 
 def test_the_default_runs_files_say_where_their_numbers_were_chosen():
     cfg = _compose()
-    assert chosen_on(cfg.model) == ["ml-1m"] and chosen_on(cfg.mechanism) == ["ml-1m"]
-    for mech in ("dpsgd", "sgld", "gaussian", "none"):
-        assert chosen_on(_compose(f"mechanism={mech}").mechanism) == ["ml-1m"], mech
+    for node in (cfg.model, cfg.mechanism):  # per population a run trains on (issue 34)
+        assert chosen_on(node, "ml-100k") == ["ml-1m"] and chosen_on(node, "ml-1m") == ["ml-100k"]
+        assert chosen_on(node, None) == chosen_on(node) == ["ml-1m", "ml-100k"]  # custom data: every source
+    for mech in ("dpsgd", "sgld", "gaussian"):
+        node = _compose(f"mechanism={mech}").mechanism
+        assert chosen_on(node, "ml-100k") == ["ml-1m"] and chosen_on(node, "ml-1m") == ["ml-100k"], mech
+    assert chosen_on(_compose("mechanism=none").mechanism) == ["ml-1m"]  # the non-private run's numbers: not re-chosen
+
+
+# ------------------------------------------------------------- issue 34: every default run chosen on other people
+#: the default runs (model=pnbm_lowrank, mechanism dpsgd | sgld | gaussian): the population a run trains on -> the one
+#: its defaults were chosen on
+SOURCE = {"ml-100k": "ml-1m", "ml-1m": "ml-100k"}
+#: where each default came from: the size rule's knobs (``auto``; fitted per population: size_rule.FITTED_ON) and the
+#: constants of the files (``chosen_on``; checked per population by pnbm_lowrank_size_rule.py constants)
+RULE_KNOBS = ("sampling_ratio", "epochs", "lr", "clip_norm", "mean_fraction")
+CONSTANTS = {"model": ("rank", "init_std", "clamp_r", "beta_p", "feature_reg"),
+             "mechanism": ("mean_prior_std", "mean_popularity_alpha", "mean_popularity_share", "count_weight")}
+EVIDENCE = CONF.parent / "docs" / "results" / "pnbm_lowrank" / "size_rule_constants.json"
+
+
+@pytest.mark.parametrize("mech", ["dpsgd", "sgld", "gaussian"])
+@pytest.mark.parametrize("data", ["ml-100k", "ml-1m"])
+def test_every_default_run_shares_no_people_with_where_its_defaults_were_chosen(data, mech):
+    from dprec_torch.privacy.provenance import DESCRIPTIONS
+
+    prov = hyperparameter_provenance(_compose(f"data={data}", f"mechanism={mech}"))
+    assert prov["shares_people"] is False and prov["chosen_on"] == SOURCE[data] and prov["user_values"] == []
+    text = prov["statement"]
+    assert f"chosen on {DESCRIPTIONS[SOURCE[data]]}" in text and "(end to end)" in text
+    assert "size_rule_constants.json" in text
+    if data == "ml-1m":  # truthful: the same values as the earlier choice on ML-1M, found again on ML-100K
+        assert "equal the ones first chosen on ML-1M's users" in text and "found them again" in text
+
+
+def test_each_default_constant_is_pinned_to_where_it_came_from():
+    import json
+
+    from dprec_torch.privacy import size_rule
+
+    evidence = json.loads(EVIDENCE.read_text())
+    for data, source in SOURCE.items():
+        side = evidence["sides"][data]
+        # fitted on other people's validation splits: ML-1M users for ML-100K runs, ML-100K u1.base for ML-1M runs
+        assert all(s.startswith("ml1m-") for s in side["fitting_sets"]) if data == "ml-100k" \
+            else side["fitting_sets"] == ["ml100k"]
+        assert "no user of" in size_rule.FITTED_ON[data]
+        for mech in ("dpsgd", "sgld", "gaussian"):
+            cfg = _compose(f"data={data}", f"mechanism={mech}")
+            assert all(cfg.mechanism[k] == "auto" for k in RULE_KNOBS), mech  # the size rule's
+            for node, keys in CONSTANTS.items():
+                assert chosen_on(cfg[node], data) == [source], (data, mech, node)
+                for key in keys:
+                    if key not in cfg[node]:
+                        continue  # dpsgd's Laplace means have no popularity prior
+                    verdict = side["verdict"][f"{node}.{key}"]
+                    # the default is the value the check chose on the other people
+                    assert float(cfg[node][key]) == verdict["chosen"], (data, mech, node, key)
 
 
 @pytest.mark.parametrize(("mech", "model"), [("dpsgd", "pnbm_lowrank"), ("sgld", "pnbm_lowrank"), ("gaussian", "mf"),

@@ -1,4 +1,4 @@
-"""A publishable release for every trained model (issue 33, 4).
+"""A publishable release for every trained model.
 
 Every training run writes ``release_fold<k>.pt`` (the model's parameters and the buffers it predicts with, a copy of
 the privacy report, metadata; never generator state, a seed, a key or optimizer state). ``load_run``,
@@ -20,6 +20,7 @@ import dprec_torch
 from dprec_torch.errors import ConfigError
 from dprec_torch.evaluation.metrics import rating_metrics
 from dprec_torch.predictors.release import check_no_secrets, release_path
+from tests.helpers import walk as _walk
 
 BASE = ["data=synthetic", "data.preset=tiny", "device=cpu", "tensorboard=false", "compare_baselines=false"]
 
@@ -38,16 +39,6 @@ def _train(out: Path, model: str, mech: str, *extra: str) -> dprec_torch.api.Run
     eps = "epsilon=inf" if mech == "none" else "epsilon=5"
     return dprec_torch.train([*BASE, f"model={model}", f"mechanism={mech}", eps, "mechanism.epochs=1",
                               *EXTRA.get(model, []), *extra, f"output_dir={out}"])
-
-
-def _walk(obj, path=""):
-    yield path, obj
-    if isinstance(obj, dict):
-        for key, value in obj.items():
-            yield from _walk(value, f"{path}.{key}")
-    elif isinstance(obj, (list, tuple)):
-        for k, value in enumerate(obj):
-            yield from _walk(value, f"{path}[{k}]")
 
 
 def _no_checkpoint_reads(monkeypatch) -> None:

@@ -23,6 +23,7 @@ import torch
 import dprec_torch
 from dprec_torch.errors import ConfigError
 from dprec_torch.predictors.release import ReleasesState, check_no_secrets, read_release, release_path
+from tests.helpers import walk as _walk
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ["data=synthetic", "device=cpu", "tensorboard=false", "compare_baselines=false"]
@@ -95,16 +96,6 @@ def test_a_fresh_process_restores_the_same_model(runs, name):
     u = case["run"]._user_index[_user(case["run"])]
     rated = {case["run"].dataset.item_ids[i] for i in seen.items[seen.users == u].tolist()}
     assert not rated & set(fresh["top"])
-
-
-def _walk(obj, path=""):
-    yield path, obj
-    if isinstance(obj, dict):
-        for key, value in obj.items():
-            yield from _walk(value, f"{path}.{key}")
-    elif isinstance(obj, (list, tuple)):
-        for k, value in enumerate(obj):
-            yield from _walk(value, f"{path}[{k}]")
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -143,7 +143,7 @@ def test_evaluate_run_scores_exactly_the_released_private_model(tmp_path, monkey
     from dprec_torch.models.pnbm import PNBM
 
     m = run(tmp_path, f"mechanism={mechanism}", "model=pnbm", "epsilon=2", "mechanism.epochs=1")
-    assert not (tmp_path / "checkpoint_fold1.pt").exists()  # evaluation reads the release (issue 33, 4)
+    assert not (tmp_path / "checkpoint_fold1.pt").exists()  # evaluation reads the release
     released = torch.load(tmp_path / "release_fold1.pt", weights_only=True)["state"]["item_means"]
 
     seen = {}

@@ -37,7 +37,7 @@ def test_one_epoch_smoke(tmp_path, mechanism, eps):
     assert m["privacy"]["mechanism"].startswith(mechanism)
     assert {"epsilon_covers", "not_covered", "non_private_diagnostics_logged"} <= set(m["privacy"]["scope"])
     assert (tmp_path / "release_fold1.pt").exists() and (tmp_path / "config_resolved.json").exists()
-    # the checkpoint holds the secret noise key: a private run deletes it at its end (issue 33, 4)
+    # the checkpoint holds the secret noise key: a private run deletes it at its end
     assert (tmp_path / "checkpoint_fold1.pt").exists() == (mechanism == "none")
     if mechanism == "sgld":  # the default low-rank PNBM: the accounted chain's figure, at most the typed epsilon
         assert m["privacy"]["epsilon_nominal"] == 20 and 0.99 * 20 <= m["privacy"]["epsilon"] <= 20

@@ -124,7 +124,7 @@ def restored_fallback(train: Ratings, state: dict[str, Any]) -> MeanFallback:
     return fb
 
 
-# ----------------------------------------------------------------------------------- a trained model (issue 33, 4)
+# ----------------------------------------------------------------------------------- a trained model
 #: top-level keys of a trained model's release state a resumable checkpoint has and a release must not (the noise
 #: generators, the accountant, the optimizer's moments): :func:`write_trained_release` refuses a state naming them
 CHECKPOINT_ONLY_KEYS = frozenset({"optimizer", "sampler_generator", "rng", "accountant", "mean_release", "history"})

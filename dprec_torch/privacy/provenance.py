@@ -25,6 +25,12 @@ The runner drops the key before a class is built (``NODE_RUNNER_KEYS``). A model
 choices for ``train(cfg)`` called from Python) is reported as "chosen by the user: not counted": the package cannot tell
 whether it was chosen by looking at these people's ratings. Custom data says the package cannot tell whose people it
 holds, so it never claims a choice was made on other people.
+
+A ``chosen_on`` value may also be a mapping from the population a run trains on to the population its numbers were
+chosen on (issue 34): ``{ml-100k: ml-1m, ml-1m: ml-100k, note: {ml-1m: "..."}}`` says the same numbers were chosen
+(or re-checked) on ML-1M's users for ML-100K runs and on ML-100K's for ML-1M runs, so neither shares people. Data with
+no entry of its own (custom, synthetic) gets every source the mapping names. ``note`` (optional, per population) is
+appended to the statement: what the choice found (e.g. that it found the earlier values again).
 """
 
 from __future__ import annotations
@@ -127,16 +133,45 @@ NOT_TUNED = frozenset({"_target_", "_partial_", "_convert_", "_recursive_", "_ar
                        "dense_max_items", "block_budget"})
 
 
-def chosen_on(node: DictConfig | None) -> list[str]:
+#: the key of a per-population ``chosen_on`` mapping that holds notes, not a population
+CHOSEN_NOTE = "note"
+_EVERY = object()
+
+
+def _as_list(value: Any) -> list[Any]:
+    return list(value) if OmegaConf.is_list(value) or isinstance(value, (list, tuple)) else [value]
+
+
+def chosen_on(node: DictConfig | None, people: Any = _EVERY) -> list[str]:
     """The ``chosen_on`` value of a model or mechanism node as a list: population names (``ml-100k``, ``ml-1m``),
     :data:`DATA_INDEPENDENT`, or :data:`NOT_RECORDED` (also for a node without the key). Every ``conf/model``,
     ``conf/mechanism`` and ``conf/tuned`` file carries it; a tuned file's value replaces its mechanism file's (Hydra's
-    merge), so the mechanism node's value is the tuned file's wherever the run has one."""
+    merge), so the mechanism node's value is the tuned file's wherever the run has one. A per-population mapping
+    (module doc) gives the entry for ``people`` (the population the run trains on); for people without an entry of
+    their own, or when ``people`` is not given, every source the mapping names."""
     value = node.get("chosen_on") if isinstance(node, DictConfig) else None
     if value is None:
         return [NOT_RECORDED]
+    if OmegaConf.is_dict(value) or isinstance(value, dict):
+        spec = {k: v for k, v in value.items() if k != CHOSEN_NOTE}
+        if people is not _EVERY and people in spec:
+            values = _as_list(spec[people])
+        else:
+            values = list(dict.fromkeys(v for entry in spec.values() for v in _as_list(entry)))
+        return [str(v) for v in values] or [NOT_RECORDED]
     values = list(value) if OmegaConf.is_list(value) or isinstance(value, (list, tuple)) else [value]
     return [str(v) for v in values] or [NOT_RECORDED]
+
+
+def chosen_note(node: DictConfig | None, people: str | None) -> str | None:
+    """The note of a per-population ``chosen_on`` mapping for ``people`` (module doc), None without one."""
+    value = node.get("chosen_on") if isinstance(node, DictConfig) else None
+    if not (OmegaConf.is_dict(value) or isinstance(value, dict)):
+        return None
+    notes = value.get(CHOSEN_NOTE)
+    if not (OmegaConf.is_dict(notes) or isinstance(notes, dict)) or people not in notes:
+        return None
+    return str(notes[people])
 
 
 def _desc(source: str) -> str:
@@ -274,7 +309,8 @@ def defaults_provenance(cfg: DictConfig, people: str | None) -> dict[str, Any]:
     tuned = (CONF_DIR / "tuned" / f"{mech}_{model}.yaml").exists()
     files = ", ".join([f"conf/model/{model}.yaml", f"conf/mechanism/{mech}.yaml"]
                       + ([f"conf/tuned/{mech}_{model}.yaml"] if tuned else []))
-    listed = chosen_on(cfg.model) + chosen_on(cfg.mechanism)
+    listed = chosen_on(cfg.model, people) + chosen_on(cfg.mechanism, people)
+    notes = list(dict.fromkeys(n for n in (chosen_note(cfg.model, people), chosen_note(cfg.mechanism, people)) if n))
     populations = list(dict.fromkeys(s for s in listed if s not in (DATA_INDEPENDENT, NOT_RECORDED)))
     unrecorded = NOT_RECORDED in listed
     sources = populations + ([NOT_RECORDED] if unrecorded else [])
@@ -305,6 +341,8 @@ def defaults_provenance(cfg: DictConfig, people: str | None) -> dict[str, Any]:
                      "people's ratings: if so, that choice is not counted in epsilon")
         else:
             text += "no user in common, so the choice is a fixed input for them (end to end)"
+        if notes:
+            text += "; " + "; ".join(notes)
     if mine:
         if shared is False and people != "synthetic":
             shared = "unknown"

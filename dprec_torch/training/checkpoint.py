@@ -10,7 +10,7 @@ Resume trusts nothing it is given (issue 15 #8):
   its DP item-mean release (a resume restores what ``MechanismOptimizer.prepare`` made, never makes it again),
   gives one line naming the file and the fix, and nothing is written over it.
 
-The checkpoint is SECRET (issue 33, 4): besides the model it holds the noise and Poisson-sampler generators' states
+The checkpoint is SECRET: besides the model it holds the noise and Poisson-sampler generators' states
 (the run's secret key material: whoever has them can replay the noise and undo it), the global RNG states, the
 mechanism's accountant and its record of the DP item-mean release. It is resume state, never a release: the model
 that was released is ``release_fold<k>.pt`` (:mod:`dprec_torch.predictors.release`), which ``load_run``,

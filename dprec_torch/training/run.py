@@ -234,7 +234,7 @@ def train_fold(cfg: DictConfig, fold: Fold, out: Path, device: torch.device, ref
             report["size_rule"] = setup.rule
         report["scope"] = privacy_scope(report, model, diagnostics, item_universe_of(train))
         report.update(noise_randomness(cfg, report, trainable=True))
-        report["release"] = write_trained_fold_release(cfg, out, fold, model, report, result.epochs)  # issue 33, 4
+        report["release"] = write_trained_fold_release(cfg, out, fold, model, report, result.epochs)  # what may be published: no key, no generator state
         refs = references(loaded, report) if references is not None else None
         if writer is not None:
             hparams = {f"mechanism.{k}": v for k, v in OmegaConf.to_container(cfg.mechanism, resolve=True).items()
