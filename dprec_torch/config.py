@@ -34,6 +34,7 @@ from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from dprec_torch import populations  # noqa: F401 (registers ${size_rule:...}, which the model yaml reads)
 from dprec_torch.errors import ConfigError, DprecError
 
 log = logging.getLogger(__name__)
@@ -433,6 +434,8 @@ SIZE_RULE_KNOBS: dict[str, tuple[str, ...]] = {
     "mechanism": ("sampling_ratio", "epochs", "lr", "clip_norm", "mean_fraction"),
     "model": ("rank",),
 }
+
+
 
 
 def _size_rule_knob(kind: str, key: str) -> bool:

@@ -7,7 +7,8 @@ never run (annotations only). Hydra ``_target_`` strings are not imports either.
 
 :data:`LAYERS` lists the units bottom to top; a unit may import only units on lower layers. Each layer, low to high:
 
-0. ``errors``: the two exception types every layer raises; ``chacha``: the CSPRNG's kernels (imports no package unit);
+0. ``errors``: the two exception types every layer raises; ``chacha``: the CSPRNG's kernels; ``populations``: whose
+   people a data config holds (neither imports a package unit);
 1. plumbing with no domain knowledge: ``io`` (atomic writes), ``seeding``, ``device``, ``config`` (Hydra glue,
    schema check), ``sweep_cache``, ``startup``;
 2. ``data``: ratings, folds, readers;
@@ -43,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "dprec_torch"
 
 LAYERS: list[set[str]] = [
-    {"errors", "chacha"},
+    {"errors", "chacha", "populations"},
     {"io", "seeding", "device", "config", "sweep_cache", "startup"},
     {"data"},
     {"interfaces"},

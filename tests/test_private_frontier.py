@@ -234,10 +234,12 @@ def test_a_presets_run_reports_where_its_hyperparameters_came_from(tmp_path):
     assert prov["chosen_on"] == "ml-1m" and prov["shares_people"] is False and "private_rating" in prov["statement"]
 
 
-@pytest.mark.parametrize(("data", "shared"), [("ml-100k", False), ("ml-1m", True), ("custom", "unknown")])
-def test_tuned_defaults_say_whose_ratings_chose_them(data, shared):
-    """The low-rank PNBM's tuned numbers were chosen on an ML-1M stand-in: end to end on ML-100K, not on ML-1M."""
+@pytest.mark.parametrize(("data", "source", "shared"), [("ml-100k", "ml-1m", False), ("ml-1m", "ml-100k", False),
+                                                       ("custom", None, "unknown")])
+def test_tuned_defaults_say_whose_ratings_chose_them(data, source, shared):
+    """The low-rank PNBM's defaults were chosen on the OTHER dataset's people for each of ML-100K and ML-1M (the size rule
+    and the re-checked constants); custom data cannot say whose people it holds."""
     prov = hyperparameter_provenance(_compose("model=pnbm_lowrank", "mechanism=sgld", "epsilon=20", f"data={data}"))
-    assert prov["chosen_on"] == "ml-1m" and prov["shares_people"] == shared
-    if shared is True:
-        assert "NOT counted in epsilon" in prov["statement"]
+    assert prov["shares_people"] == shared
+    if source is not None:
+        assert prov["chosen_on"] == source

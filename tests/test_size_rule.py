@@ -112,3 +112,27 @@ def test_the_design_card_learns_and_the_issue_defaults_do_not_spend_on_noise():
     # python train.py (dpsgd, eps = 1): the means take the budget
     plain = R.rule_knobs("dpsgd", 943, 1682, 1.0, 1e-6, True)
     assert not plain.learns and plain.mean_fraction == R.MEANS_ONLY_SHARE
+
+
+@pytest.mark.parametrize(("overrides", "want"), [
+    (("data=ml-100k", "mechanism=sgld"), 2.0), (("data=ml-100k", "mechanism=dpsgd"), 2.0),
+    (("data=ml-1m", "mechanism=gaussian"), 1.0), (("data=ml-1m", "mechanism=sgld"), 1.0),
+    (("data=ml-100k", "mechanism=none"), 1.0),  # a mechanism the rule does not cover: the earlier value
+    (("data=synthetic", "mechanism=sgld"), 1.0), (("data=custom", "data.path=/x/ratings.dat", "mechanism=sgld"), 1.0),
+])
+def test_a_constant_chosen_per_population_is_the_rules_and_reaches_the_model(overrides, want):
+    from dprec_torch.training.run import build_model
+    from tests.helpers import tiny_fold
+
+    cfg = compose_cfg(*overrides)
+    assert cfg.model.clamp_r == want  # ${size_rule:clamp_r}: POPULATION_CONSTANTS, fallback POPULATION_FALLBACK
+    assert R.POPULATION_CONSTANTS["clamp_r"] == {"ml-100k": 2.0, "ml-1m": 1.0} and R.POPULATION_FALLBACK["clamp_r"] == 1.0
+    assert build_model(cfg, tiny_fold()).clamp_r == want
+
+
+def test_a_per_population_constant_given_on_the_command_line_is_the_users():
+    from dprec_torch.privacy.provenance import hyperparameter_provenance
+
+    prov = hyperparameter_provenance(compose_cfg("data=ml-100k", "mechanism=sgld", "model.clamp_r=1"))
+    assert prov["user_values"] == ["model.clamp_r"] and prov["shares_people"] == "unknown"
+    assert "chosen by the user: not counted" in prov["statement"]

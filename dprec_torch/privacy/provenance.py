@@ -41,24 +41,14 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from dprec_torch.errors import ConfigError
+from dprec_torch.populations import POPULATIONS, population  # noqa: F401 (the people a data config holds)
 
 log = logging.getLogger(__name__)
 
-#: the people behind each data config: its validation split holds the same people
-POPULATIONS = {"ml-100k": "ml-100k", "ml-100k-val": "ml-100k", "ml-1m": "ml-1m", "ml-1m-val": "ml-1m",
-               "synthetic": "synthetic", "synthetic-val": "synthetic"}
 #: how a population is named in a statement
 DESCRIPTIONS = {"ml-100k": "ML-100K's users (rated 1997-98)", "ml-1m": "ML-1M's users (joined MovieLens in 2000)"}
 
 _LOGGED: set[tuple[Any, ...]] = set()
-
-
-def population(cfg: DictConfig) -> str | None:
-    """The people ``cfg.data`` holds: ``ml-100k``, ``ml-1m``, ``synthetic``, or None (custom data: not known)."""
-    data = cfg.data
-    inner = data.get("dataset")
-    name = str((inner if isinstance(inner, DictConfig) else data).get("name", ""))
-    return POPULATIONS.get(name)
 
 
 def shares_people(source: str, people: str | None) -> bool | str:

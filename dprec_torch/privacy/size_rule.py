@@ -36,7 +36,8 @@ scale, and an L1 clip's smaller signal: about 1 / sqrt(n_u d) of an L2 clip's, n
 
 Fitted (validation splits only): ML-1M user subsamples of 500, 1,000 and 2,000 users for ML-100K runs; ML-100K's
 u1.base and synthetic data for ML-1M runs (``FITTED_ON``); experiments/studies/pnbm_lowrank_size_rule.py and
-docs/pnbm_lowrank.md, "The size rule".
+docs/pnbm_lowrank.md, "The size rule". The default model's other constants were re-chosen the same way
+(``... size_rule.py constants``); the one a population chose differently is in ``POPULATION_CONSTANTS``.
 """
 
 from __future__ import annotations
@@ -46,11 +47,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from dprec_torch.config import SIZE_RULE_KNOBS
+from dprec_torch.populations import (POPULATION_CONSTANTS, POPULATION_FALLBACK, POPULATIONS,  # noqa: F401
+                                     RULE_MECHANISMS, population, population_constant)
 
 #: the knobs the rule sets (a value of ``auto`` in the config asks for it; config.py accepts it for these keys)
 MECHANISM_KNOBS = SIZE_RULE_KNOBS["mechanism"]
 MODEL_KNOBS = SIZE_RULE_KNOBS["model"]
-RULE_MECHANISMS = ("sgld", "gaussian", "dpsgd")
 
 # ---- the fitted constants (experiments/studies/pnbm_lowrank_size_rule.py; docs/pnbm_lowrank.md "The rule")
 STEPS_GAUSSIAN = 20          # T at q = 1 (sgld, gaussian)
@@ -149,7 +151,11 @@ def rule_knobs(mechanism: str, n_users: int, n_items: int, epsilon: float, delta
 def record(knobs: Knobs, mechanism: str, n_users: int, n_items: int, epsilon: float, delta: float, catalogue: bool,
            data_population: str | None, resolved: list[str]) -> dict[str, Any]:
     """What ``metrics.json["privacy"]["size_rule"]`` records: the inputs, the resolved knobs, where it was fitted."""
-    fitted = FITTED_ON["ml-1m" if data_population == "ml-1m" else "ml-100k"]
+    if data_population in FITTED_ON:
+        fitted = FITTED_ON[data_population]
+    else:  # custom or synthetic data: both fits hold the same constants; whose people the data holds is unknown
+        fitted = (f"{FITTED_ON['ml-100k']}; and {FITTED_ON['ml-1m']} (the same constants): the package cannot tell "
+                  "whether this data's people are among them")
     return {"rule": "dprec_torch/privacy/size_rule.py", "mechanism": mechanism,
             "inputs": {"n_users": int(n_users), "n_items": int(n_items), "epsilon": float(epsilon), "delta": float(delta),
                        "catalogue": bool(catalogue)},
@@ -175,7 +181,6 @@ def apply(cfg: Any, train: Any) -> tuple[Any, dict[str, Any] | None]:
                           f"the size rule (dprec_torch/privacy/size_rule.py) sets the knobs of mechanism="
                           f"{'|'.join(RULE_MECHANISMS)} on model=pnbm_lowrank only: give a number")
     from dprec_torch.data.item_features import ITEM_FEATURES
-    from dprec_torch.privacy.provenance import population
 
     n_users = int((train.user_counts() > 0).sum())
     catalogue = train.meta.get(ITEM_FEATURES) is not None

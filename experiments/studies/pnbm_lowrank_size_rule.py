@@ -18,6 +18,10 @@ The rule (:mod:`dprec_torch.privacy.size_rule`) turns the public sizes of a fold
 * ``sweep``: MEASUREMENT of the frozen rule, the commands as typed (``python train.py mechanism=<m> epsilon=<e>``, the
   references on) over eps in {0.5, 1, 2, 5, 10, 20, 50}: the model beside its own DP-means reference, the first and last
   epoch's test RMSE and the knobs the rule chose (``docs/results/pnbm_lowrank/size_rule_sweep.json``).
+* ``constants``: a coordinate-wise check of the default run's constants the rule does not set (the model's rank,
+  init_std, clamp_r, beta_p, feature_reg; the item means' mean_prior_std, mean_popularity_*, count_weight) per data
+  population, on the other people's validation splits (``CONSTANT_SIDES``), with a second pass for any the first flags
+  (``CONFIRM``): ``docs/results/pnbm_lowrank/size_rule_constants.json`` (``python ... constants``; needs ``make``).
 * ``report``: ``docs/results/pnbm_lowrank/size_rule.json`` and the tables of docs/pnbm_lowrank.md (``size_rule`` markers)
   from the grid with every knob ``auto`` (``--rule``) against the same grid with the means only (``--means``) and the sweeps.
 
@@ -210,6 +214,152 @@ def sweep(mechanisms: list[str], epsilons: list[float], extra: list[str], out: P
             out.write_text(json.dumps(results, indent=1))
 
 
+#: the default run's remaining constants (not set by the rule), each with the values the ``constants`` check tries
+#: around it (the package's current value among them); which mechanisms' files carry each mechanism key
+CONSTANTS: dict[str, list[float]] = {
+    "model.rank": [4, 8, 16], "model.init_std": [0.01, 0.03, 0.1], "model.clamp_r": [0.5, 1.0, 2.0],
+    "model.beta_p": [2.0, 5.0, 10.0], "model.feature_reg": [3.0, 10.0, 30.0],
+    "mechanism.mean_prior_std": [0.25, 0.5, 1.0], "mechanism.mean_popularity_alpha": [0.0, 0.5, 1.0],
+    "mechanism.mean_popularity_share": [0.1, 0.2, 0.4], "mechanism.count_weight": [0.1, 0.3, 1.0],
+}
+#: (mechanism, eps, the constants checked there): sgld at eps = 20 (U learns on both fitting sets: kappa ~ 3,000) checks
+#: every one; gaussian at eps = 10 (means only on both: kappa ~ 1,700) the ones that act without U; dpsgd at eps = 10 the
+#: two its file carries
+CONSTANT_SETTINGS: list[tuple[str, float, list[str]]] = [
+    ("sgld", 20.0, list(CONSTANTS)),
+    ("gaussian", 10.0, ["model.beta_p", "model.feature_reg", "mechanism.mean_prior_std", "mechanism.mean_popularity_alpha",
+                        "mechanism.mean_popularity_share", "mechanism.count_weight"]),
+    ("dpsgd", 10.0, ["mechanism.mean_prior_std", "mechanism.count_weight"]),
+]
+#: the data population a default run serves -> the fitting sets the constants are checked on (no user in common)
+CONSTANT_SIDES = {"ml-100k": ["ml1m-1000"], "ml-1m": ["ml100k"]}
+#: second pass, for a constant the first pass found better elsewhere on either side (added after the first pass:
+#: clamp_r = 2 beat 1 by 0.0030 on ML-100K-val, tolerance 0.0026, and by 0.0019 on ML-1M users, at the grid's edge):
+#: the grid extended past the edge, sgld at eps = 20 and 50 (U learns at both on both sides), CONFIRM_SEEDS noise
+#: seeds; its verdict replaces the first pass's for that constant
+CONFIRM: dict[str, list[float]] = {"model.clamp_r": [1.0, 2.0, 4.0]}
+CONFIRM_EPS, CONFIRM_SEEDS = (20.0, 50.0), 6
+
+
+def _package_value(mechanism: str, key: str):
+    from hydra import compose, initialize_config_dir
+
+    from dprec_torch.config import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        # data=custom as the fitting sets are read (people unknown): the value those runs got
+        cfg = compose(config_name="config", overrides=[f"mechanism={mechanism}", "model=pnbm_lowrank", "data=custom"])
+    node, _, k = key.partition(".")
+    return cfg[node][k]
+
+
+def constants(root: Path, seeds: int, cache: Path, out: Path) -> dict:
+    """Coordinate-wise check of the default run's remaining constants (``CONSTANTS``) on OTHER people's validation
+    splits (``CONSTANT_SIDES``): each constant over its values with the others at the package's, the rule's knobs
+    ``auto``, ``seeds`` noise seeds. Noise: s = the pooled per-run std between the seeds of one configuration; a
+    value is better than the package's only if its mean beats it by more than ``tol = max(0.001, 2 s)`` (s is the
+    std of the difference of two ``seeds``-seed means for 2 seeds) in every setting that checks it, on that side."""
+    import torch
+
+    torch.set_num_threads(1)
+    runs = json.loads(cache.read_text()) if cache.exists() else {}
+    package = {m: {k: _package_value(m, k) for k in keys} for m, _, keys in CONSTANT_SETTINGS}  # before any run
+    sides: dict = {}
+    for side, sets in CONSTANT_SIDES.items():
+        settings = []
+        for mech, eps, keys in CONSTANT_SETTINGS:
+            current = package[mech]
+            configs = [("package", [])] + [(f"{k}={v:g}", [f"{k}={v:g}"]) for k in keys for v in CONSTANTS[k]
+                                             if float(v) != float(current[k])]
+            table = {}
+            for name in sets:
+                for label, over in configs:
+                    tag = f"{name}|{mech}|{eps:g}|{label}"
+                    if tag not in runs:
+                        o = [f"mechanism={mech}", f"epsilon={eps}", *over]
+                        runs[tag] = [run_one(root, name, o, 100 + s, f"/tmp/size_rule_runs/c_{os.getpid()}_{s}")["rmse"]
+                                     for s in range(seeds)]
+                        print(f"{side:>8} {name:>10} {mech:>8} eps={eps:<4g} {np.mean(runs[tag]):.4f} {label}", flush=True)
+                        cache.write_text(json.dumps(runs, indent=1))
+                    table.setdefault(label, []).append(runs[tag])
+            rmse = {lab: float(np.mean([np.mean(r) for r in rs])) for lab, rs in table.items()}
+            pairs = [r for rs in table.values() for r in rs if len(r) > 1]
+            s = float(np.sqrt(np.mean([np.var(r, ddof=1) for r in pairs]))) if pairs else 0.0
+            tol = max(0.001, 2.0 * s)
+            checked = {}
+            for k in keys:
+                vals = {float(current[k]): rmse["package"], **{float(v): rmse[f"{k}={v:g}"] for v in CONSTANTS[k]
+                                                                 if float(v) != float(current[k])}}
+                best = min(vals, key=vals.get)
+                checked[k] = {"package": float(current[k]), "rmse": {f"{v:g}": r for v, r in sorted(vals.items())},
+                              "best": best, "package_minus_best": vals[float(current[k])] - vals[best],
+                              "package_within_noise": vals[float(current[k])] - vals[best] <= tol}
+            settings.append({"mechanism": mech, "epsilon": eps, "sets": sets, "seeds": seeds, "run_std": s,
+                             "tolerance": tol, "constants": checked})
+        confirmation = {}
+        for k, values in CONFIRM.items():
+            cur = float(package["sgld"][k])
+            per_eps = []
+            for eps in CONFIRM_EPS:
+                res = {}
+                for v in values:
+                    over = [] if float(v) == cur else [f"{k}={v:g}"]
+                    seeds_rmse = []
+                    for name in sets:
+                        for sd in range(CONFIRM_SEEDS):
+                            tag = f"confirm|{name}|sgld|{eps:g}|{k}={v:g}|{sd}"
+                            if tag not in runs:
+                                o = ["mechanism=sgld", f"epsilon={eps}", *over]
+                                runs[tag] = run_one(root, name, o, 100 + sd, f"/tmp/size_rule_runs/c_{os.getpid()}_{sd}")["rmse"]
+                                print(f"{side:>8} {name:>10} confirm eps={eps:<4g} {k}={v:g} seed {sd}: {runs[tag]:.4f}", flush=True)
+                                cache.write_text(json.dumps(runs, indent=1))
+                            seeds_rmse.append(runs[tag])
+                    res[f"{v:g}"] = seeds_rmse
+                means = {lab: float(np.mean(r)) for lab, r in res.items()}
+                sd_run = float(np.sqrt(np.mean([np.var(r, ddof=1) for r in res.values()])))
+                tol = max(0.001, 2.0 * sd_run * np.sqrt(2.0 / len(next(iter(res.values())))))
+                best = min(means, key=means.get)
+                per_eps.append({"epsilon": eps, "rmse": means, "runs": res, "run_std": sd_run, "tolerance": tol,
+                                "best": float(best), "package_minus_best": means[f"{cur:g}"] - means[best]})
+            # the values that beat the package's by more than the noise at every eps; of those within the noise of the
+            # best of them (mean over eps), the one nearest the package's value (the smallest change)
+            better = [float(v) for v in values if float(v) != cur and all(
+                e["rmse"][f"{cur:g}"] - e["rmse"][f"{v:g}"] > e["tolerance"] for e in per_eps)]
+            mean = {v: float(np.mean([e["rmse"][f"{v:g}"] for e in per_eps])) for v in better}
+            tol = max(e["tolerance"] for e in per_eps)
+            near = sorted((v for v in better if mean[v] - min(mean.values()) <= tol), key=lambda v: abs(np.log(v / cur)))
+            confirmation[k] = {"package": cur, "values": values, "epsilons": list(CONFIRM_EPS), "seeds": CONFIRM_SEEDS,
+                               "per_epsilon": per_eps, "better_at_every_eps": better,
+                               "chosen": near[0] if near else cur, "keep": not near}
+        verdict = {}
+        for k in CONSTANTS:
+            found = [st["constants"][k] for st in settings if k in st["constants"]]
+            keep = all(f["package_within_noise"] for f in found)
+            bests = {f["best"] for f in found}
+            verdict[k] = {"package": found[0]["package"], "keep": keep,
+                          "chosen": found[0]["package"] if keep or len(bests) > 1 else bests.pop(),
+                          "why": ("the package's value is best or within the noise of the best in every setting" if keep
+                                  else "the settings disagree on a better value: kept" if len(bests) > 1
+                                  else "another value beats it by more than the noise in every setting that checks it")}
+        for k, c in confirmation.items():
+            verdict[k] = {"package": c["package"], "keep": c["keep"], "chosen": c["chosen"], "first_pass": verdict[k],
+                          "why": ("second pass (CONFIRM): " + ("no other value beats the package's by more than the noise at every eps"
+                                  if c["keep"] else f"{c['chosen']:g} beats it by more than the noise at every eps"))}
+        sides[side] = {"fitting_sets": sets, "settings": settings, "confirmation": confirmation, "verdict": verdict}
+    doc = {"procedure": constants.__doc__.strip(), "command": "python experiments/studies/pnbm_lowrank_size_rule.py constants",
+           "validation_only": "each fitting set's validation side (80/20 per user of ML-1M users / of ML-100K u1.base); "
+                              "no test fold read", "values_tried": CONSTANTS,
+           "settings": [{"mechanism": m, "epsilon": e, "constants": k} for m, e, k in CONSTANT_SETTINGS],
+           "confirm": {"values": CONFIRM, "epsilons": list(CONFIRM_EPS), "seeds": CONFIRM_SEEDS,
+                       "rule": "tolerance = max(0.001, 2 s sqrt(2 / seeds)) (s: per-run std between seeds); a value replaces "
+                               "the package's only if it beats it by more than the tolerance at every eps; of several, "
+                               "the one nearest the package's value among those within the tolerance of the best"},
+           "sides": sides}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1))
+    return doc
+
+
 def report(rule: Path, means: Path, sweep_path: Path, out: Path) -> str:
     """The measurements as one JSON (``out``) and the markdown tables of docs/pnbm_lowrank.md ("The rule on one screen").
     ``rule``: grid runs with every knob ``auto`` (the frozen rule); ``means``: the same sets and eps with the means only
@@ -282,6 +432,11 @@ def main() -> None:
     w.add_argument("--extra", nargs="*", default=[])
     w.add_argument("--tag", default="ml-100k u1")
     w.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "pnbm_lowrank" / "size_rule_sweep.json")
+    c = sub.add_parser("constants")
+    c.add_argument("--root", type=Path, default=Path("/tmp/size_rule"))
+    c.add_argument("--seeds", type=int, default=2)
+    c.add_argument("--cache", type=Path, default=Path("/tmp/s34/constants_runs.json"))
+    c.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "pnbm_lowrank" / "size_rule_constants.json")
     r = sub.add_parser("report")
     r.add_argument("--rule", type=Path, default=Path("/tmp/s34/rule_sgld.json"))
     r.add_argument("--means", type=Path, default=Path("/tmp/s34/means_sgld.json"))
@@ -296,6 +451,12 @@ def main() -> None:
         print(md)
     elif a.cmd == "sweep":
         sweep(a.mechanisms, a.epsilon, a.extra, a.out, a.tag)
+    elif a.cmd == "constants":
+        a.cache.parent.mkdir(parents=True, exist_ok=True)
+        doc = constants(a.root, a.seeds, a.cache, a.out)
+        for side, v in doc["sides"].items():
+            for k, d in v["verdict"].items():
+                print(f"{side:>8} {k:<34} package {d['package']:g} -> {d['chosen']:g} ({d['why']})")
     elif a.cmd == "make":
         make(a.out, a.sizes)
     else:
