@@ -136,3 +136,16 @@ def test_a_per_population_constant_given_on_the_command_line_is_the_users():
     prov = hyperparameter_provenance(compose_cfg("data=ml-100k", "mechanism=sgld", "model.clamp_r=1"))
     assert prov["user_values"] == ["model.clamp_r"] and prov["shares_people"] == "unknown"
     assert "chosen by the user: not counted" in prov["statement"]
+
+
+def test_the_design_cards_run_moves_u(tmp_path):
+    """``python train.py mechanism=sgld epsilon=20`` on ML-100K u1 (synthetic data of ML-100K's size where the files are
+    absent): U learns under the rule, so the test RMSE after the last epoch is below the first epoch's."""
+    from tests.helpers import ml100k_available
+
+    data = [] if ml100k_available() else ["data=synthetic", "data.preset=ml-100k"]
+    m = dprec_torch.train(["mechanism=sgld", "epsilon=20", *data, "compare_baselines=false", "tensorboard=false",
+                           "device=cpu", f"output_dir={tmp_path}"]).metrics
+    history = next(iter(m["history"].values()))
+    assert m["privacy"]["size_rule"]["knobs"]["learns"]
+    assert history[-1]["test_rmse"] < history[0]["test_rmse"]
