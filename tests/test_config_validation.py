@@ -217,3 +217,15 @@ def test_train_py_exits_2_with_one_line(args: list[str], key: str, tmp_path: Pat
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert len(lines) == 1 and key in lines[0], proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("pair", [["mechanism=sgld", "model=pcc"], ["mechanism=laplace_output", "model=pnbm_lowrank"]])
+def test_a_bad_mechanism_model_pair_is_one_line_before_any_data_is_read(tmp_path, monkeypatch, pair):
+    """No data exists where the run would look: the refusal is the pair's, so it came before any read."""
+    import dprec_torch
+
+    monkeypatch.setenv("DPREC_DATA", str(tmp_path / "no-data"))
+    monkeypatch.setenv("DPREC_CACHE", str(tmp_path / "no-cache"))
+    with pytest.raises(ConfigError, match="mechanism=") as err:
+        dprec_torch.train([*pair, "device=cpu", f"output_dir={tmp_path / 'run'}"])
+    assert "\n" not in str(err.value)

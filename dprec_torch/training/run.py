@@ -60,6 +60,11 @@ def validate(cfg: DictConfig) -> None:
     the PCC/COS ``model.k`` of ``null`` become the paper's k for the dataset: 900 on ML-100K, 1300 on ML-1M)."""
     check_config(cfg)
     fill_dataset_defaults(cfg)
+    # a mechanism x model pair the classes cannot train is one line before any data is read
+    if is_trainable(cfg.model):
+        training_mechanism(cfg)
+    else:
+        wrapped_by_mechanism(cfg)
 
 
 def is_trainable(model_cfg: DictConfig) -> bool:
