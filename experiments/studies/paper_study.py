@@ -49,6 +49,11 @@ FORMS = ("Every method below is a **paper-faithful** mechanism, one explicit cho
          "relabelled by `python experiments/studies/paper_study.py --relabel`: method names only, no number.)")
 
 
+def legacy_command(cmd: str) -> str:
+    """A timed command as named before scripts/ and docs/results/ moved (issue 16), in today's names."""
+    return cmd.replace("python study.py", "python scripts/study.py").replace("report=results/", "report=docs/results/")
+
+
 def load(folder: Path) -> dict | None:
     """{'rmse': {(method, eps): (mean, std)}, 'base': {name: mean}, 'selected': ..., 'md': report.md} or None."""
     if not (folder / "report.csv").exists():
@@ -371,9 +376,13 @@ def main() -> None:
                   + f"; total {sum(t['minutes'].values()):.0f} min."]
         for d in other:
             if d in t:
+                # times recorded before scripts/ moved (issue 16) name `python study.py ...`: show them under today's
+                # command, and drop one that a later run of the same command superseded
+                new = {legacy_command(c): c for c in t[d]["minutes"] if legacy_command(c) == c}
+                shown = {legacy_command(c): c for c in t[d]["minutes"] if legacy_command(c) not in new or c in new.values()}
                 lines += ["", f"{DATASETS[d]} (`python experiments/studies/paper_study.py --run --dataset {d}`): "
-                          + ", ".join(f"`{c}` {m:.1f} min ({t[d]['hardware'][c]})" for c, m in t[d]["minutes"].items())
-                          + f"; total {sum(t[d]['minutes'].values()):.0f} min."]
+                          + ", ".join(f"`{c}` {t[d]['minutes'][k]:.1f} min ({t[d]['hardware'][k]})" for c, k in shown.items())
+                          + f"; total {sum(t[d]['minutes'][k] for k in shown.values()):.0f} min."]
     block = "\n".join(lines)
     splice(Path(args.page), "paper-study", block)
     print(block)
