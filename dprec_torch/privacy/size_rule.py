@@ -47,8 +47,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from dprec_torch.config import SIZE_RULE_KNOBS
-from dprec_torch.populations import (POPULATION_CONSTANTS, POPULATION_FALLBACK, POPULATIONS,  # noqa: F401
-                                     RULE_MECHANISMS, population, population_constant)
+from dprec_torch.populations import POPULATION_CONSTANTS, POPULATION_FALLBACK, RULE_MECHANISMS, population  # noqa: F401
 
 #: the knobs the rule sets (a value of ``auto`` in the config asks for it; config.py accepts it for these keys)
 MECHANISM_KNOBS = SIZE_RULE_KNOBS["mechanism"]
