@@ -10,7 +10,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from dprec_torch.config import exit_on_bad_command_line, report_error
+from dprec_torch.cli import exit_on_bad_command_line, report_error
 from dprec_torch.errors import DprecError
 from dprec_torch.training.evaluate import evaluate
 

@@ -13,7 +13,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from dprec_torch.config import exit_on_bad_command_line, report_error
+from dprec_torch.cli import exit_on_bad_command_line, report_error
 from dprec_torch.errors import DprecError
 from dprec_torch.training.run import comparison_table, train
 

@@ -45,10 +45,12 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from dprec_torch.config import CONF_DIR, check_command_line, instantiate_node, upgrade_recorded
+from dprec_torch.cli import check_command_line
+from dprec_torch.config import CONF_DIR, instantiate_node
 from dprec_torch.data.ratings import Fold, RatingDataset
 from dprec_torch.device import resolve_device
 from dprec_torch.errors import ConfigError, DataError
+from dprec_torch.training.checkpoint import upgrade_recorded
 from dprec_torch.training.evaluate import restore_fold, restore_predictor
 from dprec_torch.evaluation.cross_validate import score_predictor
 from dprec_torch.interfaces import Recommender

@@ -47,7 +47,7 @@ def warm_up(device: torch.device) -> threading.Thread | None:
     """Create ``device``'s CUDA context (and cuBLAS handle) on a background thread; None for a CPU device.
 
     The first CUDA call of a process creates the context and loads kernels (0.5-1.2 s on an
-    H100/H200; issue 18 saw it land in the first ``Ratings.to``). Started as soon as the device
+    H100/H200, otherwise paid by the first ``Ratings.to``). Started as soon as the device
     is known, it overlaps with reading the data; torch's lazy-init lock makes the main thread's
     first CUDA call wait for it rather than race it.
     """

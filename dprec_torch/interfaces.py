@@ -5,7 +5,7 @@ Protocols instead of probing with ``hasattr``/``getattr``: the Protocol names th
 what it consists of, and is the one place a new model or mechanism looks up what to implement.
 (``isinstance`` on a runtime Protocol checks that the members exist, not their signatures.)
 
-Three families (issue 16, "Interfaces"):
+Three families:
 
 * a **trainable model** (:class:`TrainableModel`: PNBM, PNBM-topk, MF) is an ``nn.Module`` learned under a
   training mechanism. Set-up has two paths with one job each (:mod:`dprec_torch.models.release`):

@@ -9,7 +9,7 @@ function on the wrapped one as ``__dynamo_disable``; pre-filling that cache with
 itself skips the import. Outside ``torch.compile`` the two are the same call: dynamo's
 ``disable`` only matters while a frame is being compiled, and dprec-torch compiles nothing.
 
-The cyclic garbage collector (issue 28, 3): loading torch, numba and Hydra allocates a few hundred thousand
+The cyclic garbage collector (start-up time): loading torch, numba and Hydra allocates a few hundred thousand
 long-lived objects, and each full collection traverses all of them again (~0.3 s of CPU to the first epoch of
 ``python train.py data=ml-100k``). ``train.py`` calls :func:`pause_gc` before its imports and
 :func:`resume_gc` after them: the imported objects are moved out of the collector's reach (``gc.freeze``) and

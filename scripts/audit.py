@@ -10,7 +10,8 @@ import hydra
 from omegaconf import DictConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout (its package and hydra_plugins), as from its root
-from dprec_torch.config import check_config, exit_on_bad_command_line, report_error
+from dprec_torch.cli import exit_on_bad_command_line, report_error
+from dprec_torch.config import check_config
 from dprec_torch.errors import DprecError
 
 log = logging.getLogger("audit")
@@ -20,9 +21,11 @@ def audit(cfg: DictConfig) -> dict:
     """Load the data, run the canary audit, write ``audit.json``; returns its contents."""
     from dprec_torch.audit.runner import run_audit
     from dprec_torch.io import atomic_write_json
+    from dprec_torch.privacy.relations import check_relation_preprocessing
     from dprec_torch.training.run import instantiate_node, output_dir
 
     check_config(cfg)
+    check_relation_preprocessing(cfg)
     fold = instantiate_node(cfg.data).folds[0]
     probe = fold.test.select(slice(0, int(cfg.audit.probe_ratings)))
     result = run_audit(cfg, fold.train, probe).as_dict()

@@ -13,7 +13,7 @@ import hydra
 from omegaconf import DictConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout (its package and hydra_plugins), as from its root
-from dprec_torch.config import check_study, exit_on_bad_command_line, report_error
+from dprec_torch.cli import check_study, exit_on_bad_command_line, report_error
 from dprec_torch.errors import DprecError
 from dprec_torch.study.pipeline import run_study
 

@@ -1,4 +1,4 @@
-"""The package-level import graph of ``dprec_torch`` has no cycle and runs downward (issue 16, "Layers").
+"""The package-level import graph of ``dprec_torch`` has no cycle and runs downward.
 
 A *unit* is a first-level subpackage or module of ``dprec_torch`` (``privacy/``, ``config.py``, ...). Every
 ``import``/``from ... import`` in ``dprec_torch/`` -- at module level or inside a function, absolute or relative --
@@ -8,7 +8,7 @@ never run (annotations only). Hydra ``_target_`` strings are not imports either.
 :data:`LAYERS` lists the units bottom to top; a unit may import only units on lower layers. Each layer, low to high:
 
 0. ``errors``: the two exception types every layer raises; ``chacha``: the CSPRNG's kernels; ``populations``: whose
-   people a data config holds (neither imports a package unit);
+   people a data config holds; ``config_domains``: the config's value domains (none imports a package unit);
 1. plumbing with no domain knowledge: ``io`` (atomic writes), ``seeding``, ``device``, ``config`` (Hydra glue,
    schema check), ``sweep_cache``, ``startup``;
 2. ``data``: ratings, folds, readers;
@@ -23,13 +23,13 @@ never run (annotations only). Hydra ``_target_`` strings are not imports either.
 9. ``evaluation``: metrics, cross-validation, the non-private baselines;
 10. ``training``: the runners behind ``train.py`` and ``evaluate.py`` (checkpoints, trainer);
 11. ``study``, ``audit``, ``attacks``: what is built on finished runs (two-stage study and its report, empirical
-    privacy audits, the LIA attack);
+    privacy audits, the LIA attack); ``cli``: the command line's one-line check;
 12. ``api``: the notebook surface (``dprec_torch.train``/``load_run``).
 
-Target (issue 16): no cycle, at most :data:`MAX_UPWARD` import running back up (a same-layer import counts).
+Target: no cycle, at most :data:`MAX_UPWARD` import running back up (a same-layer import counts).
 A new unit must be added to :data:`LAYERS`, or this test fails.
 
-The same rules hold between MODULES (issue 26, 5; :func:`module_import_edges`): no cycle even inside one unit (the
+The same rules hold between MODULES (:func:`module_import_edges`): no cycle even inside one unit (the
 unit graph drops same-unit edges, so ``privacy_harness.registry`` <-> its case modules and ``mechanisms.base`` <->
 ``mechanisms.context`` went unseen), and at most :data:`MAX_UPWARD` import STATEMENT running back up the layers.
 Function-level imports count there too (see :func:`module_import_edges` for why).
@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "dprec_torch"
 
 LAYERS: list[set[str]] = [
-    {"errors", "chacha", "populations"},
+    {"errors", "chacha", "populations", "config_domains"},
     {"io", "seeding", "device", "config", "sweep_cache", "startup"},
     {"data"},
     {"interfaces"},
@@ -55,7 +55,7 @@ LAYERS: list[set[str]] = [
     {"privacy_harness"},
     {"evaluation"},
     {"training"},
-    {"study", "audit", "attacks"},
+    {"study", "audit", "attacks", "cli"},
     {"api"},
 ]
 RANK = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
@@ -201,7 +201,7 @@ def test_the_checks_catch_a_cycle_and_a_function_level_import(tmp_path):
     assert list(upward(edges)) == [("privacy", "mechanisms")]
 
 
-# ------------------------------------------------------------------ modules (issue 26, 5: one house)
+# ------------------------------------------------------------------------------------------- modules
 def _modules(src_root: Path) -> dict[str, tuple[Path, list[str]]]:
     """``{dotted module: (path, the package a relative import in it starts from)}``; a package's ``__init__``
     is the package's own node."""

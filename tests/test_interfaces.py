@@ -1,4 +1,4 @@
-"""The Protocols of dprec_torch/interfaces.py say what each real class is, and the probe sites use them (issue 16)."""
+"""The Protocols of dprec_torch/interfaces.py say what each real class is, and the probe sites use them."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ real user rates, so its training statistics come from the canary alone.
 ``kind=rating`` (rating-level audits): canary c is ONE rating (u_c, i_c, r_max) added to an existing
 user u_c (distinct users, distinct canary items), i.e. exactly a rating-level neighbour.
 
-Edge designs (issue 15: the inputs where a sensitivity bound is tight or was broken), user canaries
+Edge designs (the inputs where a sensitivity bound is tight or was broken), user canaries
 whose profile size is chosen by :func:`canary_history`:
 
 * ``kind=floor`` -- |R_c| = C / s0 + 1 ratings, so at the data-independent start S = s0 (1 - I) of

@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dprec_torch.audit.bounds import epsilon_lower_bound, guesses
 from dprec_torch.audit.canaries import CanarySet, canary_history, make_canaries, score_canaries
-from dprec_torch.config import form_target
+from dprec_torch.privacy.relations import form_target
 from dprec_torch.data.ratings import Fold, Ratings
 from dprec_torch.errors import ConfigError
 from dprec_torch.mechanisms.base import MechanismOptimizer

@@ -6,7 +6,7 @@ fold named ``given``. Separator, header, duplicates and file format rules are
 those of :func:`dprec_torch.data.readers.read_ratings` (ML-1M's ``::`` files and
 MovieLens-latest CSVs with a header and half-star ratings both read as is).
 
-Item universe (issue 25, item 4). With ``data.catalog_path`` (MovieLens's ``movies.dat`` or ``u.item`` format, or a
+Item universe. With ``data.catalog_path`` (MovieLens's ``movies.dat`` or ``u.item`` format, or a
 CSV ``item_id,title,genres,year`` with that header: :func:`~dprec_torch.data.item_features.read_catalog`) items are
 indexed by the public catalogue -- every catalogued item, rated or not, in catalogue order, as the MovieLens loader
 does -- and the catalogue's genres and years are attached as public item features (``model.item_features=auto``

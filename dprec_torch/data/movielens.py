@@ -13,7 +13,7 @@ Every load validates the documented counts (ML-100K: 100,000 ratings, 943 users,
 3,883 catalogued movies), so a truncated or edited copy fails loudly instead of
 producing wrong numbers.
 
-Item universe (privacy issue 24, item 5): items are indexed by the public catalogue
+Item universe (the index reads no rating): items are indexed by the public catalogue
 (``movies.dat``, ``u.item``; :func:`~dprec_torch.data.item_features.read_catalog`):
 every catalogued movie gets an index, rated or not, in catalogue order, so the
 index reads no rating (an index of the rated items would reveal which movies

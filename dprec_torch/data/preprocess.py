@@ -105,7 +105,7 @@ def rating_keys(seed: int, user_keys: torch.Tensor, item_keys: torch.Tensor, use
 
     * ``mix32`` (the cap ``data.max_user_ratings``): 32-bit; each id is hashed once (lowbias32 of (seed, its 64-bit
       key)), then one mix per rating;
-    * ``lehmer`` (DP-ALS's per-user sample, issue 15): in [0, 2^31 - 1); three Lehmer rounds of (seed, user key,
+    * ``lehmer`` (DP-ALS's per-user sample): in [0, 2^31 - 1); three Lehmer rounds of (seed, user key,
       item key), each key taken mod 2^31 - 1, with an xor of the item key between them.
     """
     if hash == "mix32":
@@ -131,7 +131,7 @@ def per_user_sample(ratings: Ratings, max_per_user: int | None, seed: int, *, ha
     The keys come from RAW ids: the arguments, else ``ratings.meta`` (where the loaders store
     :func:`stable_id_keys`), else the contiguous ids (stable only while the id map is). So u's selection is a
     function of (seed, u's raw id, u's own ratings) only: removing or adding another user never changes it, even
-    when the id map is rebuilt without that user (issue 15, defect 2; issue 24, 6). Vectorised; any device.
+    when the id map is rebuilt without that user. Vectorised; any device.
     """
     n, dev = len(ratings), ratings.device
     if max_per_user is None:

@@ -35,7 +35,7 @@ ITEM_UNIVERSE = "item_universe"
 
 @dataclass(frozen=True)
 class ItemUniverse:
-    """Where the contiguous item index ``0..n_items-1`` comes from (privacy issue 24, item 5).
+    """Where the contiguous item index ``0..n_items-1`` comes from.
 
     ``catalog`` is the path of a public catalogue (MovieLens ``movies.dat`` / ``u.item``): every catalogued item
     has an index whether or not anyone rated it, so the index reads no rating. ``None``: the index holds the

@@ -284,7 +284,7 @@ def resolve_duplicates(raw: RawRatings, policy: str = "last") -> RawRatings:
 
 # ------------------------------------------------------------- parsed cache
 # files from 256 KiB: ML-1M's 16.5 MB take ~1 s to parse, ~0.03 s to load parsed; ML-100K's u.data + u1.base +
-# u1.test (4 MB) ~0.28 s and ~0.01 s, a tenth of `python train.py`'s start-up (issue 28, 3)
+# u1.test (4 MB) ~0.28 s and ~0.01 s, a tenth of `python train.py`'s start-up
 PARSED_CACHE_MIN_BYTES = 256 * 2**10
 
 

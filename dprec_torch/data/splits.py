@@ -7,7 +7,7 @@ test set, so hold-outs may overlap (this is repeated random sub-sampling, not a
 partition). Fold ``k`` is a pure function of ``(seed, k)``: ``fold=3`` alone is the
 same split as the third fold of ``fold=all``.
 
-Per-user splits (issue 33, 2). Rating (u, i) goes to the test side of fold ``k`` iff a 32-bit hash of
+Per-user splits. Rating (u, i) goes to the test side of fold ``k`` iff a 32-bit hash of
 (``derive_seed(seed, k, SPLIT_STREAM)``, u's RAW id key, i's RAW id key) -- :func:`~dprec_torch.data.preprocess.rating_keys`,
 the hash of the tau cap, over :func:`~dprec_torch.data.preprocess.stable_id_keys` -- falls below
 ``test_fraction * 2^32``: an independent keyed Bernoulli per rating, not a draw over rating positions. So which of
@@ -15,7 +15,7 @@ u's ratings are held out depends on (seed, fold, u's raw id, u's own ratings) on
 epsilon needs holds: *other users' ratings stay put when one user is added or removed* (even when the contiguous id
 map is rebuilt without that user). The price: the test set holds ``test_fraction`` of the ratings only approximately
 (binomial: standard deviation ``sqrt(n f (1 - f))``, ~300 ratings of ML-1M at f = 0.1), and a tiny dataset can
-draw an empty side (``build_dataset`` then says so). The splits drawn before issue 33 (one ``randperm`` over rating
+draw an empty side (``build_dataset`` then says so). The earlier positional splits (one ``randperm`` over rating
 positions) moved ~18k other ratings of ML-100K's ``u.data`` when one user was removed; every seeded split (ML-1M,
 custom ``data.path``, synthetic) changed with this fix, ML-100K's official u1..u5 did not.
 """
@@ -99,7 +99,7 @@ def holdout_indices(ratings: Ratings, fold_index: int, test_fraction: float, see
     """Positions of the train and test ratings of hold-out ``fold_index``, each in ascending order
     (:func:`holdout_mask`: each rating held out by its own keyed hash, ~``test_fraction`` of them)."""
     if not isinstance(ratings, Ratings):
-        raise TypeError("holdout_indices takes the Ratings to split (issue 33: the split is keyed by each rating's raw "
+        raise TypeError("holdout_indices takes the Ratings to split (the split is keyed by each rating's raw "
                         f"user and item ids, not by its position), got {type(ratings).__name__}")
     is_test = holdout_mask(ratings, fold_index, test_fraction, seed, user_keys, item_keys)
     # nonzero is O(n) and already ascending

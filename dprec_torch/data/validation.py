@@ -11,11 +11,11 @@ round(fraction x |R_u|) of them, at least 1, never all), so every validation use
 history for Eq. (2). Privacy note: tuning runs train on the same users, so their epsilons add
 up in the privacy ledger (:mod:`dprec_torch.privacy.ledger`) like any other run's.
 
-Keyed by raw ids (issue 33, 2): u's held-out ratings are the ones of smallest
+Keyed by raw ids: u's held-out ratings are the ones of smallest
 :func:`~dprec_torch.data.preprocess.rating_keys` hash of (``derive_seed(seed, fold, VALIDATION_STREAM)``, u's raw id
 key, the item's raw id key) -- ties by item key --, the keys the loaders store in ``Ratings.meta``. So u's validation
 ratings depend on (seed, fold, u's raw id, u's own training ratings) only: *other users' ratings stay put when one
-user is added or removed*, even when the id map is rebuilt without that user (the split before issue 33 ranked by a
+user is added or removed*, even when the id map is rebuilt without that user (an earlier split ranked by a
 ``torch.rand`` drawn per rating POSITION, which moved everyone's ratings). Vectorised; any device.
 
 ``python train.py data=ml-100k-val`` (conf/data/ml-100k-val.yaml) selects this split through

@@ -1,4 +1,4 @@
-"""Reference figures every rating run reports beside its own model, on the same fold (issue 25, 1).
+"""Reference figures every rating run reports beside its own model, on the same fold.
 
 * **PCC** and **COS**: item-kNN (Pearson / cosine, the same k as the paper's baselines) fitted on the
   exact training split: NON-PRIVATE references, cached per fold so that sweeps do not refit them.
@@ -70,7 +70,7 @@ def fold_fingerprint(fold: Fold) -> str:
 
 def baseline_metrics(fold: Fold, k: int = 900, use_cache: bool = True) -> dict[str, dict[str, float]]:
     """Test RMSE/MAE (and the share of pairs answered by the item-mean fallback) of PCC and COS item-kNN
-    (k neighbours: the paper's 900 on ML-100K, 1300 on ML-1M, see ``dprec_torch.config.paper_knn_k``)
+    (k neighbours: the paper's 900 on ML-100K, 1300 on ML-1M, see ``dprec_torch.data.defaults.paper_knn_k``)
     fitted on ``fold.train``."""
     path = cache_dir() / f"{fold_fingerprint(fold)}-k{k}-{CACHE_VERSION}.json"
     if use_cache and path.exists():

@@ -18,7 +18,7 @@ before any batch is built: the releases that come first (PNBM's DP item means, i
 fallback, kept as ``mean_release``) and the parameters' start (PNBM's S = s0 (1 - I)). A resumed run skips
 ``prepare``: its checkpoint restores the model, and ``load_state_dict`` the release record and the accountant.
 
-One key, one class -- and the one place a key's class hands a model to another (issue 26, "One house"). A
+One key, one class -- and the one place a key's class hands a model to another. A
 ``conf/mechanism/X.yaml`` names its class; no ``conf/tuned/`` file swaps it. Where one mechanism needs another class
 for some models, the key's class says so in :meth:`MechanismOptimizer.form_for` (``mechanism=gaussian`` trains PNBM,
 full and low-rank, by :class:`~dprec_torch.mechanisms.gaussian.GaussianPNBM`; ``mechanism=dpsgd_paper`` trains

@@ -68,6 +68,6 @@ def clip_lowrank(mechanism: Any, residuals: torch.Tensor, batch: Any, model: Low
         norms = torch.zeros_like(norms2).index_add_(0, batch.rows, rows.abs().sum(1))
     clipped = mechanism.clip_by_norm(residuals, norms, batch.rows)
     # the released gradient is these rows times each user's factor (float64): its user parts have norm <= c exactly
-    factor = clip_factors(norms.double(), mechanism.clip_norm)[batch.rows]
-    model.stash_clipped_rows(batch, clipped, rows * factor[:, None])
+    factor = clip_factors(norms.double(), mechanism.clip_norm).index_select(0, batch.rows)
+    model.stash_clipped_rows(batch, clipped, rows.mul_(factor[:, None]))
     return clipped

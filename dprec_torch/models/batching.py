@@ -8,7 +8,8 @@ with user-level sampling they are the whole history.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -27,6 +28,10 @@ class UserBatch:
     items: torch.Tensor  # item of each target
     values: torch.Tensor  # rating of each target
     target_index: torch.Tensor  # position of each target in the training Ratings
+    source: Ratings | None = None  # that training Ratings (None: unknown), so per-user terms can be read from it
+    #: values derived from this batch and reused within a step (name -> (validity key, value)); the one place a step
+    #: parks work between the model's forward and the mechanism's gradient, so a reader sees what is reused
+    cache: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def n_targets(self) -> int:
@@ -52,11 +57,11 @@ def dense_gemm_wins(n_rows: int, n_cols: int, device: torch.device) -> bool:
 def dense_rows(batch: "UserBatch", name: str) -> torch.Tensor:
     """``batch.x`` or ``batch.ind`` as a dense |B| x M tensor, built once and cached on the batch."""
     src = getattr(batch, name)
-    hit = batch.__dict__.get("_dense_" + name)
+    hit = batch.cache.get("_dense_" + name)
     if hit is not None and hit[0] is src:
         return hit[1]
     dense = src.to_dense()
-    batch.__dict__["_dense_" + name] = (src, dense)
+    batch.cache["_dense_" + name] = (src, dense)
     return dense
 
 
@@ -72,9 +77,10 @@ def rows_times(batch: "UserBatch", name: str, mat: torch.Tensor) -> torch.Tensor
     return torch.sparse.mm(src if src.dtype == mat.dtype else src.to(mat.dtype), mat)
 
 
-def make_batch(train: Ratings, item_means: torch.Tensor, rating_mask: torch.Tensor, user_mask: torch.Tensor,
+def make_batch(train: Ratings, item_means: torch.Tensor, rating_mask: torch.Tensor | None, user_mask: torch.Tensor,
                history: bool = True) -> UserBatch:
-    """Build a batch: history of users in ``user_mask``, targets = ratings in ``rating_mask``.
+    """Build a batch: history of users in ``user_mask``, targets = ratings in ``rating_mask`` (None: every rating of
+    those users, i.e. user level).
 
     ``rating_mask`` must only select ratings of users in ``user_mask``. ``history=False`` leaves ``x``/``ind``
     unbuilt (None) for a model that reads the targets only (:class:`~dprec_torch.interfaces.ReadsTargetsOnly`).
@@ -82,20 +88,27 @@ def make_batch(train: Ratings, item_means: torch.Tensor, rating_mask: torch.Tens
     users = torch.nonzero(user_mask).flatten()
     row_of = torch.full((train.n_users,), -1, dtype=torch.long, device=train.device)
     row_of[users] = torch.arange(users.numel(), device=train.device)
+    hist = user_mask.index_select(0, train.users) if history or rating_mask is None else None
+
+    def ratings(mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        at = torch.nonzero(mask).flatten()
+        return (at, row_of.index_select(0, train.users.index_select(0, at)), train.items.index_select(0, at),
+                train.values.index_select(0, at))
+
+    tgt, rows, items, values = targets = ratings(hist if rating_mask is None else rating_mask)
     x = ind = None
-    if history:
-        hist = user_mask[train.users]
-        h_rows, h_items, h_vals = row_of[train.users[hist]], train.items[hist], train.values[hist]
-        x = _to_csr(h_rows, h_items, h_vals - item_means[h_items], users.numel(), train.n_items)
-        ind = _to_csr(h_rows, h_items, torch.ones_like(h_vals), users.numel(), train.n_items)
-    tgt = torch.nonzero(rating_mask).flatten()
-    return UserBatch(users, x, ind, row_of[train.users[tgt]], train.items[tgt], train.values[tgt], tgt)
+    if history:  # at user level the history is the targets, gathered once
+        _, h_rows, h_items, h_vals = targets if rating_mask is None or torch.equal(hist, rating_mask) else ratings(hist)
+        x = _to_csr(h_rows, h_items, h_vals - item_means.index_select(0, h_items), users.numel(), train.n_items)
+        # x's sparsity pattern, sorted once
+        ind = torch.sparse_csr_tensor(x.crow_indices(), x.col_indices(), torch.ones_like(x.values()), x.shape,
+                                      check_invariants=False)
+    return UserBatch(users, x, ind, rows, items, values, tgt, train)
 
 
 def full_batch(train: Ratings, item_means: torch.Tensor) -> UserBatch:
     """Every user, every rating (gamma = 1)."""
-    all_users = train.user_counts() > 0
-    return make_batch(train, item_means, torch.ones(len(train), dtype=torch.bool, device=train.device), all_users)
+    return make_batch(train, item_means, None, train.user_counts() > 0)
 
 
 def poisson_steps_per_epoch(ratio: float) -> int:
@@ -141,5 +154,5 @@ class PoissonBatchSampler:
             user_mask[t.users[pick]] = True
         else:
             user_mask = self.generator.rand(t.n_users, device=self.generator.device).to(t.device) < self.ratio
-            pick = user_mask[t.users]
+            pick = None  # every rating of the sampled users
         return make_batch(t, self.item_means, pick, user_mask, self.history)

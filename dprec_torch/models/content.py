@@ -47,10 +47,10 @@ def resolve_item_features(setting: bool | str, train: Ratings, who: str) -> Item
     return item_features_of(train, who) if setting else None
 
 
-def row_feature_weights(rows: torch.Tensor, items: torch.Tensor, y: torch.Tensor, features: ItemFeatures, reg: float,
-                        n_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q_r for every row ``[n_rows, F]``, the residual y - q_r . phi_i per rating), in ``y``'s dtype, for the ratings
-    (rows, items, y): the batched ridge solve q_r = (sum_{i in row r} phi_i phi_i^T + reg I)^-1 sum_i y_ri phi_i."""
+def feature_systems(rows: torch.Tensor, items: torch.Tensor, y: torch.Tensor, features: ItemFeatures, reg: float,
+                    n_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's ridge system (sum_{i in row r} phi_i phi_i^T + reg I ``[n_rows, F, F]``, sum_i y_ri phi_i
+    ``[n_rows, F]``) for the ratings (rows, items, y), in ``y``'s dtype; a row's system reads that row's ratings only."""
     phi = features.matrix.to(y.device, y.dtype)
     n_items, f = phi.shape
 
@@ -59,13 +59,15 @@ def row_feature_weights(rows: torch.Tensor, items: torch.Tensor, y: torch.Tensor
 
     outer = (phi[:, :, None] * phi[:, None, :]).reshape(n_items, f * f)
     a = (csr(torch.ones_like(y)) @ outer).reshape(-1, f, f) + reg * torch.eye(f, device=y.device, dtype=y.dtype)
-    q = torch.linalg.solve(a, (csr(y) @ phi).unsqueeze(-1)).squeeze(-1)
-    return q, y - (q[rows] * phi[items]).sum(1)
+    return a, csr(y) @ phi
 
 
 def feature_weights(train: Ratings, y: torch.Tensor, features: ItemFeatures, reg: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q_u for every user ``[N, F]``, the residual y_ui - q_u . phi_i per rating ``[R]``), in ``y``'s dtype."""
-    return row_feature_weights(train.users, train.items, y, features, reg, train.n_users)
+    """(q_u for every user ``[N, F]``, the residual y_ui - q_u . phi_i per rating ``[R]``), in ``y``'s dtype: the
+    batched ridge solve q_u = (sum_{i in R_u} phi_i phi_i^T + reg I)^-1 sum_i y_ui phi_i."""
+    a, rhs = feature_systems(train.users, train.items, y, features, reg, train.n_users)
+    q = torch.linalg.solve(a, rhs.unsqueeze(-1)).squeeze(-1)
+    return q, y - (q[train.users] * features.matrix.to(y.device, y.dtype)[train.items]).sum(1)
 
 
 #: what a privacy report's ``joint_dp`` line adds when a model reads public item features

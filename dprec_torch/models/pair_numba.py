@@ -17,7 +17,7 @@ Work is split into ``pieces`` of about equal pair counts whose boundaries fall b
 so two threads never write the same row of the gradient (no atomics, deterministic sums).
 
 Used only for CPU tensors when numba imports (``available()``); every other case runs the
-torch path, which computes the same numbers (``tests/test_pair_numba.py``).
+torch path, which computes the same numbers (``tests/models/test_pair_numba.py``).
 """
 
 from __future__ import annotations
@@ -160,7 +160,7 @@ def fused_step(layout: NumbaLayout, S: torch.Tensor, floor_c: float, item_means:
     dL/dS is written as :func:`grad` writes it. Every value is computed with the float operations, in the
     order and precision, of ``batch_predict`` -> ``pred - target`` -> ``clamp`` -> ``surrogate_loss(...).backward()``
     (pred in the promoted dtype of the item means and S, residuals in that of pred and target), so the
-    results are bit-identical to that path's (``tests/test_fused_step.py``).
+    results are bit-identical to that path's (``tests/models/test_fused_step.py``).
 
     Returns (pred, residuals, clipped residuals, dL/dS), the first three in target order. Targets with an
     empty history (no pairs) get num = abs = 0, as in :func:`sums`.

@@ -107,7 +107,7 @@ def denominator_mask(batch: UserBatch, S: torch.Tensor, raw: torch.Tensor, floor
     mask = cached_denominator_mask(batch, S, floor_c)
     if mask is None:
         mask = denominator_active(raw, floor_c)
-        batch.__dict__["_denominator_mask"] = (weakref.ref(S), _mask_key(batch, S, floor_c), mask)
+        batch.cache["_denominator_mask"] = (weakref.ref(S), _mask_key(batch, S, floor_c), mask)
     return mask
 
 
@@ -117,7 +117,7 @@ def _mask_key(batch: UserBatch, S: torch.Tensor, floor_c: float) -> tuple:
 
 def cached_denominator_mask(batch: UserBatch, S: torch.Tensor, floor_c: float) -> torch.Tensor | None:
     """The batch's cached [D >= C] mask for this S (object and version), or None."""
-    hit = batch.__dict__.get("_denominator_mask")
+    hit = batch.cache.get("_denominator_mask")
     if hit is None or hit[0]() is not S:
         return None
     key = _mask_key(batch, S, floor_c)
@@ -270,7 +270,7 @@ class PNBM(BindsHistory, _SimilarityForm, nn.Module):
         None when ``x`` and ``ind`` do not share one sparsity pattern (then the dense path is used).
         """
         key = (batch.x, batch.ind, batch.rows, batch.items, (self.pair_budget, self.pair_backend))
-        cached = batch.__dict__.get("_pair_plan")
+        cached = batch.cache.get("_pair_plan")
         if cached is not None and len(cached[0]) == len(key) and all(a is b for a, b in zip(cached[0][:4], key[:4])) \
                 and cached[0][4] == key[4]:
             return cached[1]
@@ -284,7 +284,7 @@ class PNBM(BindsHistory, _SimilarityForm, nn.Module):
             hist = build_history(rows, ind.col_indices(), x.values(), ind.values(), n_rows, self.n_items)
             plan = build_plan(hist, batch.rows, batch.items, device_budget(self.pair_budget, crow.device),
                               backend=self.pair_backend)
-        batch.__dict__["_pair_plan"] = (key, plan)
+        batch.cache["_pair_plan"] = (key, plan)
         return plan
 
     def _sparse_plan(self, batch: UserBatch, S: torch.Tensor) -> PairPlan | None:
@@ -326,12 +326,12 @@ class PNBM(BindsHistory, _SimilarityForm, nn.Module):
         """
         num, den = self.batch_terms(batch)
         if torch.is_grad_enabled() and num.requires_grad:
-            batch.__dict__["_forward_terms"] = (weakref.ref(self.S), self.S._version, num, den)
+            batch.cache["_forward_terms"] = (weakref.ref(self.S), self.S._version, num, den)
         return self.item_means[batch.items] + num / den
 
     def _step_terms(self, batch: UserBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """This step's (num, den): ``batch_predict``'s own tensors if S has not changed since, else recomputed."""
-        hit = batch.__dict__.pop("_forward_terms", None)
+        hit = batch.cache.pop("_forward_terms", None)
         if hit is not None and hit[0]() is self.S and hit[1] == self.S._version:
             return hit[2], hit[3]
         return self.batch_terms(batch)

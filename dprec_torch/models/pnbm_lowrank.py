@@ -55,7 +55,7 @@ from dprec_torch.errors import ConfigError
 from dprec_torch.interfaces import MeanFallback
 from dprec_torch.models.batching import UserBatch
 from dprec_torch.models.history import BindsHistory
-from dprec_torch.models.content import check_item_features, public_features_text, resolve_item_features, row_feature_weights
+from dprec_torch.models.content import check_item_features, public_features_text, resolve_item_features, feature_systems
 
 DENOMINATOR_RULE = "n_u^(1/2)"  # d_ui of Eq. (2) in the low-rank form (module docstring)
 
@@ -80,17 +80,27 @@ def user_aggregates(users: torch.Tensor, items: torch.Tensor, y: torch.Tensor, u
 
 
 def per_user_gradients(users: torch.Tensor, items: torch.Tensor, y: torch.Tensor, u: torch.Tensor, n_users: int,
-                       e: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       e: torch.Tensor | None = None, forward: tuple[torch.Tensor, torch.Tensor] | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows g_uj (one per rating, module docstring) of each user's gradient dL_u/dU, and the per-user norms ``[N]``.
 
     ``e``: the errors e_ui = y_ui - f_ui when the caller has them (possibly scaled per user); computed from U otherwise.
+    ``forward``: (u_j per rating, sum_j u_j y_uj per user) when the caller's forward computed them (the same numbers).
     """
-    p, w = user_aggregates(users, items, y, u, n_users)
-    ui = u[items]
+    if forward is None:
+        ui = u.index_select(0, items)
+        p_sum = torch.zeros(n_users, u.shape[1], dtype=u.dtype, device=u.device).index_add_(0, users, ui * y[:, None])
+    else:
+        ui, p_sum = forward
+    inv_sqrt = torch.bincount(users, minlength=n_users).to(u.dtype).clamp_min(1.0).rsqrt()
+    p, w = p_sum * inv_sqrt[:, None], inv_sqrt.index_select(0, users)
     if e is None:
-        e = y - ((ui * p[users]).sum(1) - (ui * ui).sum(1) * y * w)
+        e = y - ((ui * p.index_select(0, users)).sum(1) - (ui * ui).sum(1) * y * w)
     q = torch.zeros_like(p).index_add_(0, users, ui * e[:, None])
-    rows = -2.0 * (e[:, None] * (p[users] - 2.0 * ui * (y * w)[:, None]) + q[users] * (y * w)[:, None])
+    # -2 [e (p_u - 2 u_j y w) + q_u y w], in place, each operation the same as written out
+    yw = (y * w)[:, None]
+    rows = p.index_select(0, users).sub_(torch.mul(ui, 2.0).mul_(yw)).mul_(e[:, None])
+    rows.add_(q.index_select(0, users).mul_(yw)).mul_(-2.0)
     norms = torch.zeros(n_users, dtype=u.dtype, device=u.device).index_add_(0, users, (rows * rows).sum(1)).sqrt()
     return rows, norms
 
@@ -133,7 +143,25 @@ class _BatchTerms:
     w: torch.Tensor  # n_u^(-1/2) per batch row
     y_target: torch.Tensor  # y at the batch targets
     targets_are_history: bool  # user-level batch: the targets ARE the history, in the same order
+    base: torch.Tensor  # r_bar_i + b_u at the batch targets
     content: torch.Tensor | None  # w_u . phi_i at the batch targets (public item features), None without them
+
+
+@dataclass
+class _UserTerms:
+    """The part of the terms that is the same wherever a user sits in a batch: b_u and n_u^(-1/2) per row, y before
+    the feature weights per rating, and each row's ridge system of the feature weights (None without features)."""
+
+    b: torch.Tensor
+    w: torch.Tensor
+    y0: torch.Tensor
+    system: tuple[torch.Tensor, torch.Tensor] | None
+
+    def select(self, rows: torch.Tensor, ratings: torch.Tensor) -> "_UserTerms":
+        """These terms at the rows ``rows`` and the ratings ``ratings``."""
+        a, rhs = (None, None) if self.system is None else self.system
+        return _UserTerms(self.b.index_select(0, rows), self.w.index_select(0, rows), self.y0.index_select(0, ratings),
+                          None if a is None else (a.index_select(0, rows), rhs.index_select(0, rows)))
 
 
 class LowRankPNBM(BindsHistory, nn.Module):
@@ -189,52 +217,75 @@ class LowRankPNBM(BindsHistory, nn.Module):
         """The privacy report's statement of the public item features read (None without them)."""
         return public_features_text(self.features_, self.feature_reg, "; U learns what they leave")
 
-    def _residuals(self, rows: torch.Tensor, items: torch.Tensor, values: torch.Tensor, n_rows: int
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """(b_u, y per rating, w_u per row or None): y is what the user's own feature weights leave, clamped."""
+    def _user_terms(self, rows: torch.Tensor, items: torch.Tensor, values: torch.Tensor, n_rows: int) -> _UserTerms:
+        """The :class:`_UserTerms` of the ratings (rows, items, values) for the current r_bar."""
         b, y = user_residuals(rows, items, values, self.item_means, n_rows, self.beta_p, self.clamp_r)
-        if self.features_ is None:
-            return b, y, None
-        w, y = row_feature_weights(rows, items, y, self.features_, self.feature_reg, n_rows)
-        return b, y.clamp(-self.clamp_r, self.clamp_r), w
+        w = torch.bincount(rows, minlength=n_rows).float().clamp_min(1.0).rsqrt()
+        system = None if self.features_ is None else feature_systems(rows, items, y, self.features_, self.feature_reg, n_rows)
+        return _UserTerms(b, w, y, system)
+
+    def _feature_part(self, ut: _UserTerms, rows: torch.Tensor, items: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """(y per rating: what the rows' own feature weights leave, clamped; the weights w_u per row; w_u . phi_i per
+        rating), or (y0, None, None) without features. The solve runs on the rows as given: LAPACK's rounding of one
+        row's solve depends on its place in the batch, so a cached solution would not be these bits."""
+        if ut.system is None:
+            return ut.y0, None, None
+        wf = torch.linalg.solve(ut.system[0], ut.system[1].unsqueeze(-1)).squeeze(-1)
+        content = self._content(wf, rows, items)
+        return (ut.y0 - content).clamp(-self.clamp_r, self.clamp_r), wf, content
 
     def _content(self, w: torch.Tensor | None, rows: torch.Tensor, items: torch.Tensor) -> torch.Tensor | None:
         """w_u . phi_i for the pairs (rows, items), None without features."""
         if w is None or self.features_ is None:
             return None
         phi = self.features_.matrix.to(w.device, w.dtype)
-        return (w[rows] * phi[items]).sum(1)
+        return w.index_select(0, rows).mul_(phi.index_select(0, items)).sum(1)
 
     # --------------------------------------------------------------- training
     def _terms(self, batch: UserBatch) -> _BatchTerms:
         """The batch's data terms for the current r_bar (cached on the batch, keyed by r_bar's version)."""
         key = (self.item_means._version, self.item_means.data_ptr(), self.beta_p, self.clamp_r)
-        hit = batch.__dict__.get("_lowrank_terms")
+        hit = batch.cache.get("_lowrank_terms")
         if hit is not None and hit[0] == key and hit[1] is batch.values:
             return hit[2]
         if batch.ind is None or batch.x is None:
             raise ConfigError("model.similarity=lowrank reads each sampled user's whole history: the batch has none")
         n_rows = int(batch.users.numel())
         if batch.n_targets == int(batch.ind.values().numel()):  # user level: the targets are the whole history
-            rows, items, values = batch.rows, batch.items, batch.values
+            # from every user's terms when the source is known: per-user sums in the source's order, the batch's own bits
+            ut = (self._user_terms(batch.rows, batch.items, batch.values, n_rows) if batch.source is None
+                  else self._source_terms(batch.source).select(batch.users, batch.target_index))
+            y, _, content = self._feature_part(ut, batch.rows, batch.items)
+            terms = _BatchTerms(batch.rows, batch.items, y, ut.b, ut.w, y, True, self._base(batch, ut.b), content)
         else:  # rating level: the history from the CSR block (x = r - r_bar, built from this model's live r_bar)
             crow = batch.x.crow_indices()
             rows = torch.repeat_interleave(torch.arange(n_rows, device=crow.device), crow[1:] - crow[:-1])
             items = batch.x.col_indices()
-            values = batch.x.values() + self.item_means[items]
-        b, y, wf = self._residuals(rows, items, values, n_rows)
-        w = torch.bincount(rows, minlength=n_rows).float().clamp_min(1.0).rsqrt()
-        same = rows is batch.rows
-        content = self._content(wf, batch.rows, batch.items)
-        if same:
-            y_t = y
-        else:  # the targets' residuals, as the history's (clamp, then the feature weights' part, clamp)
+            ut = self._user_terms(rows, items, batch.x.values() + self.item_means[items], n_rows)
+            y, wf, _ = self._feature_part(ut, rows, items)
+            content = self._content(wf, batch.rows, batch.items)
+            # the targets' residuals, as the history's (clamp, then the feature weights' part, clamp)
             y_t = (batch.values.double() - self.item_means.double()[batch.items]
-                   - b.double()[batch.rows]).clamp(-self.clamp_r, self.clamp_r).float()
+                   - ut.b.double()[batch.rows]).clamp(-self.clamp_r, self.clamp_r).float()
             if content is not None:
                 y_t = (y_t - content).clamp(-self.clamp_r, self.clamp_r)
-        terms = _BatchTerms(rows, items, y, b, w, y_t, same, content)
-        batch.__dict__["_lowrank_terms"] = (key, batch.values, terms)
+            terms = _BatchTerms(rows, items, y, ut.b, ut.w, y_t, False, self._base(batch, ut.b), content)
+        batch.cache["_lowrank_terms"] = (key, batch.values, terms)
+        return terms
+
+    def _base(self, batch: UserBatch, b: torch.Tensor) -> torch.Tensor:
+        return self.item_means.index_select(0, batch.items) + b.index_select(0, batch.rows)
+
+    def _source_terms(self, train: Ratings) -> _UserTerms:
+        """Every user's :class:`_UserTerms` in ``train`` (rows = users), cached per r_bar version: they read r_bar and
+        the user's own ratings only, so a step gathers its users' instead of recomputing them."""
+        key = (self.item_means._version, self.item_means.data_ptr(), self.beta_p, self.clamp_r, self.feature_reg)
+        hit = self._predict_cache.get("terms")
+        if hit is not None and hit[0] is train.values and hit[1] is train.users and hit[2] == key:
+            return hit[3]
+        terms = self._user_terms(train.users, train.items, train.values, train.n_users)
+        self._predict_cache["terms"] = (train.values, train.users, key, terms)
         return terms
 
     def _f(self, batch: UserBatch, terms: _BatchTerms, U: torch.Tensor) -> torch.Tensor:
@@ -242,11 +293,18 @@ class LowRankPNBM(BindsHistory, nn.Module):
         n_rows = int(batch.users.numel())
         # index_select, not U[items]: its backward is index_add_, bit-reproducible across CPU threads (advanced
         # indexing's backward, an accumulating index_put_, is not)
-        p = torch.zeros(n_rows, U.shape[1], dtype=U.dtype, device=U.device).index_add_(
-            0, terms.rows, U.index_select(0, terms.items) * terms.y[:, None])
-        p = p * terms.w[:, None]
         ui = U.index_select(0, batch.items)
-        return (ui * p[batch.rows]).sum(1) - (ui * ui).sum(1) * terms.y_target * terms.w[batch.rows]
+        hist = ui if terms.items is batch.items else U.index_select(0, terms.items)
+        p_sum = torch.zeros(n_rows, U.shape[1], dtype=U.dtype, device=U.device).index_add_(0, terms.rows,
+                                                                                            hist * terms.y[:, None])
+        if terms.targets_are_history:  # the gradient is explicit (surrogate_loss), not autograd through f: it reuses
+            # these sums, and |u_i|^2 per item is each rating's own row sum, bit for bit
+            batch.cache["_forward_sums"] = (weakref.ref(U), U._version, terms, ui.detach(), p_sum.detach())
+            sq = (U * U).sum(1).index_select(0, batch.items)
+        else:
+            sq = (ui * ui).sum(1)
+        p = p_sum * terms.w[:, None]
+        return (ui * p.index_select(0, batch.rows)).sum(1) - sq * terms.y_target * terms.w.index_select(0, batch.rows)
 
     def batch_predict(self, batch: UserBatch) -> torch.Tensor:
         """r_bar_i + b_u + f_ui at the batch targets (unclipped; differentiable in U). With autograd on, f is kept on
@@ -254,14 +312,13 @@ class LowRankPNBM(BindsHistory, nn.Module):
         terms = self._terms(batch)
         f = self._f(batch, terms, self.U)
         if torch.is_grad_enabled() and f.requires_grad:
-            batch.__dict__["_forward_f"] = (weakref.ref(self.U), self.U._version, f)
-        base = self.item_means[batch.items] + terms.b[batch.rows]
-        return base + f if terms.content is None else base + terms.content + f
+            batch.cache["_forward_f"] = (weakref.ref(self.U), self.U._version, f)
+        return terms.base + f if terms.content is None else terms.base + terms.content + f
 
     def training_targets(self, batch: UserBatch) -> torch.Tensor:
         """The clamped targets r_bar_i + b_u + y_ui: the Trainer's residual is then f_ui - y_ui (module docstring)."""
         terms = self._terms(batch)
-        base = self.item_means[batch.items] + terms.b[batch.rows] + terms.y_target
+        base = terms.base + terms.y_target
         return base if terms.content is None else base + terms.content
 
     def surrogate_loss(self, batch: UserBatch, residuals: torch.Tensor) -> torch.Tensor:
@@ -272,7 +329,7 @@ class LowRankPNBM(BindsHistory, nn.Module):
         (:class:`_ExplicitGradient`): exactly the rows whose norms the mechanisms clip (:meth:`per_user_gradient_rows`,
         float64 too), so a user's clipped contribution stays within C to float64 rounding (float32 autograd differed from
         the float32 norms by up to 5e-5 relative where a gradient cancels; the sensitivity harness found it)."""
-        hit = batch.__dict__.pop("_forward_f", None)
+        hit = batch.cache.pop("_forward_f", None)
         terms = self._terms(batch)
         if hit is not None and hit[0]() is self.U and hit[1] == self.U._version:
             f = hit[2]
@@ -281,7 +338,7 @@ class LowRankPNBM(BindsHistory, nn.Module):
         if not terms.targets_are_history:  # rating-level batches (no per-user clip): autograd
             return 2.0 * (residuals.detach().to(f.dtype) * f).sum()
         value = 2.0 * (residuals.detach().double() * f.detach().double()).sum()
-        stash = batch.__dict__.pop("_clipped_rows", None)  # the clip's own scaled rows (stash_clipped_rows), if current
+        stash = batch.cache.pop("_clipped_rows", None)  # the clip's own scaled rows (stash_clipped_rows), if current
         rows = stash[2] if stash is not None and stash[0] is residuals and stash[1] == self.U._version else \
             torch.zeros(0, dtype=torch.float64, device=self.U.device)
         return _ExplicitGradient.apply(self.U, value, terms.rows, terms.items, terms.y, -residuals.detach(),
@@ -290,7 +347,7 @@ class LowRankPNBM(BindsHistory, nn.Module):
     def stash_clipped_rows(self, batch: UserBatch, clipped: torch.Tensor, rows: torch.Tensor) -> None:
         """Keep the clip's rows scaled by each user's clip factor (float64) for the step's ``surrogate_loss`` at exactly
         ``clipped``: rows are linear in the residuals, so these ARE the gradient rows at ``clipped`` (computed once)."""
-        batch.__dict__["_clipped_rows"] = (clipped, self.U._version, rows)
+        batch.cache["_clipped_rows"] = (clipped, self.U._version, rows)
 
     @torch.no_grad()
     def per_user_gradient_rows(self, batch: UserBatch, residuals: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -301,8 +358,10 @@ class LowRankPNBM(BindsHistory, nn.Module):
             raise ConfigError("per-user gradient norms need user-level batches (every rating of each sampled user): "
                               "set mechanism.unit=user")
         e = -residuals.detach().double()  # e = y - f; float64, as the gradient surrogate_loss releases
+        hit = batch.cache.get("_forward_sums")
+        fwd = hit[3:] if hit is not None and hit[0]() is self.U and hit[1] == self.U._version and hit[2] is terms else None
         return per_user_gradients(terms.rows, terms.items, terms.y.double(), self.U.detach().double(),
-                                  int(batch.users.numel()), e)
+                                  int(batch.users.numel()), e, fwd)
 
     def per_example_grad_norms(self, batch: UserBatch, residuals: torch.Tensor, unit: str) -> torch.Tensor:
         """||g_u||_F per batch row (``unit`` = user only: a rating moves its user's b_u, y and p_u)."""
@@ -325,10 +384,10 @@ class LowRankPNBM(BindsHistory, nn.Module):
         if hit is not None and hit[0] == key:
             return hit[1]
         h = self.history.to(self.U.device)
-        b, y, wf = self._residuals(h.users, h.items, h.values, h.n_users)
-        U = self.U.detach()
-        p, _ = user_aggregates(h.users, h.items, y, U, h.n_users)
-        w = torch.bincount(h.users, minlength=h.n_users).float().clamp_min(1.0).rsqrt()
+        ut = self._source_terms(h)
+        y, wf, _ = self._feature_part(ut, h.users, h.items)
+        b, w = ut.b, ut.w
+        p, _ = user_aggregates(h.users, h.items, y, self.U.detach(), h.n_users)
         keys = h.users * self.n_items + h.items
         order = torch.argsort(keys)
         out = (b, p, w, keys[order], y[order], wf)

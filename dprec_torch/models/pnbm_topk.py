@@ -336,7 +336,7 @@ class PNBMTopK(nn.Module):
     def pair_plan(self, batch: UserBatch) -> PairPlan:
         """The pair layout of ``batch`` grouped by row blocks (cached on the batch)."""
         key = (batch.x, batch.ind, batch.rows, batch.items, self.pair_budget, self.row_block, self.pair_backend)
-        cached = batch.__dict__.get("_topk_plan")
+        cached = batch.cache.get("_topk_plan")
         if cached is not None and all(a is b for a, b in zip(cached[0][:4], key[:4])) and cached[0][4:] == key[4:]:
             return cached[1]
         x, ind = batch.x, batch.ind
@@ -347,7 +347,7 @@ class PNBMTopK(nn.Module):
         rows = torch.repeat_interleave(torch.arange(n_rows, device=crow.device), crow[1:] - crow[:-1])
         hist = build_history(rows, x.col_indices(), x.values(), ind.values(), n_rows, self.n_items)
         plan = build_plan(hist, batch.rows, batch.items, self.pair_budget, self.row_block, self.pair_backend)
-        batch.__dict__["_topk_plan"] = (key, plan)
+        batch.cache["_topk_plan"] = (key, plan)
         return plan
 
     def _sums(self, batch: UserBatch, values: torch.Tensor):

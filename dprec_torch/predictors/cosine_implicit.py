@@ -18,7 +18,7 @@ What Theorem 3.2 really covers (see :meth:`CosineImplicit.sensitivity_report`)
 One rating flips at most one purchase (add/remove). Case (ii) of the proof (another
 user buys an item) assumes one similarity term changes; but when that user buys the
 *queried* item j, every ``s_kj`` with ``k in p_i.`` changes at once. Example in
-``tests/test_cosine_implicit.py``: j had no buyers, the new buyer shares every item of
+``tests/predictors/test_cosine_implicit.py``: j had no buyers, the new buyer shares every item of
 user i's history with only i -> every ``s_kj`` goes 0 -> 1/sqrt(2), so ``p_hat_ij`` moves
 by 0.707, versus ``2/T = 0.1`` for T = 20. The bound the code can defend is the width of
 the output range, ``1`` (every released value lies in [0, 1]), so noise calibrated to

@@ -1,6 +1,6 @@
 """DP-ALS: private alternating least squares (Chien, Jain, Krichene, Rendle, Song, Thakurta & Zhang, ICML 2021).
 
-Issue 17, item 2. A fitted predictor (``model=dpals``, the runner's ``fit_fold`` path): ALS is not a gradient
+A fitted predictor (``model=dpals``, the runner's ``fit_fold`` path): ALS is not a gradient
 method, so it does not fit the Trainer/optimizer interface that ``model=mf mechanism=...`` uses.
 
 Joint DP (billboard model): only item-side quantities are released -- the DP item means and, every round,

@@ -1,4 +1,4 @@
-"""Noisy item Gram released once, then a similarity *learned* from it by post-processing (issue 17, item 1).
+"""Noisy item Gram released once, then a similarity *learned* from it by post-processing.
 
 Release (two Gaussian mechanisms, composed exactly as one mu-GDP mechanism, :mod:`dprec_torch.privacy.calibration`):
 

@@ -1,4 +1,4 @@
-"""A fitted predictor's release: what it learned, written to the run dir and restored without refitting (issue 25, 2).
+"""A fitted predictor's release: what it learned, written to the run dir and restored without refitting.
 
 A fitted predictor has two set-up paths with one job each (as a trainable model's ``attach``/``restore``,
 :mod:`dprec_torch.models.release`):
@@ -21,7 +21,7 @@ costs nothing more. For a non-private predictor (epsilon = inf), for PNCF (per-q
 and for an output mechanism (``laplace_output``, ``exponential_topk``, whose epsilon covers the noised answers, not
 the model) it is the curator's fitted state: keep it as private as the training data.
 
-A trained model (PNBM, its low-rank and top-k forms, MF; issue 33, 4) writes the same file at the end of its fold
+A trained model (PNBM, its low-rank and top-k forms, MF) writes the same file at the end of its fold
 (:func:`write_trained_release`): its ``state_dict`` (the learned parameters and the buffers it predicts with, e.g. U
 and the DP item means) with a copy of the fold's privacy report and ``meta`` (model, mechanism, fold, sizes, epochs,
 the resolved model config without its public init seed); :func:`dprec_torch.training.evaluate.restore_fold` restores

@@ -29,7 +29,7 @@ Checked case by case for a query (i, j) with j unrated by i:
   below the paper's Eq. (11): Eq. (11) is a valid (slightly loose) bound here.
 * *Add/remove one rating*: Eq. (11) does NOT hold. A new co-rater can lift a pair over
   the ``phi_m`` threshold, switching ``s_jk`` from 0 to up to ``delta_r`` for every k the
-  user rated at once (``tests/test_slope_one.py`` builds a case that moves the output by
+  user rated at once (``tests/predictors/test_slope_one.py`` builds a case that moves the output by
   ``delta_r``, ten times Eq. (11)), and the paper's bound ``|s'_jl| <= delta_r/phi_m`` in
   case (i) has no basis (``|s_jl| <= delta_r``). The only bound we can defend is the
   width of the output range, ``3 * delta_r`` (Eq. (6) lies in

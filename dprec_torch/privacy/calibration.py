@@ -1,4 +1,4 @@
-"""Gaussian noise calibration, written once (issue 26, item 3): the epsilon of a Gaussian history under an
+"""Gaussian noise calibration, written once: the epsilon of a Gaussian history under an
 accountant (:func:`gaussian_epsilon`) and the noise that meets a target (epsilon, delta) under it
 (:func:`calibrate_gaussian`).
 
@@ -51,7 +51,7 @@ from dprec_torch.errors import ConfigError
 
 # Opacus (~1.4 s: its package imports the whole privacy engine, scipy.stats, torch.distributed) and scipy.optimize /
 # scipy.special (~0.5 s each) are imported by the functions that use them: the Laplace mechanisms (``dpsgd``, the
-# default) import this module for :func:`calibrate_gaussian` and never call it (issue 28, 3: start-up).
+# default) import this module for :func:`calibrate_gaussian` and never call it (start-up time).
 
 #: the accountants a calibration can run under (``rdp``/``prv``: Opacus; ``gdp``: analytic Gaussian DP)
 CALIBRATION_ACCOUNTANTS = ("rdp", "prv", "gdp")
@@ -148,7 +148,7 @@ def _gdp_mu(epsilon: float, delta: float) -> float:
 
 # --------------------------------------------------------------------------- Opacus's own figure
 #: RDP orders: Opacus's defaults (``RDPAccountant.DEFAULT_ALPHAS``, written out so that importing the accountants does
-#: not import Opacus; tests/test_accountant_cache.py checks they are Opacus's) plus larger ones (small epsilon at small delta)
+#: not import Opacus; tests/privacy/test_accountant_cache.py checks they are Opacus's) plus larger ones (small epsilon at small delta)
 OPACUS_DEFAULT_ALPHAS: list[float] = [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64))
 RDP_ORDERS: list[float] = OPACUS_DEFAULT_ALPHAS + [64, 80, 96, 128, 160, 192, 256, 384, 512, 768, 1024]
 

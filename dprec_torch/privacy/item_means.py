@@ -1,4 +1,4 @@
-"""Differentially private item means r~_i and global mean g: the one release (issue 26, item 3).
+"""Differentially private item means r~_i and global mean g: the one release.
 
 :func:`release_item_means` is the package's one entry point: it takes an :class:`ItemMeansSpec` (which estimator,
 its relation, noise and options) and the budget, draws the noise from the caller's generator and returns an

@@ -1,4 +1,4 @@
-"""Where a run's hyperparameters came from, and whether that source shares people with the training data (issue 24, 2).
+"""Where a run's hyperparameters came from, and whether that source shares people with the training data.
 
 A choice of hyperparameters by validation RMSE reads the validation ratings: on the people a model is trained on it
 is not post-processing, and the printed epsilon does not count it. On other people's data it costs those people
@@ -7,7 +7,7 @@ nothing: the choice is a fixed input for the trained people, and the epsilon is 
 Presets (``conf/experiment/private_{rating,user}.yaml``, written by ``experiments/studies/private_frontier.py``)
 carry a ``preset`` block: one configuration per (dataset it was chosen on, validated epsilon), from
 ``docs/results/private_frontier/selection.json``. Each tuned ``model.KEY`` of the preset reads ``${preset:KEY}``,
-which :func:`preset_choice` resolves (issue 25, 3):
+which :func:`preset_choice` resolves:
 
 * the source: the first of ``preset.sources`` that shares no people with ``cfg.data`` (ML-100K, 1997-98, and ML-1M,
   users who joined in 2000, are different users; synthetic data has no people); for data whose people are unknown
@@ -17,7 +17,7 @@ which :func:`preset_choice` resolves (issue 25, 3):
 A ``model.KEY=...`` on the command line replaces the interpolation, so the user's own value wins and the report
 names it. :func:`hyperparameter_provenance` is the ``hyperparameters`` entry of a run's privacy report.
 
-Without a preset (issue 33, 5), every ``conf/model``, ``conf/mechanism`` and ``conf/tuned`` file carries a
+Without a preset, every ``conf/model``, ``conf/mechanism`` and ``conf/tuned`` file carries a
 ``chosen_on`` config value (a population, a list of them, ``data-independent`` or ``not recorded``) that says on whose
 ratings its numbers were chosen; a tuned file's value replaces its mechanism file's in the composed ``mechanism`` node.
 The runner drops the key before a class is built (``NODE_RUNNER_KEYS``). A model or mechanism value the user set
@@ -27,7 +27,7 @@ whether it was chosen by looking at these people's ratings. Custom data says the
 holds, so it never claims a choice was made on other people.
 
 A ``chosen_on`` value may also be a mapping from the population a run trains on to the population its numbers were
-chosen on (issue 34): ``{ml-100k: ml-1m, ml-1m: ml-100k, note: {ml-1m: "..."}}`` says the same numbers were chosen
+chosen on: ``{ml-100k: ml-1m, ml-1m: ml-100k, note: {ml-1m: "..."}}`` says the same numbers were chosen
 (or re-checked) on ML-1M's users for ML-100K runs and on ML-100K's for ML-1M runs, so neither shares people. Data with
 no entry of its own (custom, synthetic) gets every source the mapping names. ``note`` (optional, per population) is
 appended to the statement: what the choice found (e.g. that it found the earlier values again).
@@ -40,6 +40,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from dprec_torch.config import CONF_DIR
 from dprec_torch.errors import ConfigError
 from dprec_torch.populations import POPULATIONS, population  # noqa: F401 (the people a data config holds)
 
@@ -204,8 +205,6 @@ def _compose(overrides: list[str]) -> DictConfig | None:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from dprec_torch.config import CONF_DIR
-
     try:
         if GlobalHydra.instance().is_initialized():
             return compose(config_name="config", overrides=overrides)
@@ -220,7 +219,7 @@ def _reference(cfg: DictConfig) -> DictConfig | None:
     """The config the package gives for this run's choices without any value of the user's: the running Hydra job's
     command line minus its ``mechanism.*`` / ``model.*`` values, or (``train(cfg)`` from Python) the same data,
     mechanism, model and preset composed afresh; with the dataset-dependent defaults filled in as the runner does."""
-    from dprec_torch.config import fill_dataset_defaults
+    from dprec_torch.data.defaults import fill_dataset_defaults
 
     task = _hydra_task()
     mech, model = cfg.mechanism.get("name"), cfg.model.get("name")
@@ -260,7 +259,7 @@ def user_values(cfg: DictConfig) -> dict[str, Any]:
         keys |= {k for k in (_tuned_key(_override_key(o)) for o in task[0]) if k}
     ref = _reference(cfg)
     if ref is not None:
-        from dprec_torch.config import fill_dataset_defaults
+        from dprec_torch.data.defaults import fill_dataset_defaults
 
         cfg = cfg.copy()
         fill_dataset_defaults(cfg)  # as validate() does: a PCC/COS model.k of null is the dataset's k
@@ -293,8 +292,6 @@ def defaults_provenance(cfg: DictConfig, people: str | None) -> dict[str, Any]:
     and mechanism node (``conf/tuned/<mechanism>_<model>.yaml`` where there is one, else
     ``conf/mechanism/<mechanism>.yaml``), and the values the user set (:func:`user_values`), which the package cannot
     vouch for."""
-    from dprec_torch.config import CONF_DIR
-
     model, mech = cfg.model.get("name", "?"), cfg.mechanism.get("name", "?")
     tuned = (CONF_DIR / "tuned" / f"{mech}_{model}.yaml").exists()
     files = ", ".join([f"conf/model/{model}.yaml", f"conf/mechanism/{mech}.yaml"]

@@ -1,4 +1,4 @@
-"""What a run's epsilon covers, and which reported numbers no mechanism protects (issue 15 #7).
+"""What a run's epsilon covers, and which reported numbers no mechanism protects.
 
 A run writes more than its model: per-epoch diagnostics, reference baselines, test metrics, dataset
 counts. :func:`privacy_scope` lists, next to the mechanism's epsilon, the released artefacts that
@@ -9,7 +9,7 @@ without a finite epsilon (:func:`diagnostics_enabled`). The reference baselines 
 DP item means at the run's epsilon) are test metrics like the model's own and follow ``compare_baselines``
 alone; :func:`reference_scope` says what they are and that epsilon does not cover them.
 
-The scope also states what the run treats as public without protecting it (issue 24 #5): the item
+The scope also states what the run treats as public without protecting it: the item
 universe (MovieLens: the public catalogue; data without one: the rated items, treated as public) and
 the number of users. Loaders record the universe in ``Ratings.meta`` (:func:`item_universe_of`).
 """

@@ -1,4 +1,4 @@
-"""The low-rank PNBM's size rule (issue 34): the knobs of the default mechanisms as a function of public numbers only.
+"""The low-rank PNBM's size rule: the knobs of the default mechanisms as a function of public numbers only.
 
 Inputs, all public: N (privacy units: users with a training rating), M (items), (eps, delta), the mechanism, and
 whether a public catalogue is attached. Nothing here reads a rating, so choosing knobs by it costs no epsilon.

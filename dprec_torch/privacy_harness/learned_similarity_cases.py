@@ -1,4 +1,4 @@
-"""Sensitivity-harness cases for the issue-17 mechanisms (:mod:`dprec_torch.privacy_harness.registry`).
+"""Sensitivity-harness cases for the learned-similarity mechanisms (:mod:`dprec_torch.privacy_harness.registry`).
 
 Each release runs the predictor module's own pre-noise functions on the harness's dataset; public inputs
 (the item means released earlier, the item factors / subspace of the previous round) depend on the seed only.
@@ -160,7 +160,7 @@ def dpals_cases() -> list[SensitivityCase]:
                                also_change=relation == "rating", release=release, max_items=8)
 
     # rating level with Gu < Gr: one changed rating turns p~_u round (|p~_u| = Gu) and flips the sign of its residuals,
-    # moving the round by ~1.8x the user-level bound -- the case that fails without the rating-level x2 (issue 24, 6)
+    # moving the round by ~1.8x the user-level bound -- the case that fails without the rating-level x2
     cases += [als_case("user", 3, 1.0, 1.0, 2, False), als_case("user", 2, 0.3, 2.0, 3, False),
               als_case("rating", 3, 1.0, 1.0, 2, False), als_case("rating", 3, 0.3, 1.0, 2, False),
               als_case("user", 3, 1.0, 1.0, 2, True), als_case("rating", 2, 1.0, 2.0, 2, True)]

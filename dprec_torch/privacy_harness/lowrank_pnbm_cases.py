@@ -1,4 +1,4 @@
-"""Sensitivity-harness cases for the low-rank PNBM's mechanisms (``model.similarity=lowrank``; issue 27).
+"""Sensitivity-harness cases for the low-rank PNBM's mechanisms (``model.similarity=lowrank``).
 
 The low-rank form is trained by the same mechanism classes as the full form (``gaussian`` = :class:`GaussianPNBM`,
 ``sgld`` = :class:`ScaledPosteriorSGLD`'s clipped chain, ``dpsgd`` = :class:`ClippedLaplaceDPSGD`), so its cases

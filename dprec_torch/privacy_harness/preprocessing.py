@@ -1,18 +1,18 @@
-"""Harness cases behind the loaders' per-user preprocessing (issue 24, 3 and 6).
+"""Harness cases behind the loaders' per-user preprocessing.
 
 :func:`preprocessed` wraps a case so that its release first runs what ``build_dataset`` runs on a fold's train
 side: the min-count filter (``data.min_user_ratings``), then the per-user tau cap (``data.max_user_ratings``,
 the runner's ``mechanism.max_user_ratings``), with the loaders' own functions. The harness then checks the
 case's stated sensitivity on the RAW neighbours. At user level both steps are per-user functions, so the bound
 holds; at rating level one removed rating can take a whole user with it (the filter) or let another rating in
-(the cap), so it does not: :func:`dprec_torch.config.check_relation_preprocessing` refuses those runs.
+(the cap), so it does not: :func:`dprec_torch.privacy.relations.check_relation_preprocessing` refuses those runs.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from dprec_torch.config import RATING_LEVEL
+from dprec_torch.privacy.relations import RATING_LEVEL
 from dprec_torch.data.preprocess import cap_seed, cap_user_ratings, filter_min_user_ratings
 from dprec_torch.data.ratings import Ratings
 from dprec_torch.privacy_harness.case import Release, SensitivityCase

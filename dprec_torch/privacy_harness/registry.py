@@ -1,7 +1,7 @@
 """Sensitivity registry: a mechanism may print a finite epsilon only if the harness checks its sensitivity.
 
 Every epsilon rests on one sentence, "one unit moves the released pre-noise quantity by at most
-Delta". The harness (``tests/test_sensitivity_harness.py``) tests that sentence on small adversarial
+Delta". The harness (``tests/privacy/test_sensitivity_harness.py``) tests that sentence on small adversarial
 datasets (D = C exactly, ties, constant S, users at exactly tau, a single user, extreme ratings) by
 MATERIALISING what the mechanism's own code releases:
 

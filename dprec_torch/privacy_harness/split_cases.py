@@ -1,9 +1,9 @@
-"""Harness cases for the splits (issue 33, 2): the neighbour is the whole input FILE minus one user.
+"""Harness cases for the splits: the neighbour is the whole input FILE minus one user.
 
 Every user-level epsilon is a statement about two training sets that differ by one user's ratings. The package
 draws those training sets itself (seeded hold-out folds of one file: ``data=custom data.path=...``, ML-1M; the
 ``*-val`` validation splits carved from a fold's train), so the statement holds only if *other users' ratings stay
-put when one user is added or removed*. The harness's other neighbours (:mod:`tests.test_sensitivity_harness`)
+put when one user is added or removed*. The harness's other neighbours (:mod:`tests.privacy.test_sensitivity_harness`)
 start from a training set; these start one step earlier, from the input file, and rebuild everything a loader
 builds -- the id map (contiguous user ids shift), the split, the cap -- from the file minus one user:
 
@@ -14,9 +14,9 @@ builds -- the id map (contiguous user ids shift), the split, the cap -- from the
   ratings must be the same in every fold, and, for each given user-level :class:`~.case.SensitivityCase`, the
   release on the two train sets (same seed) must move by at most the stated sensitivity.
 
-It returns the violations (an empty list when the splits are per-user); ``tests/test_per_user_splits.py`` runs it on
-ML-100K's ``u.data`` (or a generated file when the data is absent) and checks that the positional split the package
-drew before issue 33 fails it.
+It returns the violations (an empty list when the splits are per-user); ``tests/data/test_per_user_splits.py`` runs it on
+ML-100K's ``u.data`` (or a generated file when the data is absent) and checks that the package's earlier positional
+split fails it.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ covers both stages (``ledger_dir``), including the epsilon spent on tuning.
 
 Method names are ``<mechanism>-<model>`` with the mechanism's config name. ``dpsgd_paper`` and
 ``sgld_paper`` are Wang & Tang's Alg. 1 and 2 as printed; ``dpsgd`` and ``sgld`` are the provable
-forms whose reported epsilon is the typed one. Runs written before that rename (issue 15, #9) called
+forms whose reported epsilon is the typed one. Runs written before that rename called
 the paper-faithful forms ``dpsgd``/``sgld``; :func:`mechanism_name` recognises them by their privacy
 record and labels them ``*_paper``, and :func:`relabel` rewrites an old report folder accordingly.
 """
@@ -51,8 +51,15 @@ PAPER_FORMS = {"dpsgd": "dpsgd_paper", "sgld": "sgld_paper"}
 #: printed under every report table
 FORMS_NOTE = ("Methods `dpsgd_paper-*` and `sgld_paper-*` are the PAPER-FAITHFUL forms (Wang & Tang Alg. 1/2 as printed; "
               "with MF: DPSGD-MF of Berlioz et al. and DPPS-MF as the paper ran them): ε is the configured figure and "
-              "'ε guaranteed' is what the run defends (none for PNBM). `dpsgd-*`/`sgld-*` are the provable defaults, "
-              "whose guaranteed ε is the configured one.")
+              "'ε guaranteed' is what the run defends (none for PNBM). `dpsgd-*`/`sgld-*` are the provable forms; their "
+              "'ε guaranteed' is likewise what each run defends: the accountant's figure (at most the configured ε) for "
+              "`dpsgd` and for the clipped chain on the low-rank PNBM, none for the posterior-sampling SGLD on full S "
+              "or MF (its chain's δ is not established).")
+#: earlier wordings of FORMS_NOTE, replaced by ``relabel`` (text only: no number changes)
+OLD_FORMS_NOTES = (("Methods `dpsgd_paper-*` and `sgld_paper-*` are the PAPER-FAITHFUL forms (Wang & Tang Alg. 1/2 as "
+                    "printed; with MF: DPSGD-MF of Berlioz et al. and DPPS-MF as the paper ran them): ε is the configured "
+                    "figure and 'ε guaranteed' is what the run defends (none for PNBM). `dpsgd-*`/`sgld-*` are the provable "
+                    "defaults, whose guaranteed ε is the configured one."),)
 
 
 def mechanism_name(metrics: dict) -> str:
@@ -232,12 +239,15 @@ def relabel(folder: str | Path) -> list[str]:
             text = path.read_text()
             new = pattern.sub(lambda m: f"{PAPER_FORMS[m.group(1)]}-{m.group(2)}", text)
             new = re.sub(r"(\"mechanism\": \")(dpsgd|sgld)(\")", lambda m: m.group(1) + PAPER_FORMS[m.group(2)] + m.group(3), new)
+            if name == "report.md":
+                for note in OLD_FORMS_NOTES:
+                    new = new.replace(note, FORMS_NOTE)
             if name == "report.md" and FORMS_NOTE not in new:
                 new = new.replace("\n\n## ", f"\n\n{FORMS_NOTE}\n\n## ", 1) if "\n\n## " in new else new + f"\n{FORMS_NOTE}\n"
             if new != text:
                 path.write_text(new)
                 done.append(str(path))
-    if (folder / "ledger.json").exists():  # regroup by dataset (issue 15, #5) and reprint the ledger section
+    if (folder / "ledger.json").exists():  # regroup by dataset and reprint the ledger section
         ledger = merge_legacy(json.loads((folder / "ledger.json").read_text()))
         atomic_write_json(folder / "ledger.json", ledger)
         md = folder / "report.md"

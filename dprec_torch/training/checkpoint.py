@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from omegaconf import DictConfig
 
 from dprec_torch.errors import ConfigError
 from dprec_torch.io import _json_default, _sanitize, atomic_torch_save, atomic_write_json
@@ -254,3 +255,28 @@ def load_checkpoint(path: Path, *, model: torch.nn.Module, optimizer: torch.opti
     set_rng_state(ckpt["rng"])
     log.info("resumed from %s after epoch %d", path, ckpt["epoch"])
     return ckpt
+
+
+#: Classes moved since runs recorded them (``mechanism=X`` lives in ``mechanisms/X.py``). A run dir's
+#: ``config_resolved.json`` is read through :func:`upgrade_recorded`, so ``evaluate.py run=`` and ``load_run`` keep
+#: working on runs made before.
+RENAMED_TARGETS = {
+    "dprec_torch.mechanisms.dpsgd_l1.ClippedLaplaceDPSGD": "dprec_torch.mechanisms.dpsgd.ClippedLaplaceDPSGD",
+    "dprec_torch.mechanisms.dpsgd.DPSGDLaplace": "dprec_torch.mechanisms.dpsgd_paper.DPSGDLaplace",
+    "dprec_torch.mechanisms.sgd.MapSGD": "dprec_torch.mechanisms.none.NoMechanism",  # the class of mechanism=none
+    "dprec_torch.mechanisms.gaussian_pnbm.GaussianPNBM": "dprec_torch.mechanisms.gaussian.GaussianPNBM",
+}
+BUILTIN_TARGET = "dprec_torch.mechanisms.builtin.BuiltIn"
+
+
+def upgrade_recorded(cfg: DictConfig) -> DictConfig:
+    """A recorded run config (``config_resolved.json``) with today's class names, in place: a moved ``_target_``
+    (:data:`RENAMED_TARGETS`), and ``mechanism=builtin``, which named no class before it had one."""
+    mech = cfg.get("mechanism")
+    if isinstance(mech, DictConfig):
+        target = mech.get("_target_")
+        if target in RENAMED_TARGETS:
+            mech._target_ = RENAMED_TARGETS[target]
+        elif not target and mech.get("name") == "builtin":
+            mech._target_ = BUILTIN_TARGET
+    return cfg

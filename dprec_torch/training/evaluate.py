@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from dprec_torch.config import upgrade_recorded
+from dprec_torch.training.checkpoint import upgrade_recorded
 from dprec_torch.data.ratings import Fold
 from dprec_torch.device import resolve_device
 from dprec_torch.errors import ConfigError

@@ -22,7 +22,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from dprec_torch.data.custom import check_scale_declared
 from dprec_torch.data.ratings import Fold, RatingDataset
 from dprec_torch.device import claimed_device, set_matmul_precision
-from dprec_torch.config import RUNNER_KEYS, accepted, check_config, declared_parameters, fill_dataset_defaults, instantiate_node  # noqa: F401 (re-exported)
+from dprec_torch.config import RUNNER_KEYS, accepted, check_config, declared_parameters, instantiate_node  # noqa: F401 (re-exported)
+from dprec_torch.data.defaults import fill_dataset_defaults
 from dprec_torch.errors import ConfigError
 from dprec_torch.evaluation.cross_validate import score_predictor
 from dprec_torch.interfaces import (HasItemMeans, LeavesPredictorAsFitted, OutputMechanism, ReadsTargetsOnly, ReportsPrivacy,
@@ -33,6 +34,7 @@ from dprec_torch.mechanisms.context import TrainingContext, gradient_reduction_o
 from dprec_torch.models.batching import PoissonBatchSampler, poisson_steps_per_epoch
 from dprec_torch.privacy_harness.registry import check_claim
 from dprec_torch.privacy.provenance import hyperparameter_provenance
+from dprec_torch.privacy.relations import check_privacy_units, check_relation_preprocessing, node_relation
 from dprec_torch.privacy import size_rule
 from dprec_torch.privacy.scope import diagnostics_enabled, item_universe_of, privacy_scope, reference_scope
 from dprec_torch.seeding import SAMPLER_STREAM, key_scope, noise_generator, randomness_report, seed_everything
@@ -59,6 +61,7 @@ def validate(cfg: DictConfig) -> None:
     (:func:`dprec_torch.config.check_config`), then the dataset-dependent defaults (``baseline_k`` and
     the PCC/COS ``model.k`` of ``null`` become the paper's k for the dataset: 900 on ML-100K, 1300 on ML-1M)."""
     check_config(cfg)
+    check_relation_preprocessing(cfg)
     fill_dataset_defaults(cfg)
     # a mechanism x model pair the classes cannot train is one line before any data is read
     if is_trainable(cfg.model):
@@ -115,8 +118,6 @@ def training_mechanism(cfg: DictConfig) -> type[MechanismOptimizer]:
 def mechanism_fold(cfg: DictConfig, fold: Fold) -> Fold:
     """The fold a mechanism trains on: a mechanism configured to defend users caps each user at tau ratings
     (seeded); then delta is checked against the fold's privacy units (:func:`check_fold_units`)."""
-    from dprec_torch.config import node_relation
-
     training_mechanism(cfg)
     # the CONFIGURED relation (mechanism.relation / unit), not the class default (issue 24, 3), of the model's form
     if node_relation(cfg.mechanism, cfg.model) == "user" and cfg.mechanism.get("max_user_ratings"):
@@ -133,8 +134,6 @@ def mechanism_fold(cfg: DictConfig, fold: Fold) -> Fold:
 
 def check_fold_units(cfg: DictConfig, fold: Fold) -> None:
     """delta below 1/(privacy units of the fold's train side): its ratings, or its users with a rating (issue 24, 6)."""
-    from dprec_torch.config import check_privacy_units
-
     check_privacy_units(cfg, len(fold.train), int((fold.train.user_counts() > 0).sum()))
 
 

@@ -39,7 +39,7 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,dri
 
 TEST_RC=skipped
 if [ -z "$DRY" ]; then
-  # GPU_CHECK_PYTEST="tests/test_pair_triton.py ..." narrows the GPU tests where the session's device time is short
+  # GPU_CHECK_PYTEST="tests/models/test_pair_triton.py ..." narrows the GPU tests where the session's device time is short
   echo "== pytest -m gpu ${GPU_CHECK_PYTEST:-tests}"
   timeout "${GPU_CHECK_TEST_TIMEOUT:-90}" "$PY" -m pytest -q -m gpu ${GPU_CHECK_PYTEST:-tests} -p no:cacheprovider 2>&1 | tail -25
   TEST_RC=${PIPESTATUS[0]}

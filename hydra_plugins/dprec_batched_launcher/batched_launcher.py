@@ -12,7 +12,7 @@ baselines are fitted once per fold; imports and numba compilation are paid once 
 Each job's config is composed once: the launcher takes the composition the sweeper made to
 validate the batch (:class:`ComposedOnce`). A job's TensorBoard writer is closed in the background
 (``dprec_torch.training.tb_close``), all of them before ``launch`` returns.
-The numbers are those of separate runs (tests/test_batched_launcher.py). Groups run one after
+The numbers are those of separate runs (tests/training/test_batched_launcher.py). Groups run one after
 another; past one device use the joblib or submitit launchers (docs/performance.md, Sweeps).
 """
 

@@ -1,0 +1,42 @@
+"""The low-rank PNBM table is generated (``experiments/studies/pnbm_lowrank_table.py``): the README, docs/pnbm_lowrank.md and
+docs/private_frontier.md hold exactly what the script writes from ``docs/results/pnbm_lowrank/table.json``, the design
+card's command is its first row, and every row's figures are that file's."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("pnbm_lowrank_table", ROOT / "experiments" / "studies" / "pnbm_lowrank_table.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _block(path: Path) -> str:
+    text = path.read_text()
+    start, end = "<!-- pnbm_lowrank:start -->", "<!-- pnbm_lowrank:end -->"
+    return text[text.index(start) + len(start):text.index(end)].strip()
+
+
+def test_the_published_tables_are_the_scripts_output_of_table_json():
+    mod = _script()
+    records = json.loads((ROOT / "docs" / "results" / "pnbm_lowrank" / "table.json").read_text())
+    assert set(records) == {str(i) for i in range(len(mod.ROWS))}, "a row of the table was never run"
+    assert _block(ROOT / "README.md") == mod.table(records, compact=True).strip()
+    full = mod.table(records).strip().replace("(docs/pnbm_lowrank.md)", "(pnbm_lowrank.md)")
+    for doc in ("pnbm_lowrank.md", "private_frontier.md"):
+        assert _block(ROOT / "docs" / doc) == full, doc
+
+
+def test_the_design_cards_command_is_the_first_row_and_defends_a_numeric_delta():
+    mod = _script()
+    assert mod.ROWS[0][0] == "python train.py mechanism=sgld epsilon=20"
+    rec = json.loads((ROOT / "docs" / "results" / "pnbm_lowrank" / "table.json").read_text())["0"]
+    assert rec["command"] == mod.ROWS[0][0] and rec["overrides"] == mod.overrides(0)
+    assert rec["model"].endswith("LowRankPNBM") and 0 < rec["delta"] < 1 and rec["epsilon"] <= 20
