@@ -39,7 +39,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Protocol, Sequence, runtime_checkable
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -56,14 +56,6 @@ from dprec_torch.evaluation.cross_validate import score_predictor
 from dprec_torch.interfaces import Recommender
 
 __all__ = ["Run", "compose_config", "load_run", "train"]
-
-
-@runtime_checkable
-class PredictsRatings(Protocol):
-    """What :meth:`Run.predict` needs of a restored model (every trained model, every rating predictor; not D2P or
-    ``exponential_topk``, which only recommend)."""
-
-    def predict(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor: ...
 
 
 # ----------------------------------------------------------------------------------------- config
@@ -196,7 +188,8 @@ class Run:
         training ratings (PNBM's Eq. (2)): the guarantee is joint DP, as the privacy report says.
         """
         model = self.model(fold)
-        if not isinstance(model, PredictsRatings):
+        # every trained model and rating predictor has predict; D2P and exponential_topk only recommend
+        if not callable(getattr(model, "predict", None)):
             raise ConfigError(f"model={self.config.model.get('name')} only recommends (it predicts no ratings): "
                               "use run.recommend(user, n)")
         u, i = np.broadcast_arrays(_ids(users), _ids(items))
@@ -227,7 +220,7 @@ class Run:
             with self._keys(fold):
                 top = model.recommend(torch.tensor([u], dtype=torch.long, device=dev), int(n))[0].tolist()
             return [self.dataset.item_ids[k] for k in top if k >= 0]
-        if not isinstance(model, PredictsRatings):
+        if not callable(getattr(model, "predict", None)):
             raise ConfigError(f"model={self.config.model.get('name')} has neither recommend nor predict")
         n_items = len(self.dataset.item_ids)
         items = torch.arange(n_items, device=dev)

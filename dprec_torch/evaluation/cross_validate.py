@@ -13,7 +13,7 @@ import torch
 from dprec_torch.data.ratings import Fold
 from dprec_torch.evaluation.metrics import rating_metrics
 from dprec_torch.evaluation.topn import topn_metrics
-from dprec_torch.predictors.base import Predictor, ReportsFallback
+from dprec_torch.predictors.base import Predictor
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +45,8 @@ class CVResult:
 
 
 def score_predictor(predictor: object, fold: Fold, topn: int = 10, relevance_threshold: float = 4.0) -> dict[str, float]:
-    """RMSE/MAE if the predictor predicts ratings (plus ``fallback_rate`` for a :class:`ReportsFallback`
-    predictor: kNN, PNCF, McSherry-Mironov); Precision/Recall/F1@N and coverage if it recommends."""
+    """RMSE/MAE if the predictor predicts ratings (plus ``fallback_rate`` for a predictor that counts its fallback
+    pairs in ``fallback_rate_``: kNN, PNCF, McSherry-Mironov); Precision/Recall/F1@N and coverage if it recommends."""
     test = fold.test
     out: dict[str, float] = {}
     task = predictor.task  # every TrainableModel and FittedPredictor declares it (dprec_torch/interfaces.py)
@@ -55,8 +55,9 @@ def score_predictor(predictor: object, fold: Fold, topn: int = 10, relevance_thr
         if not torch.isfinite(pred).all():
             raise FloatingPointError("predictions contain NaN or inf")
         out.update(rating_metrics(pred, test.values))
-        if isinstance(predictor, ReportsFallback) and predictor.fallback_rate_ is not None:
-            out["fallback_rate"] = predictor.fallback_rate_  # share of test pairs answered by the fallback
+        rate = getattr(predictor, "fallback_rate_", None)  # BasePredictor's; trained models and wrappers have none
+        if rate is not None:
+            out["fallback_rate"] = rate  # share of test pairs answered by the fallback
     if task in ("topn", "both"):
         users = torch.unique(test.users)
         rec = predictor.recommend(users, topn)

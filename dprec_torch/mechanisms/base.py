@@ -125,6 +125,11 @@ class MechanismOptimizer(Optimizer):
         """
         return residuals
 
+    def elementwise_residual_clip(self) -> float | None:
+        """b when this step's :meth:`clip_residuals` is the pure clamp min(max(e, -b), b) (inf: the identity), so the
+        Trainer may let a model clamp inside its fused step; None (the default) when it is anything else."""
+        return None
+
     def clip_by_norm(self, residuals: torch.Tensor, norms: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         """Per-example clipping as residual scaling: e_ui min(1, c / ||g||), c = ``self.clip_norm``.
 

@@ -10,7 +10,6 @@ import torch
 
 from dprec_torch.data.ratings import RatingScale
 from dprec_torch.errors import ConfigError
-from dprec_torch.interfaces import DeclaresGradientReduction, SupportsPriorPrecision
 
 
 @dataclass
@@ -69,9 +68,8 @@ REDUCTIONS = ("sum", "mean")
 
 
 def gradient_reduction_of(model: Any) -> str:
-    """The model's declared reduction (:class:`~dprec_torch.interfaces.DeclaresGradientReduction`; ``sum`` when it
-    declares none, as PNBM)."""
-    return str(model.gradient_reduction) if isinstance(model, DeclaresGradientReduction) else "sum"
+    """The model's declared reduction (``BaseModel.gradient_reduction``: ``sum`` unless the model says otherwise)."""
+    return str(model.gradient_reduction)
 
 
 def prior_precision_for(mechanism_cls: type, model: Any, train: Any, batch_ratings: float) -> list[torch.Tensor | None]:
@@ -82,9 +80,8 @@ def prior_precision_for(mechanism_cls: type, model: Any, train: Any, batch_ratin
     :class:`~dprec_torch.interfaces.TrainingMechanism` declares, read off the class, so this module needs no import
     of ``base`` (which imports this one).
     """
-    if not (mechanism_cls.uses_prior_precision is True and isinstance(model, SupportsPriorPrecision)):
-        return []
-    return model.sgld_prior_precision(train, batch_ratings)
+    # BaseModel's default H is [] (no correction), as for a mechanism that reads none
+    return model.sgld_prior_precision(train, batch_ratings) if mechanism_cls.uses_prior_precision is True else []
 
 
 def bound_model(context: TrainingContext | None) -> Any:

@@ -47,11 +47,12 @@ from typing import Any, Iterable
 import torch
 
 from dprec_torch.errors import ConfigError
-from dprec_torch.interfaces import FactorModel, ItemSimilarityModel
 from dprec_torch.mechanisms.base import add_laplace_noise_
 from dprec_torch.mechanisms.context import TrainingContext, bound_model
 from dprec_torch.mechanisms.lowrank_pnbm import clip_lowrank, is_lowrank, release_means
 from dprec_torch.mechanisms.sgd import MapSGD
+from dprec_torch.models.mf import MF
+from dprec_torch.models.pnbm import PNBM
 from dprec_torch.privacy.accountants import PureDPAccountant
 from dprec_torch.privacy.analysis import analyse_dpsgd_l1, composed_epsilon, dpsgd_l1_group_factor, laplace_step_epsilon
 from dprec_torch.privacy.budget import check_epsilon
@@ -63,8 +64,8 @@ INITS = ("constant", "random")
 
 
 def is_pnbm(model: Any) -> bool:
-    """Dense item-item PNBM (:class:`~dprec_torch.interfaces.ItemSimilarityModel`): clipped per user over R_u."""
-    return isinstance(model, ItemSimilarityModel)
+    """Dense item-item PNBM (the M x M ``S``; not the low-rank or top-k form): clipped per user over R_u."""
+    return isinstance(model, PNBM)
 
 
 class ClippedLaplaceDPSGD(MapSGD):
@@ -188,7 +189,7 @@ class ClippedLaplaceDPSGD(MapSGD):
         """||G_x||_1 per unit of the batch (per batch row for unit=user, per target for unit=rating)."""
         if self.pnbm:
             return per_user_grad_norms(model, batch, residuals, p=1, chunk_pairs=self.chunk_pairs)
-        if isinstance(model, FactorModel):
+        if isinstance(model, MF):  # closed-form L1 norms of its factor tables
             from dprec_torch.privacy.mf_clipping import mf_grad_norms_l1
 
             return mf_grad_norms_l1(model, batch, residuals, self.unit)

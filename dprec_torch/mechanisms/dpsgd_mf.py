@@ -14,7 +14,7 @@ Relation: one rating's VALUE changes (who rated what is public). Changing r_ui m
 e_ui by at most Delta r while r_hat_ui depends only on earlier noisy errors, so each visit
 is (eps/K)-DP for that rating and at most K visits compose to eps (delta = the chance of
 more than K visits; 0 for full passes). The model must declare ``dpsgd_perturb_residuals``
-(:class:`~dprec_torch.interfaces.PerturbsResiduals`; MF does): its residual is the whole
+(``BaseModel.dpsgd_perturb_residuals``; MF does): its residual is the whole
 per-rating release. PNBM's DPSGD is Wang & Tang's Alg. 1, :mod:`dprec_torch.mechanisms.dpsgd_paper`.
 """
 
@@ -26,7 +26,6 @@ from typing import Any, Iterable
 import torch
 
 from dprec_torch.errors import ConfigError
-from dprec_torch.interfaces import PerturbsResiduals
 from dprec_torch.mechanisms.base import laplace_noise
 from dprec_torch.mechanisms.context import TrainingContext
 from dprec_torch.mechanisms.sgd import MapSGD
@@ -35,7 +34,7 @@ from dprec_torch.privacy.budget import check_epsilon
 
 def perturbs_residuals(model: Any) -> bool:
     """Whether ``model`` declares that DPSGD perturbs its residuals (DPSGD-MF) rather than its gradient."""
-    return isinstance(model, PerturbsResiduals) and bool(model.dpsgd_perturb_residuals)
+    return bool(model.dpsgd_perturb_residuals)  # BaseModel's default: False
 
 
 class DPSGDMF(MapSGD):

@@ -61,7 +61,7 @@ import torch
 
 from dprec_torch.data.ratings import Ratings, dense_rows
 from dprec_torch.errors import ConfigError, DataError
-from dprec_torch.interfaces import FittedPredictor, HasScoreRange, Predictor, Scorer
+from dprec_torch.interfaces import FittedPredictor, Predictor, Scorer
 from dprec_torch.predictors.release import ReleasesState
 from dprec_torch.privacy.budget import check_epsilon
 from dprec_torch.seeding import SecretGenerator, noise_generator
@@ -319,7 +319,7 @@ class ExponentialTopKRecommender:
         """The item count, the rated items (never recommended) and the score range's Delta (public: the scale)."""
         self.n_items = train.n_items
         self.indicator_ = train.indicator_csr()
-        if isinstance(self.predictor, HasScoreRange):
+        if hasattr(self.predictor, "score_range"):  # any scorer may declare one (no shared base)
             self.range_ = tuple(float(x) for x in self.predictor.score_range())
         else:
             self.range_ = (float(train.scale.lo), float(train.scale.hi))

@@ -68,7 +68,6 @@ from typing import Any, Iterable
 import torch
 
 from dprec_torch.errors import ConfigError
-from dprec_torch.interfaces import SupportsPerExampleNorms
 from dprec_torch.mechanisms.base import MechanismOptimizer
 from dprec_torch.mechanisms.context import TrainingContext, bound_model
 from dprec_torch.mechanisms.dpsgd import INITS, is_pnbm
@@ -177,7 +176,7 @@ class GaussianDPSGD(MechanismOptimizer):
 
     def clip_residuals(self, residuals: torch.Tensor, batch: Any = None, model: Any = None) -> torch.Tensor:
         """Step 2: e_ui <- e_ui min(1, c / ||g_x||) for the unit x holding (u, i)."""
-        if not isinstance(model, SupportsPerExampleNorms):
+        if model is None or model.per_example_grad_norms is None:  # BaseModel's default: none
             raise ConfigError(f"mechanism=gaussian needs a model with per_example_grad_norms(); "
                               f"{type(model).__name__} has none")
         if self.unit == "user" and batch.n_targets != batch.ind.values().numel():

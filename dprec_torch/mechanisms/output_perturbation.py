@@ -28,8 +28,7 @@ import torch
 
 from dprec_torch.data.ratings import Ratings
 from dprec_torch.errors import ConfigError
-from dprec_torch.interfaces import (FittedPredictor, HasOutputSensitivity, HasRatingScale, HasScoreRange, ReportsSensitivity,
-                                    Scorer, SupportsRawPredict)
+from dprec_torch.interfaces import FittedPredictor, Scorer
 from dprec_torch.predictors.release import ReleasesState
 from dprec_torch.predictors.slope_one import top_n_unrated
 from dprec_torch.privacy.budget import check_epsilon
@@ -53,7 +52,7 @@ class LaplaceOutput:
         self.seed = None if seed is None else int(seed)  # None: secret noise (seeding.py)
 
     def wrap(self, predictor: Any) -> "LaplaceOutputPredictor":
-        if not isinstance(predictor, HasOutputSensitivity):
+        if not hasattr(predictor, "output_sensitivity"):  # Delta f (any predictor: no shared base to default it)
             raise ConfigError(
                 f"mechanism=laplace_output needs a model with output_sensitivity() (Delta f); "
                 f"{type(predictor).__name__} has none -- use model=slope_one or model=cosine_implicit"
@@ -131,7 +130,7 @@ class LaplaceOutputPredictor:
     def release(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
         """``A_ij = f_ij + Lap(b)`` for each pair: the unclipped output of Theorem 2.1 (float64)."""
         base = self.predictor
-        raw = base.raw_predict(users, items) if isinstance(base, SupportsRawPredict) else base.predict(users, items)
+        raw = (base.raw_predict if hasattr(base, "raw_predict") else base.predict)(users, items)  # unclipped where it can
         return self.perturb(raw)
 
     def release_scores(self, users: torch.Tensor) -> torch.Tensor:
@@ -143,9 +142,9 @@ class LaplaceOutputPredictor:
     def predict(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
         """Released predictions clipped to the predictor's scale (post-processing), float32."""
         out = self.release(users, items)
-        if isinstance(self.predictor, HasRatingScale):
+        if hasattr(self.predictor, "scale"):  # ratings on its scale
             out = self.predictor.scale.clip(out)
-        elif isinstance(self.predictor, HasScoreRange):
+        elif hasattr(self.predictor, "score_range"):  # scores in a declared range (cosine: [0, 1])
             lo, hi = self.predictor.score_range()
             out = out.clamp(lo, hi)
         return out.float()
@@ -158,7 +157,7 @@ class LaplaceOutputPredictor:
     def privacy_report(self) -> dict[str, Any]:
         """Unit, Delta f, noise scale; ``epsilon`` = the composed total over every value released so far."""
         delta_f = self.sensitivity
-        sr = self.predictor.sensitivity_report() if isinstance(self.predictor, ReportsSensitivity) else {}
+        sr = self.predictor.sensitivity_report() if hasattr(self.predictor, "sensitivity_report") else {}
         eps = self.epsilon
         guaranteed = sr.get("sensitivity_guaranteed", delta_f)
         add_remove = sr.get("sensitivity_add_remove", guaranteed)

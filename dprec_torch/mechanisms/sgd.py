@@ -9,7 +9,6 @@ from typing import Any, Iterable
 import torch
 
 from dprec_torch.errors import ConfigError
-from dprec_torch.interfaces import CountsBatchVisits, PenalisesVisits
 from dprec_torch.mechanisms.base import MechanismOptimizer
 from dprec_torch.mechanisms.context import TrainingContext
 
@@ -86,13 +85,13 @@ class MapSGD(MechanismOptimizer):
 
     @staticmethod
     def _check_visit_penalty(model: Any) -> None:
-        if model is not None and not isinstance(model, PenalisesVisits):
+        if model is not None and model.visit_penalty is None:  # BaseModel's default: no penalty
             raise ConfigError(f"mechanism.rating_reg needs a model with per-rating parameters (model=mf), "
                               f"got {type(model).__name__}; set mechanism.rating_reg=0")
 
     @staticmethod
     def _check_visit_counts(model: Any) -> None:
-        if model is not None and not isinstance(model, CountsBatchVisits):
+        if model is not None and model.batch_visits is None:  # BaseModel's default: no counts
             raise ConfigError(f"mechanism.per_rating_step needs a model that counts its batch visits (model=mf), "
                               f"got {type(model).__name__}; set mechanism.per_rating_step=false")
 

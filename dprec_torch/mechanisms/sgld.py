@@ -15,7 +15,7 @@ finitely many steps only APPROXIMATES that sample, so the released parameters ar
 (eps, (1 + e^eps) delta)-DP with delta the total-variation distance of the chain's law from the
 target posterior, which nobody quantifies here. That delta is not small: after 20 steps at q = 1 the
 chain's per-coordinate variance is 1.12x the target's, so over ~20K coordinates the two laws are
-essentially disjoint (delta ~ 1, issue 24, 4). No epsilon is therefore defended: every form reports
+essentially disjoint (delta ~ 1). No epsilon is therefore defended: every form reports
 ``epsilon: null`` and puts the exact-sample figure beside it as ``epsilon_if_exact_sample`` (labelled);
 the ledger books the missing delta as "not established", never as 0.
 
@@ -67,7 +67,6 @@ from typing import Any, Iterable
 import torch
 
 from dprec_torch.errors import ConfigError
-from dprec_torch.interfaces import ClipsTrainingPredictions, HasItemMeans
 from dprec_torch.mechanisms.base import MechanismOptimizer
 from dprec_torch.mechanisms.context import TrainingContext, bound_model
 from dprec_torch.mechanisms.dpsgd import is_pnbm
@@ -90,7 +89,7 @@ def error_bound(model: Any, span: float) -> float | None:
     """
     if model is None:
         return None
-    if isinstance(model, ClipsTrainingPredictions) and model.clip_training_predictions:
+    if model.clip_training_predictions:
         return span
     if is_pnbm(model):
         return 2.0 * span
@@ -375,7 +374,7 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
     def releases_exact_statistics(self) -> bool:
         """True when the model also releases non-private training statistics (PNBM's exact item means)."""
         model = self.context.model
-        return isinstance(model, HasItemMeans) and self.mean_release is None
+        return model is not None and model.centres_on_item_means and self.mean_release is None
 
     def privacy_report(self) -> dict[str, Any]:
         if self.clipped:

@@ -46,7 +46,7 @@ def dense_gemm_wins(n_rows: int, n_cols: int, device: torch.device) -> bool:
     """Whether a |B| x M history block times a dense M x K matrix runs as a dense GEMM on ``device``.
 
     Chosen by measured cost, not by sparsity: on an H200, R(ML-1M, 4 % dense) x S took 13.8 ms
-    a call as cuSPARSE ``csrmm`` and under 2 ms as a dense float32 GEMM (issue 18's profile;
+    a call as cuSPARSE ``csrmm`` and under 2 ms as a dense float32 GEMM (measured;
     ``experiments/benchmarks/gpu_bench.py`` re-measures both per device, the ``gemm`` row). On the CPU the
     CSR product is the faster one and the CPU numbers stay bit for bit what they were. The dense
     block must fit in :data:`DENSE_ROWS_MAX_BYTES`; past that the CSR product bounds the memory.
@@ -83,7 +83,7 @@ def make_batch(train: Ratings, item_means: torch.Tensor, rating_mask: torch.Tens
     those users, i.e. user level).
 
     ``rating_mask`` must only select ratings of users in ``user_mask``. ``history=False`` leaves ``x``/``ind``
-    unbuilt (None) for a model that reads the targets only (:class:`~dprec_torch.interfaces.ReadsTargetsOnly`).
+    unbuilt (None) for a model that reads the targets only (``reads_history = False``, :class:`~.base.BaseModel`).
     """
     users = torch.nonzero(user_mask).flatten()
     row_of = torch.full((train.n_users,), -1, dtype=torch.long, device=train.device)

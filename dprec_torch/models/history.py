@@ -20,6 +20,7 @@ from dprec_torch.models.release import fallback_from_state, fallback_state
 class BindsHistory:
     """``attach`` / ``bind`` / ``restore`` and the fallback's extra state (see the module doc)."""
 
+    reads_own_ratings = centres_on_item_means = True  # the prediction reads R_u, centred on the item means
     n_items: int
     item_means: torch.Tensor
     history: Ratings | None

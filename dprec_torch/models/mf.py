@@ -32,6 +32,7 @@ from torch import nn
 
 from dprec_torch.data.ratings import Ratings, RatingScale
 from dprec_torch.errors import ConfigError
+from dprec_torch.models.base import BaseModel
 from dprec_torch.models.batching import UserBatch
 from dprec_torch.models.release import fallback_from_state, fallback_state
 from dprec_torch.interfaces import MeanFallback
@@ -40,7 +41,7 @@ FALLBACKS = ("mean", "model")
 UNITS = ("rating", "user")
 
 
-class MF(nn.Module):
+class MF(BaseModel):
     """Biased MF over ``n_users`` x ``n_items`` with ``dim`` latent factors.
 
     Args:
@@ -65,7 +66,7 @@ class MF(nn.Module):
     #: (:mod:`dprec_torch.mechanisms.base`; SGLD divides its step by #ratings instead, keeping the posterior)
     gradient_reduction = "mean"
     #: a step reads the batch targets only, never the users' history blocks: rating-level batches skip building
-    #: them (interfaces.ReadsTargetsOnly), ~10x faster steps on ML-1M at small q, the same numbers
+    #: them, ~10x faster steps on ML-1M at small q, the same numbers
     reads_history = False
 
     def __init__(

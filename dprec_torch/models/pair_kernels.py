@@ -48,7 +48,7 @@ ACCELERATOR_MIN_BUDGET = 1 << 25  # on a GPU: 128 MiB chunk tensors, so an ML-20
 def device_budget(budget: int, device: torch.device) -> int:
     """Pairs per chunk on ``device``: ``budget`` on the CPU (cache-sized chunks are what is fast there);
     at least :data:`ACCELERATOR_MIN_BUDGET` on an accelerator, where each chunk's Python-side launches,
-    not the memory, were the cost (issue 18: ~20,000 chunks an ML-20M-size epoch at 2^19)."""
+    not the memory, were the cost (~20,000 chunks an ML-20M-size epoch at 2^19)."""
     return int(budget) if device.type == "cpu" else max(int(budget), ACCELERATOR_MIN_BUDGET)
 
 

@@ -43,6 +43,7 @@ from torch import nn
 
 from dprec_torch.data.ratings import Ratings, RatingScale, _to_csr
 from dprec_torch.errors import ConfigError
+from dprec_torch.models.base import BaseModel
 from dprec_torch.models.batching import UserBatch, dense_gemm_wins, rows_times
 from dprec_torch.models.pair_kernels import (DEFAULT_BUDGET, PairPlan, build_history, build_plan, centred_history,
                                              device_budget, pair_sums)
@@ -152,7 +153,7 @@ class _SimilarityForm:
 LOWRANK_KEYS = ("rank", "init_std", "clamp_r", "beta_p", "item_features", "feature_reg")
 
 
-class PNBM(BindsHistory, _SimilarityForm, nn.Module):
+class PNBM(BindsHistory, _SimilarityForm, BaseModel):
     """Item-item PNBM holding the similarity matrix ``S`` (M x M).
 
     Args:

@@ -53,6 +53,7 @@ from torch import nn
 from dprec_torch.data.ratings import Ratings, RatingScale
 from dprec_torch.errors import ConfigError
 from dprec_torch.interfaces import MeanFallback
+from dprec_torch.models.base import BaseModel
 from dprec_torch.models.batching import UserBatch
 from dprec_torch.models.history import BindsHistory
 from dprec_torch.models.content import check_item_features, public_features_text, resolve_item_features, feature_systems
@@ -164,7 +165,7 @@ class _UserTerms:
                           None if a is None else (a.index_select(0, rows), rhs.index_select(0, rows)))
 
 
-class LowRankPNBM(BindsHistory, nn.Module):
+class LowRankPNBM(BindsHistory, BaseModel):
     """PNBM whose similarity is S = U U^T (module docstring). Built by ``PNBM(similarity="lowrank", ...)``.
 
     Args:

@@ -49,6 +49,7 @@ from torch import nn
 
 from dprec_torch.data.ratings import Ratings, RatingScale
 from dprec_torch.errors import ConfigError
+from dprec_torch.models.base import BaseModel
 from dprec_torch.models.batching import UserBatch
 from dprec_torch.models import pair_numba
 from dprec_torch.models.pair_kernels import (DEFAULT_BUDGET, HistoryTables, PairPlan, build_history, build_plan,
@@ -201,7 +202,7 @@ class TopKPairSums(torch.autograd.Function):
 
 
 # ------------------------------------------------------------------- model
-class PNBMTopK(nn.Module):
+class PNBMTopK(BaseModel):
     """Item-item PNBM over a fixed top-k support (module docstring).
 
     Args:
@@ -220,6 +221,7 @@ class PNBMTopK(nn.Module):
 
     task = "rating"
     name = "PNBM-topk"
+    reads_own_ratings = centres_on_item_means = True  # Eq. (2), as PNBM
 
     def __init__(
         self,

@@ -1,4 +1,4 @@
-"""What a trained model released, in a form its ``state_dict`` carries (issue 15 #4, issue 16).
+"""What a trained model released, in a form its ``state_dict`` carries.
 
 A model has two set-up paths with one job each:
 

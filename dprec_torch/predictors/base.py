@@ -15,7 +15,7 @@ import torch
 
 from dprec_torch.data.ratings import Ratings
 # the interface and the fallback live in dprec_torch/interfaces.py (below models/ and predictors/); re-exported here
-from dprec_torch.interfaces import MeanFallback, Predictor, ReportsFallback  # noqa: F401
+from dprec_torch.interfaces import MeanFallback, Predictor  # noqa: F401
 from dprec_torch.predictors.release import check_release_items, restored_fallback
 
 
@@ -60,7 +60,7 @@ class BasePredictor:
     def __init__(self, device: torch.device | str | None = None) -> None:
         self.device = torch.device(device) if device is not None else None
         self.fallback_: MeanFallback | None = None
-        #: share of the last predict() call's pairs answered by the fallback (ReportsFallback)
+        #: share of the last predict() call's pairs answered by the fallback (the evaluator's ``fallback_rate``)
         self.fallback_rate_: float | None = None
 
     def _prepare(self, train: Ratings) -> Ratings:

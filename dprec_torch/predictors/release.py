@@ -157,9 +157,7 @@ def model_released_state(model: torch.nn.Module) -> dict[str, Any]:
 
 def user_side_of(model: torch.nn.Module) -> str:
     """The release entry's ``user_side``: where each user's own part of a trained model's predictions comes from."""
-    from dprec_torch.interfaces import DeclaresFallback, ReadsUserHistory
-
-    if isinstance(model, ReadsUserHistory):  # PNBM, its low-rank and top-k forms
+    if model.reads_own_ratings:  # PNBM, its low-rank and top-k forms (BaseModel's flag)
         return ("not in the file: each user's own training ratings R_u, which the prediction for u reads (Eq. (2): joint "
                 "DP), are re-bound by load_run and evaluate.py run= from the run's training split (capped at tau for a "
                 "user-level mechanism, as trained); u's offset (and item-feature weights) follow from them at prediction time")
@@ -167,7 +165,7 @@ def user_side_of(model: torch.nn.Module) -> str:
     text = (f"in the file: the user parameters ({', '.join(users)}) are trained parameters, noised with the rest by the "
             "mechanism and covered by its epsilon with them where it is finite (the privacy scope's epsilon_covers); "
             "predictions are post-processing of the file alone") if users else "no user-side part: predictions read the file alone"
-    if isinstance(model, DeclaresFallback) and model.fallback == "mean":
+    if model.fallback == "mean":
         text += ("; EXCEPT the fallback for ids without training ratings (model.fallback=mean): its exact training item "
                  "means and user counts are in the file and NOT covered by epsilon")
     return text

@@ -73,7 +73,6 @@ from typing import Any
 import torch
 
 from dprec_torch.errors import ConfigError
-from dprec_torch.interfaces import HasMeanFallback
 from dprec_torch.seeding import SecretGenerator
 
 RELATIONS = ("user", "rating")
@@ -468,7 +467,7 @@ def install_item_means(model: Any, release: ItemMeansRelease) -> None:
     """
     with torch.no_grad():
         model.item_means.copy_(release.means.to(model.item_means.device))
-    fb = model.fallback_ if isinstance(model, HasMeanFallback) else None
+    fb = model.fallback_  # BaseModel's default: None
     if fb is not None:
         fb.item_means_ = release.means.to(fb.item_means_.device)
         fb.global_mean = release.global_mean

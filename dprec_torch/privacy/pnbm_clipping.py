@@ -46,9 +46,9 @@ from typing import Any
 import torch
 
 from dprec_torch.errors import ConfigError
-from dprec_torch.interfaces import ItemSimilarityModel
 from dprec_torch.models import pair_numba, pair_triton
 from dprec_torch.models.batching import rows_times
+from dprec_torch.models.pnbm import PNBM
 
 DEFAULT_CHUNK_PAIRS = 1 << 22  # (target, history) pairs per chunk on the CPU: ~0.5 GB of temporaries
 ACCELERATOR_CHUNK_PAIRS = 1 << 26  # on a GPU: ~8 GB, so ML-1M's 0.3 G pairs take 5 chunks, not 77
@@ -62,7 +62,7 @@ def chunk_size(chunk_pairs: int | None, device: torch.device) -> int:
 
 
 def _check_pnbm(model: Any) -> None:
-    if not isinstance(model, ItemSimilarityModel):
+    if not isinstance(model, PNBM):  # the dense form: S, floor_c, the bound histories
         raise ConfigError(f"per-user PNBM gradient norms need a PNBM model, got {type(model).__name__}")
     if model.gradient != "exact":
         raise ConfigError(f"per-user clipping needs model.gradient=exact (the released gradient), got '{model.gradient}'")

@@ -21,7 +21,6 @@ from typing import Any
 
 from dprec_torch.data.ratings import ITEM_UNIVERSE, ItemUniverse, Ratings
 from dprec_torch.errors import ConfigError
-from dprec_torch.interfaces import DeclaresFallback, DeclaresPrivacyCaveat, HasItemMeans, ReadsUserHistory
 from dprec_torch.models.pnbm_lowrank import LowRankPNBM
 
 #: quantities computed from the exact training ratings without noise: never covered by epsilon
@@ -56,17 +55,17 @@ def _model_artefacts(model: Any, report: dict[str, Any]) -> tuple[list[str], lis
     """(covered, not covered) artefacts of a trained nn.Module model (PNBM, PNBM-topk, MF)."""
     covered = ["the trained model parameters (" + ", ".join(n for n, _ in model.named_parameters()) + ")"]
     not_covered: list[str] = []
-    if isinstance(model, HasItemMeans):
+    if model.centres_on_item_means:  # BaseModel's flags and defaults, read directly
         if report.get("item_means"):
             covered.append("the item means r_bar and the fallback built from them (a DP release counted in epsilon)")
         else:
             not_covered.append("the item means r_bar (exact training means, a model buffer)")
-    if isinstance(model, DeclaresPrivacyCaveat) and model.privacy_caveat:
+    if model.privacy_caveat:
         not_covered.append("the top-k support of S (chosen from the training data)")
-    if isinstance(model, ReadsUserHistory):
+    if model.reads_own_ratings:
         covered.append("predictions for user u, which also read u's own training ratings (joint DP: covered "
                        "only when each user sees nothing but their own predictions)")
-    elif isinstance(model, DeclaresFallback) and model.fallback == "mean":
+    elif model.fallback == "mean":
         not_covered.append("predictions for users/items without training ratings (model.fallback=mean: exact means)")
     else:
         covered.append("predictions (post-processing of the parameters)")

@@ -27,7 +27,6 @@ import torch
 
 from dprec_torch.data.ratings import Ratings
 from dprec_torch.errors import DataError
-from dprec_torch.interfaces import HasItemMeans
 from dprec_torch.models.batching import full_batch
 from dprec_torch.privacy_harness.case import Builder, Release, SensitivityCase
 
@@ -127,7 +126,7 @@ def _gradient_release(model: Any, opt: MechanismOptimizer, data: Ratings, units:
     if len(data) == 0:
         return Release(torch.zeros(sum(p.numel() for p in model.parameters()), dtype=torch.float64),
                        torch.zeros(0, sum(p.numel() for p in model.parameters()), dtype=torch.float64) if units else None)
-    means = model.item_means if isinstance(model, HasItemMeans) else data.item_means()
+    means = model.item_means if model.centres_on_item_means else data.item_means()
     batch = full_batch(data, means)
     residuals = (model.batch_predict(batch) - batch.values).detach()
     clipped = opt.clip_residuals(residuals, batch, model)
@@ -250,7 +249,7 @@ def _sgld_case(model_kind: str, tau: int) -> SensitivityCase:
         if len(data) == 0:
             total = torch.zeros(1, dtype=torch.float64)
         else:
-            means = model.item_means if isinstance(model, HasItemMeans) else data.item_means()
+            means = model.item_means if model.centres_on_item_means else data.item_means()
             batch = full_batch(data, means)
             e = (model.batch_predict(batch) - batch.values).detach().double()
             total = (e * e).sum().reshape(1) / 2

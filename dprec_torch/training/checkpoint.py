@@ -1,7 +1,7 @@
 """Atomic checkpoints (after the epochs ``checkpoint_every`` picks, and the last one always: ``Trainer.checkpoint_due``):
 model, optimizer (with its noise RNG and accountant), all RNG states, epoch, and the resolved config they were trained under.
 
-Resume trusts nothing it is given (issue 15 #8):
+Resume trusts nothing it is given:
 
 * the run dir's ``config_resolved.json`` (written before training) and each checkpoint's own copy of
   the config are compared with the new config; any difference outside :data:`RESUME_SAFE_KEYS`
@@ -183,7 +183,7 @@ class CheckpointWriter:
     background thread writes it atomically (temp file, fsync, rename), one save at a time and in order: a
     later save first waits for the earlier one. A run killed mid-write keeps the previous complete checkpoint,
     exactly as with a synchronous save. ``wait`` returns when the last save is on disk and re-raises its error.
-    Why: an M x M checkpoint took ~1 s a save on the H200 machine (issue 18), most of it the disk.
+    Why: an M x M checkpoint took ~1 s a save on the H200 machine, most of it the disk.
     """
 
     def __init__(self) -> None:

@@ -26,11 +26,11 @@ from dprec_torch.config import RUNNER_KEYS, accepted, check_config, declared_par
 from dprec_torch.data.defaults import fill_dataset_defaults
 from dprec_torch.errors import ConfigError
 from dprec_torch.evaluation.cross_validate import score_predictor
-from dprec_torch.interfaces import (HasItemMeans, LeavesPredictorAsFitted, OutputMechanism, ReadsTargetsOnly, ReportsPrivacy,
-                                    TrainableModel)
+from dprec_torch.interfaces import LeavesPredictorAsFitted, OutputMechanism, ReportsPrivacy, TrainableModel
 from dprec_torch.io import atomic_write_json
 from dprec_torch.mechanisms.base import MechanismOptimizer
 from dprec_torch.mechanisms.context import TrainingContext, gradient_reduction_of, prior_precision_for
+from dprec_torch.models.base import BaseModel
 from dprec_torch.models.batching import PoissonBatchSampler, poisson_steps_per_epoch
 from dprec_torch.privacy_harness.registry import check_claim
 from dprec_torch.privacy.provenance import hyperparameter_provenance
@@ -85,6 +85,8 @@ def build_model(cfg: DictConfig, fold: Fold, device: torch.device | None = None)
     if not isinstance(model, TrainableModel):
         raise ConfigError(f"model={cfg.model.get('name', cls.__name__)} is an nn.Module but not a TrainableModel "
                           f"(dprec_torch/interfaces.py: attach, restore, batch_predict, surrogate_loss, ...)")
+    if not isinstance(model, BaseModel):  # the runner, Trainer and mechanisms read its capability defaults directly
+        raise ConfigError(f"model={cfg.model.get('name', cls.__name__)} must subclass dprec_torch.models.base.BaseModel")
     return model
 
 
@@ -119,7 +121,7 @@ def mechanism_fold(cfg: DictConfig, fold: Fold) -> Fold:
     """The fold a mechanism trains on: a mechanism configured to defend users caps each user at tau ratings
     (seeded); then delta is checked against the fold's privacy units (:func:`check_fold_units`)."""
     training_mechanism(cfg)
-    # the CONFIGURED relation (mechanism.relation / unit), not the class default (issue 24, 3), of the model's form
+    # the CONFIGURED relation (mechanism.relation / unit), not the class default, of the model's form
     if node_relation(cfg.mechanism, cfg.model) == "user" and cfg.mechanism.get("max_user_ratings"):
         from dprec_torch.data.preprocess import cap_seed, cap_user_ratings
 
@@ -133,7 +135,7 @@ def mechanism_fold(cfg: DictConfig, fold: Fold) -> Fold:
 
 
 def check_fold_units(cfg: DictConfig, fold: Fold) -> None:
-    """delta below 1/(privacy units of the fold's train side): its ratings, or its users with a rating (issue 24, 6)."""
+    """delta below 1/(privacy units of the fold's train side): its ratings, or its users with a rating."""
     check_privacy_units(cfg, len(fold.train), int((fold.train.user_counts() > 0).sum()))
 
 
@@ -178,9 +180,9 @@ def setup_training(cfg: DictConfig, fold: Fold, device: torch.device, prepare: b
         optimizer.prepare(model)
     # Poisson sampling is part of the privacy proof (amplification): secret unless noise_seed is explicit
     sampler_seed = cfg.get("noise_seed") if mech_cls.private else int(cfg.seed)
-    sampler = PoissonBatchSampler(train, model.item_means if isinstance(model, HasItemMeans) else train.item_means(),
+    sampler = PoissonBatchSampler(train, model.item_means if model.centres_on_item_means else train.item_means(),
                                   ratio, unit, noise_generator(sampler_seed, device, SAMPLER_STREAM),
-                                  history=not (isinstance(model, ReadsTargetsOnly) and not model.reads_history))
+                                  history=bool(model.reads_history))
     return TrainingSetup(fold, model, sampler, optimizer, epochs, rule)
 
 
@@ -217,7 +219,7 @@ def train_fold(cfg: DictConfig, fold: Fold, out: Path, device: torch.device, ref
         restored = {k: ckpt[k] for k in ("epoch", "history", "extra", "rng")}  # the Trainer's part, not the tensors
         del ckpt
     report = optimizer.privacy_report()
-    check_scale_declared(train, report)  # a finite epsilon needs data.rating_scale on custom data (issue 15, 7)
+    check_scale_declared(train, report)  # a finite epsilon needs data.rating_scale on custom data
     check_claim(optimizer, report)  # no finite epsilon without a sensitivity harness (privacy_harness/registry.py)
     log.info("mechanism %s | relation %s | %s", report["mechanism"], report.get("relation"), report["analysis"])
     writer = None
@@ -364,7 +366,7 @@ def write_fold_release(cfg: DictConfig, out: Path, fold: Fold, predictor: Any, r
 
 
 def noise_randomness(cfg: DictConfig, report: dict[str, Any], trainable: bool) -> dict[str, Any]:
-    """``{"randomness": ...}`` for a report with a finite epsilon: is the noise secret or seeded (issue 24, 1)?
+    """``{"randomness": ...}`` for a report with a finite epsilon: is the noise secret or seeded?
 
     The noise is secret only when every node that draws it (the mechanism, or a private predictor and its
     output mechanism) and, for trained models, the Poisson sampler got no explicit seed."""
@@ -427,7 +429,7 @@ def summarise(cfg: DictConfig, dataset: RatingDataset, folds: list[dict[str, Any
         later = [t for f in folds for t in f["epoch_seconds"][1:]]
         metrics["seconds_per_epoch_after_first"] = float(np.mean(later)) if later else None
         metrics["history"] = {f["fold"]: f["history"] for f in folds}
-    # where the hyperparameters came from, and whether that source shares people with this data (issue 24, 2)
+    # where the hyperparameters came from, and whether that source shares people with this data
     from dprec_torch.privacy.ledger import run_privacy
 
     metrics["privacy"] = {**run_privacy([f["privacy"] for f in folds], [f["fold"] for f in folds]),

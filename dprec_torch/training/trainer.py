@@ -25,8 +25,8 @@ import torch
 from dprec_torch.data.ratings import Fold
 from dprec_torch.errors import ConfigError, TrainingDiverged
 from dprec_torch.evaluation.metrics import rating_metrics
-from dprec_torch.interfaces import ClipsResidualsElementwise, FusesTrainingStep, HasTrainingTargets, SupportsProjection
 from dprec_torch.mechanisms.base import MechanismOptimizer
+from dprec_torch.models.base import BaseModel
 from dprec_torch.models.batching import PoissonBatchSampler
 from dprec_torch.seeding import set_rng_state
 from dprec_torch.training.checkpoint import CheckpointWriter, load_checkpoint
@@ -59,7 +59,7 @@ class Trainer:
     and a private run deletes its secret checkpoint at its end: :mod:`dprec_torch.training.checkpoint`).
     """
 
-    def __init__(self, model: torch.nn.Module, optimizer: MechanismOptimizer, sampler: PoissonBatchSampler, epochs: int,
+    def __init__(self, model: BaseModel, optimizer: MechanismOptimizer, sampler: PoissonBatchSampler, epochs: int,
                  checkpoint_path: Path | None = None, writer: Any = None, resume: bool = False,
                  config: dict[str, Any] | None = None, private_diagnostics: bool = True,
                  checkpoint_every: int | str = "auto", auto_checkpoint_seconds: float = AUTO_CHECKPOINT_SECONDS) -> None:
@@ -84,24 +84,18 @@ class Trainer:
     def _step(self) -> tuple[torch.Tensor, int]:
         """One mechanism step; returns (sum of squared unclipped errors, on the device; #targets).
 
-        Where the mechanism's clipping is an element-wise clamp known up front (``ClipsResidualsElementwise``) and
-        the model fuses its forward and backward (``FusesTrainingStep``: full PNBM on the CPU), one pass over the
+        Where the mechanism's clipping is an element-wise clamp known up front (``elementwise_residual_clip()``) and
+        the model fuses its forward and backward (``fused_step``: full PNBM on the CPU), one pass over the
         pairs computes pred, the residuals, the clamp and the gradient, bit for bit those of the separate path; the
         mechanism's ``clip_residuals`` still runs on the residuals (its state) and must return the kernel's clamp.
+        Every capability is a base-class member with a neutral default (BaseModel, MechanismOptimizer): no type checks.
         """
         batch = self.sampler.sample()
         self.optimizer.zero_grad(set_to_none=True)
-        bound = (self.optimizer.elementwise_residual_clip() if isinstance(self.optimizer, ClipsResidualsElementwise)
-                 else None)
-        fused = (self.model.fused_step(batch, batch.values, bound)  # FusesTrainingStep: trained on the ratings
-                 if bound is not None and isinstance(self.model, FusesTrainingStep)
-                 and not isinstance(self.model, HasTrainingTargets) else None)
-        if fused is not None:
-            residuals = fused[1]
-        else:
-            pred = self.model.batch_predict(batch)
-            target = self.model.training_targets(batch) if isinstance(self.model, HasTrainingTargets) else batch.values
-            residuals = (pred - target).detach()
+        bound = self.optimizer.elementwise_residual_clip()  # None: not an element-wise clamp
+        target = self.model.training_targets(batch)  # the ratings, unless the model trains on a transformed target
+        fused = None if bound is None else self.model.fused_step(batch, target, bound)  # None: not fused
+        residuals = fused[1] if fused is not None else (self.model.batch_predict(batch) - target).detach()
         if not torch.isfinite(residuals).all():
             raise TrainingDiverged("the training loss became NaN/inf; lower the learning rate (mechanism.lr) "
                                    "-- the last good checkpoint, if any (checkpoint_every), was kept")
@@ -112,8 +106,7 @@ class Trainer:
             raise RuntimeError(f"{type(self.optimizer).__name__}.clip_residuals differs from its declared "
                                f"elementwise_residual_clip() = {bound}: the fused step's gradient would be wrong")
         self.optimizer.step()
-        if isinstance(self.model, SupportsProjection):
-            self.model.project_()
+        self.model.project_()  # a no-op unless the model has a constraint set
         return (residuals.double() ** 2).sum(), batch.n_targets  # summed on the device: no host sync per step
 
     def fit(self, fold: Fold, restored: dict[str, Any] | None = None) -> TrainResult:
@@ -184,7 +177,7 @@ class Trainer:
         """The per-epoch log line (and TensorBoard scalars)."""
         diag = (f" | train RMSE {row['train_rmse']:.4f} (non-private) | |G| {row['grad_norm']:.4g} (pre-noise)"
                 if "train_rmse" in row else "")
-        rep = self.optimizer.privacy_report()  # the line says what each epsilon figure covers (issue 15, 9)
+        rep = self.optimizer.privacy_report()  # the line says what each epsilon figure covers
         log.info("epoch %3d | test RMSE %.4f MAE %.4f | noise %.4g | eps spent so far %.4g (as the mechanism counts it) "
                  "| defended eps of the released model: %s (%s level)%s", row["epoch"], row["test_rmse"], row["test_mae"],
                  row["noise_scale"], row["epsilon_spent"],

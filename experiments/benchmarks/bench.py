@@ -212,7 +212,6 @@ def train_case(kind: str, mech: str, fold, impl: str, epochs: int, topk_k: int =
     from dense_reference import DenseMFEpoch, DensePNBMEpoch
 
     from dprec_torch.evaluation.metrics import rmse
-    from dprec_torch.interfaces import HasItemMeans
     from dprec_torch.mechanisms.context import TrainingContext, gradient_reduction_of, prior_precision_for
     from dprec_torch.models.batching import PoissonBatchSampler
     from dprec_torch.seeding import make_generator
@@ -238,7 +237,7 @@ def train_case(kind: str, mech: str, fold, impl: str, epochs: int, topk_k: int =
 
         model = MF(train.n_users, train.n_items).attach(train)
     unit = "user" if getattr(cls, "relation", None) == "user" else "rating"
-    means = model.item_means if isinstance(model, HasItemMeans) else train.item_means()
+    means = model.item_means if model.centres_on_item_means else train.item_means()
     sampler = PoissonBatchSampler(train, means, 1.0, unit, make_generator(1))
     prior = prior_precision_for(cls, model, train, len(train))
     n_units = len(train) if unit == "rating" else train.n_users

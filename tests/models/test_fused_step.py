@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dprec_torch.data.synthetic import load_synthetic
-from dprec_torch.interfaces import ClipsResidualsElementwise, FusesTrainingStep
+from dprec_torch.mechanisms.base import MechanismOptimizer
 from dprec_torch.mechanisms.context import TrainingContext, prior_precision_for
 from dprec_torch.mechanisms.dpsgd import ClippedLaplaceDPSGD
 from dprec_torch.mechanisms.dpsgd_paper import DPSGDLaplace
@@ -17,6 +17,7 @@ from dprec_torch.mechanisms.gaussian import GaussianDPSGD
 from dprec_torch.mechanisms.none import NoMechanism
 from dprec_torch.mechanisms.sgld import ScaledPosteriorSGLD
 from dprec_torch.models import pair_numba
+from dprec_torch.models.base import BaseModel
 from dprec_torch.models.batching import PoissonBatchSampler, full_batch
 from dprec_torch.models.pair_kernels import build_history, build_plan, pair_sums
 from dprec_torch.models.pnbm import PNBM, floored
@@ -81,7 +82,9 @@ def assert_identical(a, b) -> None:
 def test_fused_step_is_the_separate_step_bit_for_bit(train, mech: str, dtype: torch.dtype) -> None:
     model, opt = setup(train, mech, dtype)
     bound = opt.elementwise_residual_clip()
-    assert isinstance(opt, ClipsResidualsElementwise) and isinstance(model, FusesTrainingStep)
+    # both override the base defaults (None: no element-wise clamp; no fused step)
+    assert type(opt).elementwise_residual_clip is not MechanismOptimizer.elementwise_residual_clip
+    assert type(model).fused_step is not BaseModel.fused_step
     assert (bound == math.inf) == (mech != "dpsgd_paper")
     want = separate_step(model, opt, full_batch(train, model.item_means))
     got = fused(model, opt, full_batch(train, model.item_means))  # a fresh batch: no cached sums or terms
@@ -204,10 +207,11 @@ def test_a_mechanism_whose_clamp_differs_is_refused(train) -> None:
 
 
 def test_only_element_wise_clipping_is_declared(train) -> None:
-    """Per-user clipping (dpsgd, gaussian) declares nothing; a subclass that clips otherwise falls back (None);
-    sgld's clipped chain and MapSGD's rating_reg do not claim a clamp."""
-    assert not hasattr(ClippedLaplaceDPSGD, "elementwise_residual_clip")
-    assert not hasattr(GaussianDPSGD, "elementwise_residual_clip")
+    """Per-user clipping (dpsgd, gaussian) keeps the base default (None); a subclass that clips otherwise falls back
+    (None); sgld's clipped chain and MapSGD's rating_reg do not claim a clamp."""
+    for cls in (ClippedLaplaceDPSGD, GaussianDPSGD):
+        assert cls.elementwise_residual_clip is MechanismOptimizer.elementwise_residual_clip
+        assert cls.elementwise_residual_clip(None) is None
 
     class OtherClip(DPSGDLaplace):
         def clip_residuals(self, residuals, batch=None, model=None):

@@ -56,12 +56,12 @@ def test_neighbourhood_predictors_record_their_fallback_rate(name: str) -> None:
     """Every neighbourhood predictor counts the pairs its fallback answered; the evaluator puts the share
     into the fold's metrics (``test_fallback_rate`` in metrics.json)."""
     from dprec_torch.evaluation.cross_validate import score_predictor
-    from dprec_torch.predictors.base import ReportsFallback
+    from dprec_torch.predictors.base import BasePredictor
     from tests.helpers import tiny_fold
 
     fold = tiny_fold()
     model = _fallback_predictors()[name]().fit(fold.train)
-    assert isinstance(model, ReportsFallback)
+    assert isinstance(model, BasePredictor)  # the base that holds fallback_rate_ (None until predict counts)
     known_u, known_i = int(fold.train.users[0]), int(fold.train.items[0])
     model.predict(torch.tensor([fold.train.n_users + 3, known_u]), torch.tensor([known_i, fold.train.n_items + 3]))
     assert model.fallback_rate_ == 1.0  # an unknown user and an unknown item
