@@ -38,6 +38,7 @@ example leaves the expected step unchanged). Both divisors are public counts, so
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable, Iterable
 
 import torch
@@ -218,6 +219,14 @@ class MechanismOptimizer(Optimizer):
 
     def privacy_report(self) -> dict[str, Any]:
         return {"mechanism": self.name, "relation": None, "epsilon": float("inf"), "analysis": "non-private training"}
+
+    def report(self) -> dict[str, Any]:
+        """:meth:`privacy_report` computed once per step count (an epoch's log line and the run's last report share one
+        accountant answer), returned as a copy so a caller's additions stay its own."""
+        key = (int(self.state["mechanism"]["t"]), self.prepared)
+        if getattr(self, "_report_key", None) != key:
+            self._report_key, self._report = key, self.privacy_report()
+        return copy.deepcopy(self._report)
 
     # ------------------------------------------------------------ checkpointing
     def state_dict(self) -> dict[str, Any]:

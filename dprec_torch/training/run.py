@@ -218,7 +218,7 @@ def train_fold(cfg: DictConfig, fold: Fold, out: Path, device: torch.device, ref
                                config=resolved_config(cfg))
         restored = {k: ckpt[k] for k in ("epoch", "history", "extra", "rng")}  # the Trainer's part, not the tensors
         del ckpt
-    report = optimizer.privacy_report()
+    report = optimizer.report()
     check_scale_declared(train, report)  # a finite epsilon needs data.rating_scale on custom data
     check_claim(optimizer, report)  # no finite epsilon without a sensitivity harness (privacy_harness/registry.py)
     log.info("mechanism %s | relation %s | %s", report["mechanism"], report.get("relation"), report["analysis"])
@@ -235,7 +235,7 @@ def train_fold(cfg: DictConfig, fold: Fold, out: Path, device: torch.device, ref
     try:
         result = trainer.fit(fold, restored)
         metrics = score_predictor(model, fold)  # overlaps the last checkpoint's write
-        report = optimizer.privacy_report()
+        report = optimizer.report()
         if setup.rule is not None:
             report["size_rule"] = setup.rule
         report["scope"] = privacy_scope(report, model, diagnostics, item_universe_of(train))

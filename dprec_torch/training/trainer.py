@@ -177,7 +177,7 @@ class Trainer:
         """The per-epoch log line (and TensorBoard scalars)."""
         diag = (f" | train RMSE {row['train_rmse']:.4f} (non-private) | |G| {row['grad_norm']:.4g} (pre-noise)"
                 if "train_rmse" in row else "")
-        rep = self.optimizer.privacy_report()  # the line says what each epsilon figure covers
+        rep = self.optimizer.report()  # the line says what each epsilon figure covers
         log.info("epoch %3d | test RMSE %.4f MAE %.4f | noise %.4g | eps spent so far %.4g (as the mechanism counts it) "
                  "| defended eps of the released model: %s (%s level)%s", row["epoch"], row["test_rmse"], row["test_mae"],
                  row["noise_scale"], row["epsilon_spent"],

@@ -126,3 +126,16 @@ def test_a_writer_is_finished_and_closed_in_the_background_and_waited_for(tmp_pa
     acc = EventAccumulator(str(tmp_path))
     acc.Reload()
     assert {"test/test_rmse", "reference/x/test_rmse"} <= set(acc.Tags()["scalars"])
+
+
+def test_the_privacy_report_is_computed_once_per_epoch_and_once_before_training(tmp_path, monkeypatch):
+    from dprec_torch.mechanisms.sgld import ScaledPosteriorSGLD
+
+    calls = []
+    real = ScaledPosteriorSGLD.privacy_report
+    monkeypatch.setattr(ScaledPosteriorSGLD, "privacy_report", lambda self: calls.append(self.t) or real(self))
+    cfg = compose_cfg("mechanism=sgld", "epsilon=20", "mechanism.epochs=3", "mechanism.clip_norm=0.5",
+                      "mechanism.lr=1", "mechanism.sampling_ratio=1.0", "mechanism.mean_fraction=0.6",
+                      f"output_dir={tmp_path}")
+    train(cfg)
+    assert len(calls) == 1 + 3  # the claim checked before training, then one per epoch; the final report reuses the last
