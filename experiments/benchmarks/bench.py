@@ -313,7 +313,8 @@ def knn_case(kind: str, fold, impl: str) -> dict:
 
 
 # ---------------------------------------------------------------- report
-def machine() -> str:
+def machine(gpu: bool = False) -> str:
+    """CPU model, cores, RAM, torch and Python; with ``gpu``, the name of the GPU torch sees (if any) after them."""
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -323,7 +324,8 @@ def machine() -> str:
     except OSError:
         pass
     mem = _status_total_gb()
-    return f"{cpu}, {os.cpu_count()} cores, {mem:.0f} GB RAM, torch {torch.__version__}, Python {platform.python_version()}"
+    line = f"{cpu}, {os.cpu_count()} cores, {mem:.0f} GB RAM, torch {torch.__version__}, Python {platform.python_version()}"
+    return line + (f", GPU {torch.cuda.get_device_name(0)}" if gpu and torch.cuda.is_available() else "")
 
 
 def _status_total_gb() -> float:

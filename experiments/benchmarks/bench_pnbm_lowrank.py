@@ -10,9 +10,12 @@ Rows (``--rows``):
 * ``syn20m``: synthetic data of ML-20M's size (138,493 users x 26,744 items, 20M ratings), 10 steps at q = 0.01
   (seconds a step; meant for a GPU).
 
-Writes one JSON line per row to stdout (and to ``--out`` when given).
+Writes one JSON line per row to stdout and, with ``--out``, appends it to that file (JSON lines: a rerun adds
+lines, and ``publish.py`` reads the last line of a row). Each row names its ``machine`` (``bench.py``'s line, the GPU
+included on ``--device cuda``) and the 1-minute load average after it.
 
-    OMP_NUM_THREADS=2 python experiments/benchmarks/bench_pnbm_lowrank.py --rows ml1m-400 --device cpu
+    OMP_NUM_THREADS=2 python experiments/benchmarks/bench_pnbm_lowrank.py --rows ml1m-400 --device cpu \
+        --out docs/results/benchmarks/lowrank-cpu.json
     python experiments/benchmarks/bench_pnbm_lowrank.py --rows ml1m-400 syn20m --device cuda
 """
 
@@ -74,7 +77,10 @@ def run_row(name: str, device: str) -> dict:
     sync(dev)
     steps_s = time.perf_counter() - t0
     rmse = float(torch.sqrt(((setup.model.predict(fold.test.users, fold.test.items) - fold.test.values) ** 2).mean()))
+    from bench import machine  # experiments/benchmarks/ is the script's folder
+
     return {"row": name, "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu",
+            "device_type": dev.type, "machine": machine(gpu=dev.type == "cuda"), "load_avg": round(os.getloadavg()[0], 2),
             "threads": torch.get_num_threads(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
             "load_s": round(load_s, 3), "setup_s_incl_calibration": round(setup_s, 3), "steps": steps,
             "steps_s": round(steps_s, 3), "s_per_step": round(steps_s / steps, 5),

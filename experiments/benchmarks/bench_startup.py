@@ -14,11 +14,15 @@ numba caches; the minimum over runs is reported) and reads the times from Hydra'
 * ``imports``: ``python -X importtime`` of the same command, the top-level modules over 50 ms
   (from the fastest run);
 * ``import_torch`` and ``end_to_end_over_import_torch``: ``python -c "import torch"`` timed in the same call
-  (interleaved with the runs, minimum), and the end-to-end figure over it (the start-up target is a ratio to it).
+  (interleaved with the runs, minimum), and the end-to-end figure over it (the start-up target is a ratio to it);
+* ``machine`` (``bench.py``'s line: CPU, cores, RAM, torch, Python, and the GPU unless ``device=cpu``) and
+  ``omp_num_threads``, read after the runs (this process imports torch only then).
 
     python experiments/benchmarks/bench_startup.py --out docs/results/benchmarks/startup-cpu.json -- data=ml-1m device=cpu mechanism=none
     python experiments/benchmarks/bench_startup.py --root /tmp/head -- data=ml-1m device=cpu   # another checkout (before/after)
     OMP_NUM_THREADS=2 python experiments/benchmarks/bench_startup.py --repeat 5 -- data=ml-100k device=cpu   # issue 28, 3: <= 3 s
+    DPREC_DATA=../shared/data OMP_NUM_THREADS=2 python experiments/benchmarks/bench_startup.py --repeat 5 \
+        --out docs/results/benchmarks/startup-cpu-ml100k-sgld.json -- mechanism=sgld epsilon=20 data=ml-100k device=cpu
 """
 
 from __future__ import annotations
@@ -138,6 +142,9 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*", default=["data=ml-1m", "device=cpu", "mechanism=none"])
     args = ap.parse_args()
     result = measure(args.root.resolve(), args.overrides, args.repeat)
+    from bench import machine  # imports torch: after the runs
+
+    result.update(machine=machine(gpu="device=cpu" not in args.overrides), omp_num_threads=os.environ.get("OMP_NUM_THREADS"))
     text = json.dumps(result, indent=2)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -2,11 +2,14 @@
 and derive the issue's targets table from the JSON files.
 
     python experiments/benchmarks/publish.py
+    python experiments/benchmarks/publish.py --only speed-targets     # just the current speed issue's targets table
     python experiments/benchmarks/publish.py --main cpu-main-t1 --t2 cpu-syn1m-t2 --scaling cpu-scaling-t1 \\
         --parity cpu-parity-none cpu-parity-dpsgd
 
 docs/performance.md's ``main``, ``t2``, ``ml1m-t2``,
-``parity``, ``scaling``, ``targets``, ``gpu``, ``sweep-cpu``, ``startup-cpu`` and ``startup-ml100k`` blocks are rewritten; numbers are never typed by hand.
+``parity``, ``scaling``, ``targets``, ``gpu``, ``sweep-cpu``, ``startup-cpu``, ``startup-ml100k`` and ``speed-targets`` blocks are
+rewritten; numbers are never typed by hand. ``speed-targets`` (``speed_targets``) reads the files of ``SPEED_JSON``,
+each written by its command in ``SPEED_COMMANDS``; ``--only speed-targets`` rewrites that block alone.
 The ``gpu`` block comes from ``docs/results/benchmarks/gpu-check.json`` (``experiments/benchmarks/gpu_check.sh`` on a
 GPU machine; a ``gpu-check-rerun.json`` of some stages is laid over it); without that file it says
 the GPU rows are pending.
@@ -395,6 +398,189 @@ def _json_or_none(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+# ---------------------------------------------------------------- speed targets (the current speed issue)
+#: the JSON file behind each group of rows (under docs/results/benchmarks/), and the exact command that writes it;
+#: docs/performance.md lists the same commands above its ``speed-targets`` block (a test keeps the two the same)
+SPEED_JSON = {"startup-cpu": "startup-cpu-ml100k-sgld.json", "startup-gpu": "startup-gpu-ml100k-sgld.json",
+              "lowrank-cpu": "lowrank-cpu.json", "lowrank-gpu": "lowrank-gpu.json",
+              "ml1m-t2": "bench-cpu-ml1m-t2.json", "gpu": "gpu-check.json"}
+SPEED_COMMANDS = {
+    "startup-cpu": "DPREC_DATA=../shared/data OMP_NUM_THREADS=2 python experiments/benchmarks/bench_startup.py --repeat 5 "
+                   "--out docs/results/benchmarks/startup-cpu-ml100k-sgld.json -- mechanism=sgld epsilon=20 data=ml-100k device=cpu",
+    "lowrank-cpu": "DPREC_DATA=../shared/data OMP_NUM_THREADS=2 python experiments/benchmarks/bench_pnbm_lowrank.py "
+                   "--rows ml1m-400 --device cpu --out docs/results/benchmarks/lowrank-cpu.json",
+    "ml1m-t2": "DPREC_DATA=../shared/data python experiments/benchmarks/bench.py --threads 2 --epochs 3 --repeat 2 --tag cpu-ml1m-t2 "
+               "--cases pnbm-none-ml1m-sparse pnbm-none-ml1m-dense pnbm-dpsgd-ml1m-sparse pnbm-dpsgd-ml1m-dense "
+               "pnbm-sgld-ml1m-sparse pnbm-sgld-ml1m-dense",
+    "startup-gpu": "python experiments/benchmarks/bench_startup.py --repeat 5 "
+                   "--out docs/results/benchmarks/startup-gpu-ml100k-sgld.json -- mechanism=sgld epsilon=20 data=ml-100k device=cuda",
+    "lowrank-gpu": "python experiments/benchmarks/bench_pnbm_lowrank.py --rows ml1m-400 --device cuda "
+                   "--out docs/results/benchmarks/lowrank-gpu.json",
+    "gpu": "bash experiments/benchmarks/gpu_check.sh",
+}
+SPEED_TARGETS = {"startup_ratio": 2.0, "startup_gpu_s": 5.0, "lowrank_cpu_step_s": 0.015, "lowrank_cpu_total_s": 8.0,
+                 "lowrank_gpu_step_s": 0.001, "lowrank_gpu_total_s": 1.0, "epoch_ratio": CPU_EPOCH_TARGET,
+                 "epoch_goal": CPU_EPOCH_GOAL, "gaussian_gpu_epoch_s": 0.03}
+STARTUP_COMMAND = ("mechanism=sgld", "epsilon=20")  # `python train.py mechanism=sgld epsilon=20` (ML-100K is the default data)
+NOT_MEASURED = "not measured"
+LOWRANK_STEPS = 402  # bench_pnbm_lowrank.py's ml1m-400 row: 134 epochs of round(1/q) = 3 steps at q = 0.3
+
+
+def _speed_row(what: str, target: str, figure: str, verdict: str) -> str:
+    return f"| {what} | {target} | {figure} | {verdict} |"
+
+
+def _missing(key: str, why: str = "") -> tuple[str, str]:
+    return (f"{why or 'no `docs/results/benchmarks/' + SPEED_JSON[key] + '`'}: `{SPEED_COMMANDS[key]}` writes it", NOT_MEASURED)
+
+
+def _on_h200(verdict: str, machine: str) -> str:
+    """The GPU targets name the H200: a verdict reached on another GPU says so."""
+    return verdict if "H200" in machine else f"{verdict} (on another GPU than the target's H200)"
+
+
+def _startup_row(data: dict | None, key: str, device: str) -> tuple[str, str]:
+    """Figure and verdict of `python train.py mechanism=sgld epsilon=20` on ML-100K (``bench_startup.py``'s JSON)."""
+    if data is None:
+        return _missing(key)
+    words = data.get("command", "").split()
+    # exactly the target's command (ML-100K is the default data; the device is named): no extra override
+    if words[:2] != ["python", "train.py"] or set(words[2:]) - {"data=ml-100k"} != {*STARTUP_COMMAND, f"device={device}"}:
+        return _missing(key, f"`{SPEED_JSON[key]}` is of `{data.get('command')}`, not this command")
+    torch_s = data.get("import_torch")
+    if torch_s is None:
+        return _missing(key, f"`{SPEED_JSON[key]}` has no `import torch` time (an older bench_startup.py)")
+    e2e, ratio = data["end_to_end"], data["end_to_end"] / torch_s
+    n = len(data.get("runs") or [])
+    if n < 2:  # the first run warms the caches: the target is a later run's
+        return _missing(key, f"`{SPEED_JSON[key]}` has {n} run (no run with warm caches)")
+    machine = data.get("machine") or "machine not recorded"
+    threads = f"OMP_NUM_THREADS={data['omp_num_threads']}, " if data.get("omp_num_threads") else ""
+    figure = (f"{e2e:.2f} s end to end vs {torch_s:.2f} s for `import torch` in the same run = {ratio:.2f}× "
+              f"(minimum of {n} runs, the first warms the caches; {threads}1-min load {data.get('load_avg', float('nan')):.1f}; "
+              f"{machine})")
+    if device == "cpu":
+        return figure, yes(ratio <= SPEED_TARGETS["startup_ratio"])
+    return figure, _on_h200(yes(e2e <= SPEED_TARGETS["startup_gpu_s"]), machine)
+
+
+def _lowrank_row(rows: list[dict] | None, key: str, device: str, step_s: float, total_s: float) -> tuple[str, str]:
+    """Figure and verdict of ``bench_pnbm_lowrank.py --rows ml1m-400`` (its JSON lines: the last ml1m-400 row)."""
+    if rows is None:
+        return _missing(key)
+    mine = [r for r in rows if r.get("row") == "ml1m-400" and r.get("device_type", device) == device]
+    if not mine:
+        return _missing(key, f"`{SPEED_JSON[key]}` has no ml1m-400 row on `{device}`")
+    r = mine[-1]
+    if r.get("steps") != LOWRANK_STEPS:
+        return _missing(key, f"the last ml1m-400 row of `{SPEED_JSON[key]}` ran {r.get('steps')} steps, not {LOWRANK_STEPS}")
+    machine = r.get("machine") or f"{r.get('device', '?')} (machine line not recorded)"
+    step, total = r["s_per_step"], r["setup_plus_steps_s"]
+    ok_step, ok_total = step <= step_s, total <= total_s
+    load = f", 1-min load {r['load_avg']:.1f}" if r.get("load_avg") is not None else ""
+    figure = (f"{1e3 * step:.2f} ms a step ({'met' if ok_step else 'not met'}), {total:.2f} s with set-up "
+              f"({'met' if ok_total else 'not met'}: set-up {r['setup_s_incl_calibration']:.2f} s + {r['steps']} steps "
+              f"{r['steps_s']:.2f} s; reading the data {r['load_s']:.2f} s apart); {r.get('threads', '?')} threads{load}; {machine}")
+    verdict = yes(ok_step and ok_total)
+    return figure, (verdict if device == "cpu" else _on_h200(verdict, machine))
+
+
+def _epoch_row(record: dict | None, case: str) -> tuple[str, str]:
+    """Figure and verdict of one ML-1M mechanism's full-S epoch against the dense epoch of the same ``bench.py`` run."""
+    if record is None:
+        return _missing("ml1m-t2")
+    runs = {r["case"]: r for r in record["rows"]}
+    s, d = runs.get(f"pnbm-{case}-ml1m-sparse"), runs.get(f"pnbm-{case}-ml1m-dense")
+    if not (s and d):
+        return _missing("ml1m-t2", f"`{SPEED_JSON['ml1m-t2']}` has no `pnbm-{case}-ml1m-sparse`/`-dense` pair")
+    threads = {s.get("threads"), d.get("threads")}
+    ratio = d["seconds_per_epoch"] / s["seconds_per_epoch"]
+    load = record.get("load_average") or []
+    load_s = f"; 1-min load {load[0]:.1f} before, {load[-1]:.1f} after" if load else ""
+    goal = SPEED_TARGETS["epoch_goal"]
+    figure = (f"{s['seconds_per_epoch']:.3f} s vs the dense reference's {d['seconds_per_epoch']:.2f} s in the same run = "
+              f"{ratio:.1f}×{f' (goal {goal:g}×: met)' if ratio >= goal else ''}; "
+              f"{'/'.join(str(t) for t in sorted(threads, key=str))} threads{load_s}; {record.get('machine', 'machine not recorded')}")
+    if threads != {2}:
+        return figure + " (not 2 threads)", NOT_MEASURED
+    return figure, yes(ratio >= SPEED_TARGETS["epoch_ratio"])
+
+
+def _gaussian_gpu_row(gpu: dict | None) -> tuple[str, str]:
+    """Full-S `gaussian` (its PNBM form) on ML-1M from ``gpu-check.json``'s ``mechanisms`` stage."""
+    if gpu is None:
+        return _missing("gpu")
+    env = gpu.get("env", {})
+    if gpu.get("dry_run"):
+        return _missing("gpu", f"`{SPEED_JSON['gpu']}` is a --dry-run (CPU, tiny data)")
+    rows = [r for r in gpu.get("mechanisms", []) if "model=pnbm" in r.get("overrides", [])
+            and "model.formulation=sparse_pair" not in r.get("overrides", [])
+            and _mechanism(r) in ("gaussian", "gaussian_pnbm")]
+    if not rows:
+        return _missing("gpu", f"`{SPEED_JSON['gpu']}` has no full-S `gaussian` row")
+    r = rows[-1]
+    where = f"{env.get('device', '?')}, torch {env.get('torch', '?')}, {env.get('date', '?')}"
+    if "error" in r:
+        return f"failed: {r['error'][:120]} ({where})", yes(False)
+    t = steady_epoch(r)
+    which = "after the first epoch" if r.get("seconds_per_epoch_after_first") is not None else "mean over the epochs"
+    return (f"{t:.3f} s/epoch ({which}, `{_mechanism(r)}`, {int(r.get('epochs') or 1)} epochs run; {where})",
+            yes(t <= SPEED_TARGETS["gaussian_gpu_epoch_s"]))
+
+
+def _json_lines(path: Path) -> list[dict] | None:
+    """A file of JSON lines (``bench_pnbm_lowrank.py --out``) or one JSON document (a row or a list of rows)."""
+    if not path.exists():
+        return None
+    text = path.read_text().strip()
+    try:
+        one = json.loads(text) if text else []
+        return one if isinstance(one, list) else [one]
+    except json.JSONDecodeError:
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def load_gpu_check(path: Path) -> dict | None:
+    """``gpu-check.json`` with a ``gpu-check-rerun.json`` beside it laid over (``merge_gpu_rerun``); None without it."""
+    gpu = _json_or_none(path)
+    rerun = path.with_name("gpu-check-rerun.json")
+    if gpu is not None and rerun.exists():
+        gpu = merge_gpu_rerun(gpu, json.loads(rerun.read_text()))
+    return gpu
+
+
+def speed_targets(results: Path = RESULTS, gpu_json: Path | None = None) -> str:
+    """The current speed issue's targets table (what | target | figure | verdict) from the JSON files in ``results``.
+
+    A missing file makes its rows "not measured", naming the command that writes it; numbers come only from the files.
+    """
+    paths = {k: results / v for k, v in SPEED_JSON.items()}
+    gpu = load_gpu_check(gpu_json or paths["gpu"])
+    t2 = _json_or_none(paths["ml1m-t2"])
+    cmd = "`python train.py mechanism=sgld epsilon=20` on ML-100K, end to end, caches warm"
+    rows = [
+        (f"{cmd}, CPU", f"≤ {SPEED_TARGETS['startup_ratio']:g} × `python -c \"import torch\"` of the same run",
+         _startup_row(_json_or_none(paths["startup-cpu"]), "startup-cpu", "cpu")),
+        (f"{cmd}, one GPU (H200)", f"≤ {SPEED_TARGETS['startup_gpu_s']:g} s",
+         _startup_row(_json_or_none(paths["startup-gpu"]), "startup-gpu", "cuda")),
+        ("low-rank PNBM, ML-1M fold 1, 402 steps at q = 0.3, CPU",
+         f"≤ {1e3 * SPEED_TARGETS['lowrank_cpu_step_s']:g} ms a step; ≤ {SPEED_TARGETS['lowrank_cpu_total_s']:g} s with set-up",
+         _lowrank_row(_json_lines(paths["lowrank-cpu"]), "lowrank-cpu", "cpu",
+                      SPEED_TARGETS["lowrank_cpu_step_s"], SPEED_TARGETS["lowrank_cpu_total_s"])),
+        ("the same on the H200",
+         f"≤ {1e3 * SPEED_TARGETS['lowrank_gpu_step_s']:g} ms a step; ≤ {SPEED_TARGETS['lowrank_gpu_total_s']:g} s with set-up",
+         _lowrank_row(_json_lines(paths["lowrank-gpu"]), "lowrank-gpu", "cuda",
+                      SPEED_TARGETS["lowrank_gpu_step_s"], SPEED_TARGETS["lowrank_gpu_total_s"])),
+        ("full-S `dpsgd_paper` epoch vs the dense reference, ML-1M, 2 threads",
+         f"≥ {SPEED_TARGETS['epoch_ratio']:g}× (goal {SPEED_TARGETS['epoch_goal']:g}×)", _epoch_row(t2, "dpsgd")),
+        ("full-S `none` epoch vs the dense reference, ML-1M, 2 threads", f"≥ {SPEED_TARGETS['epoch_ratio']:g}×",
+         _epoch_row(t2, "none")),
+        ("full-S `gaussian` on a GPU, ML-1M", f"≤ {SPEED_TARGETS['gaussian_gpu_epoch_s']:g} s/epoch", _gaussian_gpu_row(gpu)),
+    ]
+    return "\n".join(["| what | target | figure | verdict |", "|---|---|---|---|"]
+                     + [_speed_row(what, target, *judged) for what, target, judged in rows])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--main", default="cpu-main-t1")
@@ -404,10 +590,15 @@ def main() -> None:
     ap.add_argument("--repeated", default="cpu-dpsgd-syn1m-t1", help="the target's two cases run alone (optional)")
     ap.add_argument("--ml1m-t2", default="cpu-ml1m-t2", help="issue 28's CPU rows: real ML-1M, 2 threads, beside the dense epoch")
     ap.add_argument("--gpu", type=Path, default=GPU_JSON, help="gpu_check.sh's JSON; absent = the GPU rows are pending")
+    ap.add_argument("--only", choices=["speed-targets"],
+                    help="rewrite only this block (it needs none of the other blocks' files; a missing file is a 'not measured' row)")
     args = ap.parse_args()
+    doc = ROOT / "docs" / "performance.md"
+    if args.only == "speed-targets":
+        splice(doc, "speed-targets", speed_targets(RESULTS, args.gpu))
+        return
     repeated = cases(args.repeated) if (RESULTS / f"bench-{args.repeated}.json").exists() else None
     table = targets(cases(args.main), cases(args.t2), [cases(t) for t in args.parity], repeated)
-    doc = ROOT / "docs" / "performance.md"
     splice(doc, "main", read(args.main, "md"))
     splice(doc, "t2", read(args.t2, "md") + ("" if repeated is None else "\n" + read(args.repeated, "md")))
     splice(doc, "parity", "\n".join(read(t, "md") for t in args.parity))
@@ -415,10 +606,7 @@ def main() -> None:
     splice(doc, "targets", table)
     if (RESULTS / f"bench-{args.ml1m_t2}.json").exists():
         splice(doc, "ml1m-t2", read(args.ml1m_t2, "md") + "\n" + cpu_epoch_targets(cases(args.ml1m_t2)))
-    gpu = json.loads(args.gpu.read_text()) if args.gpu.exists() else None
-    rerun = args.gpu.with_name("gpu-check-rerun.json")
-    if gpu is not None and rerun.exists():
-        gpu = merge_gpu_rerun(gpu, json.loads(rerun.read_text()))
+    gpu = load_gpu_check(args.gpu)
     if gpu is not None and gpu.get("dry_run"):
         raise SystemExit(f"{args.gpu} is a --dry-run (CPU, tiny data); it is not published as GPU figures")
     splice(doc, "gpu", gpu_tables(gpu))
@@ -426,6 +614,7 @@ def main() -> None:
     splice(doc, "sweep-cpu", "\n\n".join(sweep_table(d) for d in sweeps) if sweeps else sweep_table(None))
     splice(doc, "startup-cpu", startup_table({k: _json_or_none(v) for k, v in STARTUP_CPU_JSON.items()}))
     splice(doc, "startup-ml100k", startup_ml100k({k: _json_or_none(v) for k, v in STARTUP_ML100K_JSON.items()}))
+    splice(doc, "speed-targets", speed_targets(RESULTS, args.gpu))
 
 
 if __name__ == "__main__":

@@ -272,3 +272,92 @@ def test_sampled_separate_mode_picks_spread_jobs() -> None:
     assert bench_sweep.same_numbers(a, b)
     b["jobs"][3]["test_rmse"] = 2.5
     assert not bench_sweep.same_numbers(a, b)
+
+
+# -------------------------------------------------------------------------- speed targets (the current speed issue)
+import json  # noqa: E402
+
+STARTUP_CPU = "| `python train.py mechanism=sgld epsilon=20` on ML-100K, end to end, caches warm, CPU |"
+STARTUP_GPU = "| `python train.py mechanism=sgld epsilon=20` on ML-100K, end to end, caches warm, one GPU (H200) |"
+LOWRANK_CPU, LOWRANK_GPU = "| low-rank PNBM, ML-1M fold 1, 402 steps at q = 0.3, CPU |", "| the same on the H200 |"
+EPOCH_DPSGD = "| full-S `dpsgd_paper` epoch vs the dense reference, ML-1M, 2 threads |"
+EPOCH_NONE = "| full-S `none` epoch vs the dense reference, ML-1M, 2 threads |"
+GAUSSIAN_GPU = "| full-S `gaussian` on a GPU, ML-1M |"
+
+
+def startup_json(end_to_end: float, device: str = "cpu", runs: int = 5, extra: str = "", machine: str = "Test CPU, 2 cores") -> dict:
+    return {"command": f"python train.py mechanism=sgld epsilon=20 data=ml-100k device={device}{extra}",
+            "runs": [{"end_to_end": end_to_end}] * runs, "end_to_end": end_to_end, "import_torch": 1.0, "load_avg": 0.1,
+            "machine": machine, "omp_num_threads": "2"}
+
+
+def lowrank_line(step_s: float, total_s: float, device: str = "cpu", machine: str = "Test CPU, 2 cores", steps: int = 402) -> str:
+    return json.dumps({"row": "ml1m-400", "device_type": device, "machine": machine, "threads": 2, "load_s": 0.5,
+                       "setup_s_incl_calibration": 0.5, "steps": steps, "steps_s": total_s - 0.5, "s_per_step": step_s,
+                       "setup_plus_steps_s": total_s, "load_avg": 0.1})
+
+
+def write(folder: Path, name: str, data) -> None:
+    (folder / name).write_text(data if isinstance(data, str) else json.dumps(data))
+
+
+def speed(folder: Path) -> str:
+    return publish.speed_targets(folder, folder / "gpu-check.json")
+
+
+def test_speed_targets_say_not_measured_and_name_the_command_without_files(tmp_path: Path) -> None:
+    table = speed(tmp_path)
+    for key, row in (("startup-cpu", STARTUP_CPU), ("startup-gpu", STARTUP_GPU), ("lowrank-cpu", LOWRANK_CPU),
+                     ("lowrank-gpu", LOWRANK_GPU), ("ml1m-t2", EPOCH_DPSGD), ("ml1m-t2", EPOCH_NONE), ("gpu", GAUSSIAN_GPU)):
+        assert verdict(table, row) == "not measured", row
+        assert publish.SPEED_COMMANDS[key] in next(line for line in table.splitlines() if line.startswith(row))
+
+
+def test_speed_target_verdicts_follow_the_json_files(tmp_path: Path) -> None:
+    met, miss = tmp_path / "met", tmp_path / "miss"
+    met.mkdir(), miss.mkdir()
+    write(met, "startup-cpu-ml100k-sgld.json", startup_json(1.9))      # 1.9 x import torch
+    write(miss, "startup-cpu-ml100k-sgld.json", startup_json(2.1))
+    write(met, "startup-gpu-ml100k-sgld.json", startup_json(4.5, "cuda", machine="Test CPU, GPU NVIDIA H200"))
+    write(miss, "startup-gpu-ml100k-sgld.json", startup_json(5.5, "cuda", machine="Test CPU, GPU NVIDIA H200"))
+    write(met, "lowrank-cpu.json", lowrank_line(0.050, 30.0) + "\n" + lowrank_line(0.014, 7.5) + "\n")  # the last line counts
+    write(miss, "lowrank-cpu.json", lowrank_line(0.014, 7.5) + "\n" + lowrank_line(0.014, 8.5) + "\n")  # step met, total not
+    write(met, "lowrank-gpu.json", lowrank_line(0.0009, 0.9, "cuda", "Test CPU, GPU NVIDIA H200") + "\n")
+    write(miss, "lowrank-gpu.json", lowrank_line(0.0011, 0.9, "cuda", "Test CPU, GPU NVIDIA H200") + "\n")
+    for folder, sparse in ((met, 0.25), (miss, 0.35)):  # dense epoch 3.0 s: 12x vs 8.6x
+        rows = [epoch_row(f"pnbm-{m}-ml1m-{impl}", sparse if impl == "sparse" else 3.0, 0.9, threads=2)
+                for m in ("none", "dpsgd") for impl in ("sparse", "dense")]
+        write(folder, "bench-cpu-ml1m-t2.json", {"machine": "Test CPU, 2 cores", "load_average": [0.1, 0.2], "rows": rows})
+    gaussian = {"overrides": ["data=ml-1m", "device=cuda", "model=pnbm", "mechanism=gaussian_pnbm"], "mechanism": "gaussian_pnbm",
+                "epochs": 3, "test_rmse": 0.9}
+    write(met, "gpu-check.json", gpu_check(mechanisms=[{**gaussian, "seconds_per_epoch": 0.05, "seconds_per_epoch_after_first": 0.025}]))
+    write(miss, "gpu-check.json", gpu_check(mechanisms=[{**gaussian, "seconds_per_epoch": 0.05, "seconds_per_epoch_after_first": 0.035}]))
+    good, bad = speed(met), speed(miss)
+    for row in (STARTUP_CPU, STARTUP_GPU, LOWRANK_CPU, LOWRANK_GPU, EPOCH_DPSGD, EPOCH_NONE, GAUSSIAN_GPU):
+        assert verdict(good, row).startswith("**met**"), row
+        assert verdict(bad, row).startswith("**not met**"), row
+    assert verdict(good, STARTUP_GPU) == "**met**"  # measured on the H200 the target names
+    assert verdict(good, GAUSSIAN_GPU) == "**met**" and "NVIDIA H100 80GB HBM3" in good  # the machine is named
+    assert "= 1.90×" in good and "= 12.0×" in good and "Test CPU, 2 cores" in good
+
+
+def test_speed_targets_refuse_figures_of_another_measurement(tmp_path: Path) -> None:
+    write(tmp_path, "startup-cpu-ml100k-sgld.json", startup_json(1.5, extra=" mechanism.epochs=1"))  # not the target's command
+    write(tmp_path, "startup-gpu-ml100k-sgld.json", startup_json(1.5, "cuda", runs=1))  # no run with warm caches
+    write(tmp_path, "lowrank-cpu.json", lowrank_line(0.001, 1.0, steps=10))
+    write(tmp_path, "lowrank-gpu.json", lowrank_line(0.0005, 0.5, "cuda", "Test CPU, GPU NVIDIA H100 80GB HBM3"))
+    rows = [epoch_row(f"pnbm-dpsgd-ml1m-{impl}", 0.1 if impl == "sparse" else 3.0, 0.9, threads=1) for impl in ("sparse", "dense")]
+    write(tmp_path, "bench-cpu-ml1m-t2.json", {"machine": "Test CPU", "rows": rows})
+    write(tmp_path, "gpu-check.json", gpu_check(dry_run=True))
+    table = speed(tmp_path)
+    for row in (STARTUP_CPU, STARTUP_GPU, LOWRANK_CPU, EPOCH_DPSGD, EPOCH_NONE, GAUSSIAN_GPU):
+        assert verdict(table, row) == "not measured", row
+    assert verdict(table, LOWRANK_GPU) == "**met** (on another GPU than the target's H200)"
+
+
+def test_performance_page_lists_each_speed_command_above_its_block() -> None:
+    text = (ROOT / "docs" / "performance.md").read_text()
+    start = text.index("<!-- speed-targets:start -->")
+    assert "<!-- speed-targets:end -->" in text[start:]
+    for cmd in publish.SPEED_COMMANDS.values():
+        assert cmd in text[:start], cmd
