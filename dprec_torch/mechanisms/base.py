@@ -70,6 +70,9 @@ class MechanismOptimizer(Optimizer):
     mean_release: Any = None
     #: set by :meth:`prepare` (and by :meth:`load_state_dict`: a restored mechanism is prepared)
     prepared = False
+    #: :meth:`report`'s cache: the step count it was computed at, and the report
+    _report_key: tuple[int, bool] | None = None
+    _report: dict[str, Any] | None = None
 
     # ------------------------------------------------------------ model forms
     @classmethod
@@ -224,7 +227,7 @@ class MechanismOptimizer(Optimizer):
         """:meth:`privacy_report` computed once per step count (an epoch's log line and the run's last report share one
         accountant answer), returned as a copy so a caller's additions stay its own."""
         key = (int(self.state["mechanism"]["t"]), self.prepared)
-        if getattr(self, "_report_key", None) != key:
+        if self._report_key != key:
             self._report_key, self._report = key, self.privacy_report()
         return copy.deepcopy(self._report)
 

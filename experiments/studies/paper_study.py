@@ -2,6 +2,7 @@
 
     python experiments/studies/paper_study.py --run      # runs the four scripts/study.py commands below, then splices
     python experiments/studies/paper_study.py            # only splices: reads docs/results/fig{1,2,3}_ml-100k_tuned/
+    python experiments/studies/paper_study.py --fixed fig1 fig2   # redraws the "fixed defaults" column first
 
 All four studies run the PAPER-FAITHFUL mechanisms (``mechanism=dpsgd_paper`` / ``sgld_paper``, conf/study/),
 not the provable defaults ``dpsgd`` / ``sgld``. ``--relabel`` rewrites result folders written before that rename
@@ -254,6 +255,19 @@ def runs_of(dataset: str, figs: list[str] | None) -> dict[str, list[str]]:
     return dict(runs[k] for k in (figs or FIG_KEYS))
 
 
+def run_fixed(keys: list[str]) -> None:
+    """The fixed-defaults sweeps: ``python train.py -m +experiment=<key> hydra/launcher=batched`` (secret noise: no
+    ``noise_seed``), then ``scripts/report.py`` into ``FIXED[key]``."""
+    import subprocess
+    import sys
+
+    for key in keys:
+        sweep = f"outputs/studies/fixed_{key}"
+        subprocess.run([sys.executable, "train.py", "-m", f"+experiment={key}", "hydra/launcher=batched",
+                        f"hydra.sweep.dir={sweep}"], cwd=ROOT, check=True)
+        subprocess.run([sys.executable, "scripts/report.py", sweep, "--out", FIXED[key]], cwd=ROOT, check=True)
+
+
 def run_all(extra: list[str], dataset: str = "ml-100k", figs: list[str] | None = None) -> None:
     """Run every study (each one documented command, plus ``extra`` scripts/study.py overrides) and record its wall time
     in ``docs/results/paper_study_times.json`` (ML-100K at the top level, another dataset under its name)."""
@@ -344,8 +358,12 @@ def main() -> None:
     ap.add_argument("--dataset", default="ml-100k", choices=sorted(DATASETS),
                     help="with --run: the dataset to run (ml-1m: fig1 and fig2 unless --figs says otherwise)")
     ap.add_argument("--figs", nargs="*", choices=FIG_KEYS, default=None, help="with --run: only these studies")
+    ap.add_argument("--fixed", nargs="*", choices=sorted(FIXED), default=None,
+                    help="first redraw these fixed-defaults sweeps (the tables' 'fixed defaults' column, ML-100K u1-u5)")
     ap.add_argument("overrides", nargs="*", help="with --run: extra scripts/study.py overrides, e.g. launcher=joblib n_jobs=2")
     args = ap.parse_args()
+    if args.fixed:
+        run_fixed(args.fixed)
     if args.run:
         run_all(args.overrides, args.dataset, args.figs)
     if args.relabel:

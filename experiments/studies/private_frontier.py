@@ -24,10 +24,10 @@ Protocol (everything below is run by this script; nothing is hand-edited):
    through the runner, and plain ALS; ``references.json``. The DP-ALS bias ladder (``--stage ladder``) and a canary
    audit at eps = 1 of the ML-1M-chosen configurations (``--stage audit``, :mod:`dprec_torch.audit.fitted`).
 
-Test runs pass an explicit noise seed (the fold index) to the predictors' ``seed=``: reproducible, and their epsilon
-holds only while that seed stays secret (it is published here); the tables say so. Every test run is cached in
-``test_runs.json`` under (data, fold, mechanism, relation, eps, item universe, noise seed, configuration), so a stage
-reruns only what changed: a new choice, or a new item universe (then the whole dataset).
+Every run draws its noise from a fresh secret 256-bit key (the predictors' ``seed=None``): no published seed can undo an
+epsilon here, and a rerun redraws the noise. Every run is cached in ``test_runs.json`` (tuning in ``tuning.json``) under
+(data, fold, mechanism, relation, eps, item universe, split protocol, configuration), so a stage reruns only what
+changed: a new choice, a new item universe or a new split protocol.
 
     nice -n 10 python experiments/studies/private_frontier.py --stage test                 # headline runs missing from the cache
     nice -n 10 python experiments/studies/private_frontier.py --stage test --data ml-1m    # one dataset only
@@ -91,10 +91,12 @@ FOLDS_TEXT = {"ml-100k": "u1–u5", "ml-1m": "5 seeded 90/10 folds"}
 LEGACY_UNIVERSE = {"ml-1m": "6040 users x 3706 items", "ml-100k": "943 users x 1682 items"}
 #: the preset's source order: the first that shares no people with the data (dprec_torch/privacy/provenance.py)
 PRESET_SOURCES = ["ml-1m", "ml-100k"]
-SEED_TEXT = ("The test runs used explicit noise seeds (the fold index, passed as the predictors' `seed=`): they are "
-             "reproducible, and their ε holds only while those seeds stay secret; the seeds are published here, so these "
-             "figures measure the mechanisms' accuracy, and a release meant to stay private uses the default secret noise "
-             "(`noise_seed: null`).")
+#: how the folds were drawn: a cached run made under another protocol is not reused
+SPLITS = "per-user keyed splits (a hash of seed, fold, raw user, raw item)"
+SEED_TEXT = ("Every run (tuning and test) drew its noise from its own secret 256-bit key (`noise_seed: null`): no seed "
+             "is published, and a rerun redraws the noise. The ML-1M folds and every validation split are per-user keyed "
+             "(removing one user moves no other rating between train and test); they differ from the position-keyed "
+             "splits of tables drawn before this protocol.")
 
 #: fixed settings per (mechanism, relation); GRID entries override them
 BASE: dict[tuple[str, str], dict[str, Any]] = {
@@ -164,8 +166,8 @@ def ml100k_fold(k: int) -> Fold:
     return load_movielens(name="ml-100k", fold=k).folds[0]
 
 
-def run_one(mech: str, cfg: dict[str, Any], eps: float, fold: Fold, seed: int) -> dict[str, Any]:
-    """Fit ``mech`` with ``cfg`` at ``eps`` on ``fold``'s train side; ``seed`` is the explicit noise seed."""
+def run_one(mech: str, cfg: dict[str, Any], eps: float, fold: Fold, seed: int | None = None) -> dict[str, Any]:
+    """Fit ``mech`` with ``cfg`` at ``eps`` on ``fold``'s train side; ``seed`` None: secret noise (a fresh 256-bit key)."""
     t0 = time.perf_counter()
     model = CLASSES[mech](epsilon=eps, delta=DELTA, seed=seed, **cfg).fit(fold.train)
     fit_s = time.perf_counter() - t0
@@ -265,15 +267,16 @@ def tune(data: str, n_folds: int, grid: dict[str, Any]) -> dict[str, Any]:
                 key = f"{cell}/{eps:g}"
                 rows = []
                 for cfg in configs:
-                    old = [t for t in saved.get(key, {}).get("tried", []) if _same(t["config"], cfg)]
+                    old = [t for t in saved.get(key, {}).get("tried", [])
+                           if _same(t["config"], cfg) and t.get("splits") == SPLITS]
                     if old:
                         rows.append(old[0])
                         continue
                     try:
-                        r = run_one(mech, cfg, eps, fold, seed=0)
+                        r = run_one(mech, cfg, eps, fold)
                     except ConfigError as err:  # a configuration the budget cannot carry is recorded, not fatal
                         r = {"rmse": math.inf, "fit_seconds": 0.0, "error": str(err)}
-                    rows.append({"config": cfg, "universe": universe(fold), **r})
+                    rows.append({"config": cfg, "universe": universe(fold), "splits": SPLITS, "noise": "secret", **r})
                     log.info("tune %s fold %d %s -> val RMSE %.4f (%.1fs)", data, k, key, r["rmse"], r["fit_seconds"])
                 best = min(rows, key=lambda x: _rmse(x["rmse"]))  # ties: the earlier (simpler) entry
                 cells[key] = {
@@ -359,41 +362,25 @@ def transferred(selection: dict[str, Any], data: str, mech: str, rel: str, eps: 
 
 # ------------------------------------------------------------------ test-split runs, cached
 def load_runs() -> dict[str, Any]:
-    """``test_runs.json``; the first time, the per-fold results of the earlier protocol (``ml-1m.json``, ``ml-100k.json``,
-    run with noise seed = fold index on the earlier item universe) seed it."""
-    if RUNS_FILE.exists():
-        return json.loads(RUNS_FILE.read_text())
-    runs: dict[str, Any] = {}
-    for data in DATASETS:
-        path = OUT / f"{data}.json"
-        if not path.exists():
-            continue
-        for row in json.loads(path.read_text())["rows"].values():
-            label = "inf" if str(row["epsilon"]).startswith("inf") else str(row["epsilon"])
-            for k, f in row["folds"].items():
-                uni = f.get("universe", LEGACY_UNIVERSE[data])
-                key = run_key(data, int(k), row["mechanism"], row["relation"], label, uni, int(k), f["config"])
-                runs.setdefault(key, {"data": data, "fold": int(k), "mechanism": row["mechanism"], "relation": row["relation"],
-                                      "epsilon": label, "universe": uni, "noise_seed": int(k),
-                                      **{n: v for n, v in f.items() if n != "universe"}})
-    return runs
+    """``test_runs.json`` (empty the first time)."""
+    return json.loads(RUNS_FILE.read_text()) if RUNS_FILE.exists() else {}
 
 
-def run_key(data: str, k: int, mech: str, rel: str, label: str, uni: str, seed: int, cfg: dict[str, Any]) -> str:
-    return f"{data}|fold {k}|{mech}/{rel}|eps {label}|{uni}|noise seed {seed}|config {digest(cfg)[:16]}"
+def run_key(data: str, k: int, mech: str, rel: str, label: str, uni: str, cfg: dict[str, Any]) -> str:
+    return f"{data}|fold {k}|{mech}/{rel}|eps {label}|{uni}|{SPLITS}|secret noise|config {digest(cfg)[:16]}"
 
 
 def cached_run(runs: dict[str, Any], data: str, k: int, fold: Fold, mech: str, rel: str, eps: float,
                cfg: dict[str, Any], run: bool = True) -> dict[str, Any] | None:
-    """The test run of ``cfg`` on ``data`` fold ``k`` at ``eps`` (noise seed = k), from the cache or, if ``run``, run
+    """The test run of ``cfg`` on ``data`` fold ``k`` at ``eps`` (secret noise), from the cache or, if ``run``, run
     now (else None)."""
     label, uni = ("inf" if math.isinf(eps) else f"{eps:g}"), universe(fold)
-    key = run_key(data, k, mech, rel, label, uni, k, cfg)
+    key = run_key(data, k, mech, rel, label, uni, cfg)
     if key not in runs:
         if not run:
             return None
         runs[key] = {"data": data, "fold": k, "mechanism": mech, "relation": rel, "epsilon": label, "universe": uni,
-                     "noise_seed": k, "config": cfg, **run_one(mech, cfg, eps, fold, seed=k)}
+                     "splits": SPLITS, "noise": "secret", "config": cfg, **run_one(mech, cfg, eps, fold)}
         log.info("%s fold %d %s/%s eps=%s -> %.4f (%.1fs)", data, k, mech, rel, label, runs[key]["rmse"], runs[key]["fit_seconds"])
         atomic_write_json(RUNS_FILE, runs)
     return runs[key]
@@ -416,7 +403,7 @@ def _test_grid(data: str) -> list[tuple[str, float, float]]:
 
 def _fold_record(r: dict[str, Any]) -> dict[str, Any]:
     return {n: r[n] for n in ("config", "rmse", "fit_seconds", "epsilon_reported", "epsilon_exact", "epsilon_rdp_crosscheck",
-                              "universe", "noise_seed") if n in r}
+                              "universe", "splits", "noise") if n in r}
 
 
 # ------------------------------------------------------------------ stage 3: the headline, end to end
@@ -442,7 +429,7 @@ def test(selection: dict[str, Any], data: str, n_folds: int, runs: dict[str, Any
     rows = {key: row for key, row in rows.items() if len(row["folds"]) == n_folds}
     _summarise(rows)
     out = json.loads(E2E_FILE.read_text()) if E2E_FILE.exists() else {}
-    out.update({"delta": DELTA, "grid_sha256": selection["grid_sha256"], "noise_seeds": "explicit: the fold index (reproducible)"})
+    out.update({"delta": DELTA, "grid_sha256": selection["grid_sha256"], "noise": "secret 256-bit key per run", "splits": SPLITS})
     out[data] = {"chosen_on": source, "universe": sorted(unis), "rows": rows}
     atomic_write_json(E2E_FILE, out)
     return out[data]
@@ -496,7 +483,7 @@ def references(data: str, n_folds: int) -> dict[str, Any]:
             plain = dict(relation="user", dim=10, iterations=5, reg=5.0, item_reg=50.0, noise_reg=0.0, max_ratings_per_user=None,
                          clip_factor=math.inf, clamp_r=math.inf, power_iters=1, init_fraction=0.1)
             fold = loader(k)
-            cell.setdefault("als", {})[str(k)] = run_one("dpals", plain, math.inf, fold, seed=k)["rmse"]
+            cell.setdefault("als", {})[str(k)] = run_one("dpals", plain, math.inf, fold)["rmse"]
             out.setdefault("universe", {})[data] = universe(fold)
         atomic_write_json(path, out)
     return out
@@ -525,7 +512,7 @@ def dpals_ladder(selection: dict[str, Any]) -> dict[str, Any]:
         row: dict[str, Any] = {"step": label, "config": dict(cfg)}
         for eps in (math.inf, 10.0):
             try:
-                row[f"{eps:g}"] = run_one("dpals", cfg, eps, fold, seed=1)["rmse"]
+                row[f"{eps:g}"] = run_one("dpals", cfg, eps, fold)["rmse"]
             except ConfigError as err:  # no finite sensitivity: no private run
                 row[f"{eps:g}"], row["error"] = None, str(err)
         rows.append(row)
@@ -789,7 +776,7 @@ NOTES = [
     "tune stage on both datasets.",
     "- **Public item features** (`item_features=true`, `dprec_torch/data/item_features.py`): MovieLens's own catalogue "
     "metadata (genres and release decade from `movies.dat` / `u.item`). No rating enters it, so it is public and costs no "
-    "privacy; the releases (r~, g, G~) are bit-identical with and without it (`tests/test_item_features.py`). Each user "
+    "privacy; the releases (r~, g, G~) are bit-identical with and without it (`tests/data/test_item_features.py`). Each user "
     "fits their own weights on those features from their own ratings (joint DP, never released), and the learned "
     "similarity then reads what those weights leave.",
     "- Item means dominate at low ε: compare the chosen configuration with `estimator=none` in the selection tables "

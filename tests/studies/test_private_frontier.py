@@ -1,4 +1,4 @@
-"""experiments/studies/private_frontier.py and its presets (issues 17, 24 item 2, 25 item 3).
+"""experiments/studies/private_frontier.py and its presets.
 
 The headline's configurations are chosen on the OTHER dataset's validation folds from a frozen grid; no choice reads
 the tested people's validation or test numbers; the presets pick a configuration per typed epsilon and their runs
@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 from dprec_torch.errors import ConfigError
 from dprec_torch.privacy.provenance import hyperparameter_provenance, pick_epsilon, preset_choice
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONF = str(ROOT / "conf")
 
 
@@ -48,7 +48,7 @@ def _fake_study(tmp_path, monkeypatch, pf, rmse):
     monkeypatch.setattr(pf, "validation_fold", lambda fold, frac, seed: ("val",) + fold)
     monkeypatch.setattr(pf, "universe", lambda fold: "fake universe")
 
-    def run_one(mech, cfg, eps, fold, seed):
+    def run_one(mech, cfg, eps, fold, seed=None):
         calls.append((fold, cfg.get("estimator"), eps, seed))
         return {"rmse": rmse(cfg, fold, eps), "fit_seconds": 0.0}
 
@@ -78,6 +78,7 @@ def test_each_dataset_is_tested_with_the_other_datasets_choice_and_never_reads_a
     pf = _study()
     calls, grid, tuning = _tuned(tmp_path, monkeypatch, pf, _prefers({"ml-1m": "knn", "ml-100k": "none"}))
     assert {c[0][0] for c in calls} == {"val"}  # tuning ran on validation splits only
+    assert {c[3] for c in calls} == {None}  # secret noise: no run is given a seed
     sel = pf.write_selection(tuning, grid)
     assert sel["grid_sha256"] == grid["sha256"] and json.loads(pf.SELECTION_FILE.read_text()) == json.loads(json.dumps(sel))
     assert sel["sources"]["ml-1m"]["noisy_gram/user/1"]["chosen"]["estimator"] == "knn"
@@ -88,11 +89,15 @@ def test_each_dataset_is_tested_with_the_other_datasets_choice_and_never_reads_a
         row = res[data]["rows"]["noisy_gram/user/1"]
         assert row["chosen_on"] != data and row["config"]["estimator"] == other
         assert {f["config"]["estimator"] for f in row["folds"].values()} == {other}
-        assert {f["noise_seed"] for f in row["folds"].values()} == {1, 2}  # explicit: the fold index
+        assert {f["noise"] for f in row["folds"].values()} == {"secret"}  # a fresh 256-bit key per run, none published
+        assert {f["splits"] for f in row["folds"].values()} == {pf.SPLITS}
     calls.clear()
     for d in ("ml-1m", "ml-100k"):
         pf.test(pf.load_selection(tuning, grid), d, 2, pf.load_runs())
-    assert calls == []  # every test run is cached under (data, fold, mechanism, relation, eps, universe, seed, config)
+    assert calls == []  # every test run is cached under (data, fold, mechanism, relation, eps, universe, splits, config)
+    monkeypatch.setattr(pf, "SPLITS", "another split protocol")
+    pf.test(pf.load_selection(tuning, grid), "ml-1m", 2, pf.load_runs())
+    assert calls and {c[0][0] for c in calls} == {"ml-1m"}  # a run made on other splits is not reused
 
 
 def test_changing_the_target_datasets_validation_or_test_numbers_does_not_move_its_choice(tmp_path, monkeypatch):
@@ -157,7 +162,7 @@ def test_the_frozen_grid_refuses_a_grid_changed_after_selection(tmp_path, monkey
         pf.load_selection(tuning, grid)
 
 
-# ------------------------------------------------------------------ presets (issue 25, 3) and provenance (issue 24, 2)
+# ---------------------------------------------------------------------------------------------- presets and provenance
 def _compose(*overrides):
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
         return compose("config", overrides=list(overrides))
