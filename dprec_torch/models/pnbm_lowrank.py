@@ -380,18 +380,23 @@ class LowRankPNBM(BindsHistory, BaseModel):
         """(b_u [N], p_u [N, d], n_u^(-1/2) [N], sorted keys u M + j of the history, y in that order, the feature
         weights w_u [N, F] or None) for the current U and r_bar, cached per version of both."""
         assert self.history is not None
-        key = (self.U._version, self.U.data_ptr(), self.item_means._version, self.item_means.data_ptr(), self.U.device)
+        means_key = (self.item_means._version, self.item_means.data_ptr(), self.U.device)
+        key = (self.U._version, self.U.data_ptr(), *means_key)
         hit = self._predict_cache.get("users")
         if hit is not None and hit[0] == key:
             return hit[1]
         h = self.history.to(self.U.device)
-        ut = self._source_terms(h)
-        y, wf, _ = self._feature_part(ut, h.users, h.items)
-        b, w = ut.b, ut.w
+        fixed = self._predict_cache.get("fixed")  # U-free terms: computed once per item-means release
+        if fixed is None or fixed[0] != means_key:
+            ut = self._source_terms(h)
+            y, wf, _ = self._feature_part(ut, h.users, h.items)
+            keys = h.users * self.n_items + h.items
+            order = torch.argsort(keys)
+            fixed = (means_key, (ut.b, ut.w, keys[order], y[order], wf, y))
+            self._predict_cache["fixed"] = fixed
+        b, w, keys_sorted, y_sorted, wf, y = fixed[1]
         p, _ = user_aggregates(h.users, h.items, y, self.U.detach(), h.n_users)
-        keys = h.users * self.n_items + h.items
-        order = torch.argsort(keys)
-        out = (b, p, w, keys[order], y[order], wf)
+        out = (b, p, w, keys_sorted, y_sorted, wf)
         self._predict_cache["users"] = (key, out)
         return out
 
