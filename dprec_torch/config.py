@@ -3,7 +3,9 @@ read (:func:`check_config`, called by ``training.run.validate`` and :mod:`dprec_
 
 * every key of the ``data``, ``model`` and ``mechanism`` nodes is a declared parameter of the node's ``_target_``, a key
   the runner reads itself (:data:`NODE_RUNNER_KEYS`) or a Hydra key, so ``mechanism.lerning_rate=0.1`` is an error;
-* every required parameter of a target is present, and every number lies in its domain (:mod:`dprec_torch.config_domains`).
+* every required parameter of a target is present, and every number lies in its domain (:mod:`dprec_torch.config_domains`);
+* a mechanism node is checked against the class that trains the model (:func:`form_node`, :mod:`dprec_torch.forms`): a
+  key only the key's own class reads is dropped, or refused when typed on the command line.
 
 Each problem raises :class:`~dprec_torch.errors.ConfigError` with one line naming the key, the value and the valid
 range. The relation rules are in :mod:`dprec_torch.privacy.relations`.
@@ -11,6 +13,7 @@ range. The relation rules are in :mod:`dprec_torch.privacy.relations`.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import inspect
 from pathlib import Path
@@ -18,10 +21,10 @@ from typing import Any, Iterator
 
 from hydra.errors import InstantiationException
 from hydra.utils import get_object, instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from dprec_torch import populations  # noqa: F401 (registers ${size_rule:...}, which the model yaml reads)
+from dprec_torch import forms, populations  # noqa: F401 (populations registers ${size_rule:...}, which the model yaml reads)
 from dprec_torch.config_domains import TOP_DOMAINS, Domain, boolean, domain_of
 from dprec_torch.errors import ConfigError, DprecError
 
@@ -88,6 +91,59 @@ def instantiate_node(node: DictConfig, **kwargs: Any) -> Any:
         if isinstance(err.__cause__, DprecError):
             raise err.__cause__ from None
         raise
+
+
+def _retarget(node: DictConfig, target: str, drop: list[str]) -> DictConfig:
+    """A copy of ``node`` naming ``target``, without the keys ``drop``."""
+    out = copy.deepcopy(node)
+    with open_dict(out):
+        for key in drop:
+            del out[key]
+        out._target_ = target
+    return out
+
+
+def resolve_model_node(node: DictConfig, similarity: str | None = None) -> DictConfig:
+    """The model ``node`` as its class reads it: for a PNBM node, a copy whose ``_target_`` is the class its
+    ``similarity`` (or the one given) picks (``model=pnbm model.similarity=lowrank``; :data:`dprec_torch.forms.SIMILARITY_FORMS`),
+    without ``similarity`` and the keys only the other form reads; any other node as it is. ``node`` itself is never
+    changed (the run's config, and so its provenance, keeps what was composed)."""
+    if node.get("_target_") != forms.SIMILARITY_FORMS["full"] or "similarity" not in node:
+        return node
+    similarity = similarity or node.similarity
+    if similarity not in forms.SIMILARITY_FORMS:
+        raise ConfigError(f"model.similarity must be one of {tuple(forms.SIMILARITY_FORMS)}, got '{similarity}'")
+    target = forms.SIMILARITY_FORMS[similarity]
+    other = set().union(*(declared_parameters(p) for p in forms.SIMILARITY_FORMS.values())) - set(declared_parameters(target))
+    return _retarget(node, target, [k for k in node if k in other or k == "similarity"])
+
+
+def typed_keys(kind: str) -> set[str]:
+    """The ``<kind>.<key>`` overrides typed on ``train.py``'s command line (none outside a Hydra run)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    keys = (o.split("=", 1)[0].lstrip("+~") for o in (HydraConfig.get().overrides.task if HydraConfig.initialized() else ()))
+    return {k[len(kind) + 1:] for k in keys if k.startswith(kind + ".")}
+
+
+def form_node(node: DictConfig, model: Any, typed: set[str] = frozenset()) -> DictConfig:
+    """The mechanism ``node`` as the class that trains ``model`` (a model node, instance or class) reads it:
+    ``_target_`` = that class (:func:`dprec_torch.forms.form_path`), without the keys only the key's own class reads;
+    such a key in ``typed`` (typed on the command line) is refused."""
+    target = node.get("_target_")
+    form = target and forms.form_path(target, forms.model_target(model) if isinstance(model, DictConfig) else model)
+    if form == target:
+        return node
+    declared, own = declared_parameters(form), declared_parameters(target)
+    drop = [k for k in node if k in own and k not in declared and k not in NODE_RUNNER_KEYS["mechanism"]]
+    for key in sorted(set(drop) & set(typed))[:1]:
+        raise ConfigError(f"mechanism.{key} is not read by {form.rsplit('.', 1)[-1]}, the class that trains this model "
+                          f"under mechanism={node.get('name', '?')}: remove it")
+    out = _retarget(node, form, drop)
+    if "delta" in declared and "delta" not in out:  # the typed top-level delta, never the form's default
+        with open_dict(out):
+            out.delta = "${delta}"
+    return out
 
 
 def _fail_value(path: str, value: Any, dom: Domain) -> ConfigError:
@@ -177,4 +233,8 @@ def check_config(cfg: DictConfig) -> None:
     for kind in ("data", "model", "mechanism"):
         if kind not in cfg or not isinstance(cfg[kind], DictConfig):
             raise ConfigError(f"the config has no {kind} node: choose {kind}=<name> (see conf/{kind}/)")
-        check_node(kind, cfg[kind])
+    model = resolve_model_node(cfg.model)
+    check_node("data", cfg.data)
+    for similarity in forms.SIMILARITY_FORMS if model is not cfg.model else (None,):  # a PNBM node: each form's keys
+        check_node("model", resolve_model_node(cfg.model, similarity))
+    check_node("mechanism", form_node(cfg.mechanism, model, typed_keys("mechanism")))

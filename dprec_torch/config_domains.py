@@ -222,7 +222,7 @@ TARGET_DOMAINS: dict[str, dict[str, Domain]] = {
     "dprec_torch.mechanisms.gaussian.GaussianDPSGD": {"delta": _GAUSSIAN_DELTA},
     "dprec_torch.mechanisms.gaussian.GaussianPNBM": {"delta": _GAUSSIAN_DELTA},
     "dprec_torch.mechanisms.sgld.ScaledPosteriorSGLD": {"max_user_ratings": integer(
-        1, null=True, note="tau bounds B in the posterior-sampling form; null = no cap, for the clipped chain (bounded by C)")},
+        1, null=True, note="tau bounds B in the posterior-sampling chain, which refuses null (no cap)")},
     "dprec_torch.predictors.dpals.DPALS": {"reg": number("(0, inf)"), "init_scale": number("(0, inf)"), "delta": _GAUSSIAN_DELTA},
     "dprec_torch.predictors.noisy_gram.NoisyGram": {"delta": _GAUSSIAN_DELTA,
                                                     "support": integer(2, null=True, note="null = all items")},

@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "dprec_torch"
 
 LAYERS: list[set[str]] = [
-    {"errors", "chacha", "populations", "config_domains"},
+    {"errors", "chacha", "populations", "config_domains", "forms"},
     {"io", "seeding", "device", "config", "sweep_cache", "startup"},
     {"data"},
     {"interfaces"},

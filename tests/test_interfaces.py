@@ -25,6 +25,7 @@ from dprec_torch.mechanisms.dpsgd import is_pnbm
 from dprec_torch.models.base import BaseModel
 from dprec_torch.models.mf import MF
 from dprec_torch.models.pnbm import PNBM
+from dprec_torch.models.pnbm_lowrank import LowRankPNBM
 from dprec_torch.models.pnbm_topk import PNBMTopK
 from dprec_torch.predictors.knn import ItemKNN
 from dprec_torch.predictors.slope_one import SlopeOne
@@ -40,7 +41,7 @@ def _overrides(model, name: str) -> bool:
 
 def test_models_are_trainable_and_override_the_base_model_defaults():
     pnbm, topk, mf = PNBM(12), PNBMTopK(12, sparse_k=3, support="random"), MF(5, 12)
-    lowrank = PNBM(12, similarity="lowrank")
+    lowrank = LowRankPNBM(12)
     for m in (pnbm, topk, mf, lowrank):
         assert isinstance(m, I.TrainableModel) and isinstance(m, BaseModel)
     assert is_pnbm(pnbm) and not any(is_pnbm(m) for m in (topk, mf, lowrank))  # dense S: per-user clipping
@@ -131,7 +132,7 @@ def test_the_seams_are_seen_statically_on_every_python():
     fold = tiny_fold()
     pnbm = PNBM(fold.train.n_items).attach(fold.train)
     ctx = TrainingContext(1, 1, len(fold.train), fold.train.n_users, fold.train.scale, model=pnbm)
-    cases = {I.TrainableModel: [pnbm, PNBMTopK(12, sparse_k=3, support="random"), MF(3, 4), PNBM(4, similarity="lowrank")],
+    cases = {I.TrainableModel: [pnbm, PNBMTopK(12, sparse_k=3, support="random"), MF(3, 4), LowRankPNBM(4)],
              I.FittedPredictor: [ItemKNN(k=5), SlopeOne(T=1)], I.Scorer: [SlopeOne(T=1)],
              I.TrainingMechanism: [MapSGD(pnbm.parameters(), ctx, lr=0.1)]}
     for proto, objs in cases.items():

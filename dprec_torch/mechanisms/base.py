@@ -18,13 +18,12 @@ before any batch is built: the releases that come first (PNBM's DP item means, i
 fallback, kept as ``mean_release``) and the parameters' start (PNBM's S = s0 (1 - I)). A resumed run skips
 ``prepare``: its checkpoint restores the model, and ``load_state_dict`` the release record and the accountant.
 
-One key, one class -- and the one place a key's class hands a model to another. A
-``conf/mechanism/X.yaml`` names its class; no ``conf/tuned/`` file swaps it. Where one mechanism needs another class
-for some models, the key's class says so in :meth:`MechanismOptimizer.form_for` (``mechanism=gaussian`` trains PNBM,
-full and low-rank, by :class:`~dprec_torch.mechanisms.gaussian.GaussianPNBM`; ``mechanism=dpsgd_paper`` trains
-a model that perturbs its residuals, MF, by :class:`~dprec_torch.mechanisms.dpsgd_mf.DPSGDMF`) and
-:meth:`MechanismOptimizer.__new__` builds that class from the same arguments. The key's class declares the form's
-keys too, so the config check reads one signature (as ``PNBM(similarity=...)`` does for the models).
+One key, one class per model family. A ``conf/mechanism/X.yaml`` names its key's class; where the key trains a model
+family by another class (``mechanism=gaussian`` trains PNBM, full and low-rank, by
+:class:`~dprec_torch.mechanisms.gaussian.GaussianPNBM`; ``mechanism=sgld`` the low-rank PNBM by
+:class:`~dprec_torch.mechanisms.clipped_sgld.ClippedSGLD`; ``mechanism=dpsgd_paper`` MF by
+:class:`~dprec_torch.mechanisms.dpsgd_mf.DPSGDMF`), one table says so, :data:`dprec_torch.forms.FORMS`, read by the
+runner, the config check (the form's signature is the one checked) and the privacy rules. No class builds another.
 
 Gradient reduction (``TrainingContext.gradient_reduction``, declared by the model). Under ``sum``
 (PNBM) ``lr`` applies to the summed, clipped, noised gradient G, as in the paper. Under ``mean`` (MF)
@@ -44,7 +43,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch.optim import Optimizer
 
-from dprec_torch.mechanisms.context import TrainingContext, bound_model
+from dprec_torch.mechanisms.context import TrainingContext
 from dprec_torch.privacy.accountants import Accountant
 from dprec_torch.privacy.pnbm_clipping import clip_factors
 from dprec_torch.seeding import SecretGenerator, noise_generator, secret
@@ -73,28 +72,6 @@ class MechanismOptimizer(Optimizer):
     #: :meth:`report`'s cache: the step count it was computed at, and the report
     _report_key: tuple[int, bool] | None = None
     _report: dict[str, Any] | None = None
-
-    # ------------------------------------------------------------ model forms
-    @classmethod
-    def form_for(cls, model: Any) -> type["MechanismOptimizer"]:
-        """The class that trains ``model`` under this class's key: ``cls`` itself, unless the mechanism trains some
-        models by a form of its own (the module docstring; an override returns another class only for its key's own
-        class, never for a subclass built by name). ``model``: the bound model, or its class (the config check,
-        before any model exists), or None (nothing known: ``cls``)."""
-        return cls
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> "MechanismOptimizer":
-        """``cls(params, context, ...)`` builds ``cls.form_for(model)`` (the model: ``model=``, else ``context``'s,
-        :func:`~dprec_torch.mechanisms.context.bound_model`). A form that subclasses ``cls`` is then initialised by
-        Python with the same arguments (it takes every key of ``cls``); any other form is built here."""
-        model = kwargs.get("model")
-        if model is None:
-            context = kwargs.get("context", args[1] if len(args) > 1 else None)
-            model = bound_model(context) if isinstance(context, TrainingContext) else None
-        form = cls.form_for(model) if model is not None else cls
-        if form is cls or issubclass(form, cls):
-            return super().__new__(form)
-        return form(*args, **kwargs)
 
     def __init__(self, params: Iterable[torch.Tensor], defaults: dict[str, Any], seed: int | None = None) -> None:
         super().__init__(params, defaults)

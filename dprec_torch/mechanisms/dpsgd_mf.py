@@ -1,8 +1,8 @@
 """``mechanism=dpsgd_mf``: DPSGD-MF, Berlioz et al. (RecSys 2015) "private SGD" for matrix factorisation.
 
 The baseline of Wang & Tang's Fig. 1. ``conf/mechanism/dpsgd_mf.yaml`` names :class:`DPSGDMF`; ``mechanism=dpsgd_paper
-model=mf`` builds it too, as Alg. 1's MF form (:meth:`dprec_torch.mechanisms.dpsgd_paper.DPSGDLaplace.form_for`, with
-the same numbers in ``conf/tuned/dpsgd_paper_mf.yaml``). The noise goes on each visited rating's prediction error, not
+model=mf`` trains by it too, as Alg. 1's MF form (:data:`dprec_torch.forms.FORMS`, with the same numbers in
+``conf/tuned/dpsgd_paper_mf.yaml``). The noise goes on each visited rating's prediction error, not
 on the gradient:
     e'_ui = clamp(e_ui + Lap(K Delta r / eps), -e_max, e_max),   Delta r = r_max - r_min,
 then G = sum e'_ui d r_hat_ui / d theta, divided by the expected batch size q n (MF's mean

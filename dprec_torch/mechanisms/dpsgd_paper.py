@@ -18,11 +18,9 @@ for the released S. The linear amplification gamma * eps is also looser than the
 exact ln(1 + gamma (e^eps - 1)) for large eps.
 
 DPSGD-MF (Berlioz et al. 2015), the MF baseline of Fig. 1, is its own class, this key's MF form:
-``mechanism=dpsgd_paper model=mf`` builds :class:`dprec_torch.mechanisms.dpsgd_mf.DPSGDMF`. :meth:`DPSGDLaplace.form_for`
-is the one place that decides it (a model that declares ``dpsgd_perturb_residuals``), and ``DPSGDLaplace(...)`` with
-such a model bound builds DPSGDMF from the same arguments (:meth:`~dprec_torch.mechanisms.base.MechanismOptimizer.__new__`).
-DPSGD-MF's numbers are plain values in ``conf/tuned/dpsgd_paper_mf.yaml``; its own keys (``e_max``, ``delta``) are
-declared here and refused by Alg. 1. (``mechanism=dpsgd_mf``, ``conf/mechanism/dpsgd_mf.yaml``, names DPSGDMF directly.)
+``mechanism=dpsgd_paper model=mf`` is trained by :class:`dprec_torch.mechanisms.dpsgd_mf.DPSGDMF` (the table
+:data:`dprec_torch.forms.FORMS` says so). DPSGD-MF's numbers are plain values in ``conf/tuned/dpsgd_paper_mf.yaml``;
+its own keys (``e_max``, ``delta``) are its class's, so Alg. 1 refuses them. (``mechanism=dpsgd_mf``, ``conf/mechanism/dpsgd_mf.yaml``, names DPSGDMF directly.)
 """
 
 from __future__ import annotations
@@ -33,9 +31,9 @@ from typing import Any, Iterable
 import torch
 
 from dprec_torch.errors import ConfigError
-from dprec_torch.mechanisms.base import MechanismOptimizer, add_laplace_noise_
+from dprec_torch.mechanisms.base import add_laplace_noise_
 from dprec_torch.mechanisms.context import TrainingContext
-from dprec_torch.mechanisms.dpsgd_mf import DPSGDMF, perturbs_residuals
+from dprec_torch.mechanisms.dpsgd_mf import perturbs_residuals
 from dprec_torch.mechanisms.sgd import MapSGD
 from dprec_torch.privacy.accountants import PureDPAccountant, amplified_epsilon
 from dprec_torch.privacy.budget import check_epsilon
@@ -57,12 +55,6 @@ class DPSGDLaplace(MapSGD):
     name = "dpsgd"
     relation = "rating"
 
-    @classmethod
-    def form_for(cls, model: Any) -> type[MechanismOptimizer]:
-        """A model that perturbs its residuals (MF; the bound model, or its class at config time) is trained by
-        DPSGD-MF, :class:`~dprec_torch.mechanisms.dpsgd_mf.DPSGDMF`; every other model by Alg. 1 (this class)."""
-        return DPSGDMF if cls is DPSGDLaplace and perturbs_residuals(model) else cls
-
     def __init__(
         self,
         params: Iterable[torch.Tensor],
@@ -73,14 +65,7 @@ class DPSGDLaplace(MapSGD):
         beta: float = 10.0,
         sampling_ratio: float = 1.0,
         seed: int | None = None,
-        e_max: float | None = None,
-        delta: float | None = None,
     ) -> None:
-        """``e_max`` and ``delta`` are DPSGD-MF's keys (:meth:`form_for`): Alg. 1 refuses them."""
-        for key, value in (("e_max", e_max), ("delta", delta)):
-            if value is not None:
-                raise ConfigError(f"mechanism.{key} is a key of DPSGD-MF (mechanism=dpsgd_paper model=mf); Alg. 1 "
-                                  "(this model) does not read it: remove it")
         epsilon = check_epsilon(epsilon, "mechanism")
         if context.entry_bound is None:
             raise ConfigError("mechanism=dpsgd needs a model that bounds its per-example gradient entries")

@@ -25,11 +25,10 @@ given ``noise_multiplier`` instead, the reported epsilon is the accountant's for
 data-independent; model initialisation and the public rating scale are data-independent.
 
 PNBM (``model=pnbm``, and the low-rank ``model=pnbm_lowrank``) is trained by this key's PNBM form,
-:class:`GaussianPNBM` below (user level, per-user clipping of G_u, DP item means in the same accountant):
-:meth:`GaussianDPSGD.form_for` is the one place that decides it, and ``GaussianDPSGD(...)`` with a PNBM bound builds
-that class (:meth:`~dprec_torch.mechanisms.base.MechanismOptimizer.__new__`). :class:`GaussianDPSGD` declares the PNBM
-form's keys (``mean_fraction`` ... ``count_weight``), whose numbers live in ``conf/tuned/gaussian_pnbm.yaml`` and
-``conf/tuned/gaussian_pnbm_lowrank.yaml``; any other model refuses them. ``mechanism=gaussian_pnbm``
+:class:`GaussianPNBM` below (user level, per-user clipping of G_u, DP item means in the same accountant): the table
+:data:`dprec_torch.forms.FORMS` says so. Its keys (``mean_fraction`` ... ``count_weight``) are :class:`GaussianPNBM`'s
+own, with their numbers in ``conf/tuned/gaussian_pnbm.yaml`` and ``conf/tuned/gaussian_pnbm_lowrank.yaml``; any other
+model refuses them (the config check reads the class that trains the model). ``mechanism=gaussian_pnbm``
 (``conf/mechanism/gaussian_pnbm.yaml``) names :class:`GaussianPNBM` directly, with the full form's numbers.
 
 The PNBM form, :class:`GaussianPNBM` (``mechanism=gaussian model=pnbm|pnbm_lowrank``, and by name
@@ -48,7 +47,7 @@ The PNBM form, :class:`GaussianPNBM` (``mechanism=gaussian model=pnbm|pnbm_lowra
 
 Relation: add/remove one user (Poisson over users). Predictions for u also read u's own ratings.
 
-The low-rank form (``model.similarity=lowrank``, S = U U^T, :mod:`dprec_torch.models.pnbm_lowrank`): each sampled
+The low-rank form (``model=pnbm_lowrank``, S = U U^T, :mod:`dprec_torch.models.pnbm_lowrank`): each sampled
 user's whole gradient of U is clipped to Frobenius norm C (the explicit per-user rows), N(0, (sigma C)^2) goes on
 each of the M d entries of U's summed gradient, which is then divided by the expected batch size q N (the model's
 ``gradient_reduction = "mean"``), and U <- U - lr (G~ / (q N) + (weight_decay / N) U). The item means are the Gaussian
@@ -72,8 +71,6 @@ from dprec_torch.mechanisms.base import MechanismOptimizer
 from dprec_torch.mechanisms.context import TrainingContext, bound_model
 from dprec_torch.mechanisms.dpsgd import INITS, is_pnbm
 from dprec_torch.mechanisms.lowrank_pnbm import clip_lowrank, gaussian_mean_multiplier, is_lowrank, release_means
-from dprec_torch.models.pnbm import PNBM
-from dprec_torch.models.pnbm_lowrank import LowRankPNBM
 from dprec_torch.privacy.budget import check_epsilon
 from dprec_torch.privacy.calibration import calibrate_gaussian, gaussian_epsilon
 from dprec_torch.privacy.item_means import ItemMeansSpec, install_item_means, release_item_means
@@ -96,12 +93,6 @@ class GaussianDPSGD(MechanismOptimizer):
     name = "gaussian"
     relation: str | None = None
 
-    @classmethod
-    def form_for(cls, model: Any) -> type[MechanismOptimizer]:
-        """PNBM, full or low-rank (the bound model, or at config time its class), is trained by this key's PNBM form,
-        :class:`GaussianPNBM`; every other model by this class."""
-        return GaussianPNBM if cls is GaussianDPSGD and trains(model) else cls
-
     def __init__(
         self,
         params: Iterable[torch.Tensor],
@@ -116,26 +107,7 @@ class GaussianDPSGD(MechanismOptimizer):
         weight_decay: float = 0.0,
         sampling_ratio: float = 0.01,
         seed: int | None = None,
-        model: Any = None,
-        mean_fraction: float | None = None,
-        mean_global_fraction: float | None = None,
-        mean_shrinkage: float | None = None,
-        init: str | None = None,
-        init_value: float | None = None,
-        mean_prior_std: float | None = None,
-        mean_popularity_alpha: float | None = None,
-        mean_popularity_share: float | None = None,
-        count_weight: float | None = None,
     ) -> None:
-        pnbm_keys = dict(mean_fraction=mean_fraction, mean_global_fraction=mean_global_fraction, mean_shrinkage=mean_shrinkage,
-                         init=init, init_value=init_value, mean_prior_std=mean_prior_std,
-                         mean_popularity_alpha=mean_popularity_alpha, mean_popularity_share=mean_popularity_share,
-                         count_weight=count_weight)
-        given = [k for k, v in pnbm_keys.items() if v is not None]
-        if given:
-            bound = model if model is not None else bound_model(context)
-            raise ConfigError(f"mechanism.{given[0]} is a key of Gaussian DP-SGD's PNBM form (model=pnbm|pnbm_lowrank); "
-                              f"{'this model' if bound is None else type(bound).__name__} does not read it: remove it")
         epsilon, delta, clip_norm = check_epsilon(epsilon, "mechanism"), float(delta), float(clip_norm)
         if unit not in UNITS:
             raise ConfigError(f"mechanism.unit must be one of {UNITS}, got '{unit}'")
@@ -245,10 +217,7 @@ MEAN_RELEASES = 2  # global mean, then the item statistics
 
 
 def trains(model: Any) -> bool:
-    """Whether the PNBM form trains ``model``: PNBM, full (:func:`~dprec_torch.mechanisms.dpsgd.is_pnbm`) or low-rank;
-    ``model`` is a bound model or, at config time, a model class (``PNBM`` builds either form)."""
-    if isinstance(model, type):
-        return issubclass(model, (PNBM, LowRankPNBM))
+    """Whether the PNBM form trains the bound ``model``: PNBM, full (:func:`~dprec_torch.mechanisms.dpsgd.is_pnbm`) or low-rank."""
     return is_pnbm(model) or is_lowrank(model)
 
 

@@ -40,23 +40,8 @@ Two forms (conf/mechanism/):
     for the released model (``epsilon`` null); ``epsilon_for_sample_only`` is what the sample of S
     alone would cost. Releasing the mean of m thinned samples costs m times the per-sample epsilon.
 
-Clipped chain (the low-rank PNBM, ``model.similarity=lowrank``; ``mechanism.clip_norm`` = C set). Alg. 2 line 5 with
-each sampled user's whole gradient of U clipped to Frobenius norm C, the posterior scale a = 2 / N of the mean loss
-(N = the number of user ids, public) in place of eps_s / 4B, H = 1 and a constant step eta = ``lr``:
-
-    U <- U - (a eta / 2) (G / q + lambda U) + z_t = U - eta (G / (q N) + (lambda / N) U) + z_t,   z_t ~ N(0, rho eta),
-    G = sum_{u in the Poisson(q) sample} clip_C(dL_u / dU).
-
-Step by step this is a Poisson-subsampled Gaussian mechanism: G has L2 sensitivity C under add/remove of one user,
-the step moves U by eta G / (q N), and z_t has std sqrt(rho eta), so its noise multiplier is
-sigma = sqrt(rho eta) / (eta C / (q N)). The DP item means (:mod:`dprec_torch.mechanisms.lowrank_pnbm`, one Gaussian
-release, multiplier sigma_m) and the T steps are one history [(sigma_m, 1, 1), (sigma, q, T)] for Opacus's RDP or PRV
-accountant (``accountant``), which gives (eps, delta) with delta = the typed ``delta``: an SGLD whose delta is a number.
-The typed eps calibrates the chain's temperature: sigma is the smallest multiplier whose history meets (eps, delta)
-(:func:`~dprec_torch.privacy.calibration.calibrate_gaussian`) and rho = eta (sigma C / (q N))^2 (``temperature`` is not read).
-At a constant step the chain is therefore Gaussian DP-SGD with step ``lr`` and weight decay lambda / N, and the
-settings validated for one serve the other. The posterior-sampling argument is stated beside the accountant's figure
-and does not apply here: L_u = sum_i (y_ui - f_ui)^2 is unbounded in U, so no B bounds it.
+The low-rank PNBM (``model=pnbm_lowrank``) is trained under ``mechanism=sgld`` by another class, the clipped, accounted
+chain :class:`~dprec_torch.mechanisms.clipped_sgld.ClippedSGLD` (:data:`dprec_torch.forms.FORMS`); this is the posterior chain.
 """
 
 from __future__ import annotations
@@ -70,9 +55,6 @@ from dprec_torch.errors import ConfigError
 from dprec_torch.mechanisms.base import MechanismOptimizer
 from dprec_torch.mechanisms.context import TrainingContext, bound_model
 from dprec_torch.mechanisms.dpsgd import is_pnbm
-from dprec_torch.mechanisms.lowrank_pnbm import clip_lowrank, gaussian_mean_multiplier, is_lowrank, release_means
-from dprec_torch.privacy.calibration import calibrate_gaussian, gaussian_epsilon
-from dprec_torch.privacy.opacus_accounting import ACCOUNTANT_TEXT, ACCOUNTANTS, OpacusAccountant
 from dprec_torch.privacy.budget import check_epsilon
 from dprec_torch.privacy.item_means import ItemMeansSpec, install_item_means, release_item_means
 
@@ -125,13 +107,6 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
         mean_fraction: float = 0.0,
         mean_global_fraction: float = 0.25,
         mean_shrinkage: float = 8.0,
-        clip_norm: float | None = None,
-        delta: float = 1e-6,
-        accountant: str = "rdp",
-        mean_prior_std: float = 0.5,
-        mean_popularity_alpha: float = 0.0,
-        mean_popularity_share: float = 0.1,
-        count_weight: float | None = 0.5,
     ) -> None:
         epsilon = check_epsilon(epsilon, "mechanism")
         if not 0 < temperature <= 1:
@@ -150,14 +125,6 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
         params = list(params)
         super().__init__(params, dict(lr=float(lr), weight_decay=float(weight_decay)), seed=seed)
         model = bound_model(context)
-        self.clipped = clip_norm is not None
-        if self.clipped or is_lowrank(model):  # the accounted chain (module docstring, "Clipped chain")
-            self._init_clipped(model, context, epsilon, float(lr), float(decay), float(sampling_ratio), clip_norm, float(delta),
-                               accountant, float(mean_fraction), prior_kappa, float(prior_mean),
-                               ItemMeansSpec(prior_std=float(mean_prior_std), popularity_alpha=float(mean_popularity_alpha),
-                                             popularity_share=float(mean_popularity_share),
-                                             count_weight=None if count_weight is None else float(count_weight)))
-            return
         self.pnbm = is_pnbm(model)
         if float(prior_mean) != 0.0 and not self.pnbm:
             raise ConfigError("mechanism.prior_mean != 0 centres PNBM's S at s_0 (1 - I); other models need prior_mean=0")
@@ -165,7 +132,7 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
         self.eta1, self.decay, self.rho = float(lr), float(decay), float(temperature)
         if max_user_ratings is None:
             raise ConfigError("mechanism.max_user_ratings=null: the posterior-sampling chain needs the tau cap (B = e_max^2 tau "
-                              "bounds a user's log-likelihood); only the clipped chain (mechanism.clip_norm) needs none")
+                              "bounds a user's log-likelihood)")
         self.sampling_ratio, self.tau = float(sampling_ratio), int(max_user_ratings)
         self.bound_mode, self.prior_mean = likelihood_bound, float(prior_mean)
         span = context.scale.span
@@ -196,13 +163,8 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
     def prepare(self, model: Any) -> None:
         """Before the chain's first step: PNBM's DP item means (Laplace at eps_0, user level) from ``self.generator``
         into the model and its fallback, then the chain's data-independent start (S = s0 (1 - I) for ``init=constant``,
-        else the parameters scaled by ``init_scale``). The clipped chain: the Gaussian item means (one accountant entry)."""
+        else the parameters scaled by ``init_scale``)."""
         super().prepare(model)
-        if self.clipped:
-            if self.releases_item_means:
-                self.mean_release = release_means(model, 1.0 / self.mean_sigma, "gaussian", self.mean_options, self.generator)
-                self.accountant.step(self.mean_sigma, 1.0)
-            return
         if self.releases_item_means:
             if model.history is None:
                 raise ConfigError("mechanism=sgld needs the PNBM attached to its training data before the mechanism")
@@ -218,49 +180,6 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
                 else:
                     p.mul_(self.init_scale)
 
-    def _init_clipped(self, model: Any, context: TrainingContext, epsilon: float, eta: float, decay: float, q: float,
-                      clip_norm: float | None, delta: float, accountant: str, mean_fraction: float, prior_kappa: float | None,
-                      prior_mean: float, options: ItemMeansSpec) -> None:
-        """The clipped chain on the low-rank PNBM: calibrate the temperature rho to (eps, delta) and release the means."""
-        if not is_lowrank(model):
-            raise ConfigError("mechanism.clip_norm (the accounted, clipped SGLD chain) is implemented for the low-rank PNBM "
-                              "(model.similarity=lowrank); the full M x M form keeps the posterior-sampling chain, "
-                              "whose epsilon is null: set mechanism.clip_norm=null")
-        if clip_norm is None:
-            raise ConfigError("mechanism=sgld on the low-rank PNBM (the default model) is the accounted chain: set "
-                              "mechanism.clip_norm (C, the per-user Frobenius clip of dL_u/dU); the paper's chain on the full "
-                              "M x M S (mechanism=sgld_paper, or sgld with the posterior-sampling form) needs model=pnbm")
-        if not (float(clip_norm) > 0 and math.isfinite(float(clip_norm))):
-            raise ConfigError(f"mechanism.clip_norm (C) must be a finite number > 0, got {clip_norm}")
-        if decay != 0:
-            raise ConfigError(f"mechanism.decay={decay}: the clipped chain takes a constant step (one noise multiplier for "
-                              "every step, so the accountant composes one Gaussian mechanism T times): set mechanism.decay=0")
-        if prior_kappa is not None or prior_mean != 0:
-            raise ConfigError("mechanism.prior_kappa / prior_mean belong to the posterior-sampling form; the clipped chain's "
-                              "prior is N(0, 1/lambda) with lambda = mechanism.weight_decay: set prior_kappa=null, prior_mean=0")
-        if not 0 < q <= 1:
-            raise ConfigError(f"mechanism.sampling_ratio (q) must be in (0, 1], got {q}")
-        if accountant not in ACCOUNTANTS:
-            raise ConfigError(f"mechanism.accountant must be one of {ACCOUNTANTS}, got '{accountant}'")
-        private = math.isfinite(epsilon)
-        if private and not 0 < delta < 1:
-            raise ConfigError(f"mechanism=sgld (clipped chain) needs delta in (0, 1), got {delta}")
-        self.context, self.epsilon, self.delta = context, epsilon, delta
-        self.eta1, self.decay, self.sampling_ratio, self.clip_norm = eta, 0.0, q, float(clip_norm)
-        self.accountant_name, self.mean_options = accountant, options
-        self.mean_fraction = mean_fraction
-        self.mean_sigma, self.noise_multiplier = 0.0, 0.0
-        if private:
-            self.mean_sigma = gaussian_mean_multiplier(epsilon, delta, mean_fraction, accountant)
-            self.noise_multiplier = calibrate_gaussian(epsilon, delta, q, int(context.total_steps), accountant,
-                                              prior=[(self.mean_sigma, 1.0, 1)]).sigma
-        # rho from sigma: the step's noise std sqrt(rho eta) against its sensitivity eta C / (q N)
-        self.rho = eta * (self.noise_multiplier * self.clip_norm / context.grad_divisor) ** 2
-        self.accountant = OpacusAccountant(accountant)
-        self.mean_release = None
-        self.releases_item_means = private  # by prepare(): one Gaussian release, (sigma_m, q = 1, 1 step)
-        self.state["mechanism"].update(clipped_fraction=0.0, max_clipped_norm=0.0)
-
     # ------------------------------------------------------------------ pieces
     @property
     def posterior_scale(self) -> float:
@@ -271,8 +190,6 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
         """eta_t = eta_1 t^(-xi) / N_eta, N_eta = #training ratings when the model declares ``gradient_reduction =
         "mean"`` (MF: ``lr`` is then a step on the MEAN posterior gradient, so the same ``lr`` suits any dataset size;
         drift and noise N(0, rho eta_t) share eta_t, so the target posterior is unchanged), else 1 (PNBM, the paper)."""
-        if self.clipped:
-            return self.eta1
         t = self.t if t is None else t
         n = self.context.n_ratings if self.context.gradient_reduction == "mean" else 1
         return self.eta1 * t ** (-self.decay) / n
@@ -282,38 +199,15 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
         return math.sqrt(self.rho * self.step_size(t))
 
     def clip_residuals(self, residuals: torch.Tensor, batch: Any = None, model: Any = None) -> torch.Tensor:
-        """No clipping (B bounds the log-likelihood). The clipped chain: each sampled user's whole gradient of U
-        clipped to Frobenius norm C."""
-        if self.clipped:
-            if batch is None or model is None or batch.n_targets != batch.ind.values().numel():
-                raise ConfigError("mechanism=sgld (clipped chain) needs user-level batches and the model to clip per user")
-            return clip_lowrank(self, residuals, batch, model)
+        """No clipping (B bounds the log-likelihood)."""
         return residuals
 
     def elementwise_residual_clip(self) -> float | None:
-        """The posterior-sampling form does not clip (inf); the clipped chain clips per user (None)."""
-        plain = type(self).clip_residuals is ScaledPosteriorSGLD.clip_residuals and not self.clipped
-        return math.inf if plain else None
-
-    def add_noise(self) -> None:
-        """The clipped chain only: N(0, (sigma C)^2) on every entry of the clipped sum G, i.e. after the step's scaling
-        eta / (q N), the chain's own z_t ~ N(0, rho eta) on U (the posterior-sampling form draws z_t in ``apply_update``)."""
-        if not self.clipped:
-            return
-        self.state["mechanism"]["noise_scale"] = math.sqrt(self.rho * self.eta1)
-        self.add_gaussian_noise_(self.noise_multiplier * self.clip_norm)
-
-    def account(self) -> None:
-        """The clipped chain: record the step (sigma, q) in the Opacus accountant."""
-        if self.clipped and self.noise_multiplier > 0:
-            self.accountant.step(self.noise_multiplier, self.sampling_ratio)
+        """The posterior-sampling chain does not clip (inf)."""
+        return math.inf if type(self).clip_residuals is ScaledPosteriorSGLD.clip_residuals else None
 
     def scale_grad(self) -> None:
-        """L g_bar = (1/gamma) sum over the batch (unbiased for the full-data gradient sum). The clipped chain divides by
-        q N instead (the posterior scale a = 2 / N of the mean loss, module docstring)."""
-        if self.clipped:
-            MechanismOptimizer.scale_grad(self)
-            return
+        """L g_bar = (1/gamma) sum over the batch (unbiased for the full-data gradient sum)."""
         if self.sampling_ratio < 1:
             for group in self.param_groups:
                 for p in group["params"]:
@@ -321,11 +215,7 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
                         p.grad.div_(self.sampling_ratio)
 
     def apply_update(self) -> None:
-        """Alg. 2 line 5 (prior centred at ``prior_mean`` off the diagonal; PNBM's diagonal is projected to 0). The
-        clipped chain: U <- U - eta (G~ / (q N) + (lambda / N) U), its noise already in G~ (``add_noise``)."""
-        if self.clipped:
-            MechanismOptimizer.apply_update(self)
-            return
+        """Alg. 2 line 5 (prior centred at ``prior_mean`` off the diagonal; PNBM's diagonal is projected to 0)."""
         eta, lam = self.step_size(), self.param_groups[0]["weight_decay"]
         std = self.noise_std()
         self.state["mechanism"]["noise_scale"] = std
@@ -357,19 +247,8 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
 
     def epsilon_spent(self) -> float:
         """inf: no epsilon is defended while the chain's delta is not established (``delivered_epsilon`` is what
-        an exact sample would cost). The clipped chain: the accountant's epsilon at ``delta`` for the steps so far."""
-        if self.clipped:
-            if self.noise_multiplier <= 0:
-                return math.inf
-            return gaussian_epsilon(self.accountant.history, self.delta, self.accountant_name)
+        an exact sample would cost)."""
         return math.inf
-
-    def planned_epsilon(self) -> float:
-        """The clipped chain: the accountant's epsilon after the item means and all T = context.total_steps steps."""
-        if not (self.clipped and self.noise_multiplier > 0):
-            return math.inf
-        return gaussian_epsilon(((self.mean_sigma, 1.0, 1), (self.noise_multiplier, self.sampling_ratio, self.context.total_steps)),
-                                self.delta, self.accountant_name)
 
     def releases_exact_statistics(self) -> bool:
         """True when the model also releases non-private training statistics (PNBM's exact item means)."""
@@ -377,8 +256,6 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
         return model is not None and model.centres_on_item_means and self.mean_release is None
 
     def privacy_report(self) -> dict[str, Any]:
-        if self.clipped:
-            return self._clipped_report()
         k = self.context.total_steps
         sample = self.sample_epsilon_delivered()
         eps_sample = sample  # one sample is released (the last state of the chain)
@@ -439,61 +316,5 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
                 "log-likelihood is bounded by B; " + " ".join(notes)
                 + (f" An exact sample would give epsilon = {eps_exact:.4g} (user level); the chain's delta is not "
                    "established, so NO epsilon is defended for the released model." if eps_exact is not None else "")
-            ),
-        }
-
-    def _clipped_report(self) -> dict[str, Any]:
-        """The clipped chain's report: (eps, delta) from the Opacus accountant, named; the posterior-sampling argument
-        as a second, labelled statement (it does not apply here)."""
-        k, q, c = self.context.total_steps, self.sampling_ratio, self.clip_norm
-        n = self.context.grad_divisor / q if q > 0 else float("nan")
-        step_noise = math.sqrt(self.rho * self.eta1)
-        posterior = ("does not apply: a user's log-likelihood L_u = sum_i (y_ui - f_ui)^2 is unbounded in U (f_ui = "
-                     "u_i . p_u), so no B bounds it and an exact sample of the scaled posterior has no epsilon")
-        if not math.isfinite(self.epsilon):
-            return {"mechanism": "sgld, clipped chain on the low-rank PNBM at epsilon=inf (clipping only, no noise)",
-                    "relation": None, "epsilon": math.inf, "delta": 0.0, "clip_norm": c, "steps": k, "sampling_ratio": q,
-                    "analysis": "no noise: not private"}
-        eps = self.planned_epsilon()
-        acc_text = ACCOUNTANT_TEXT[self.accountant_name]
-        return {
-            "mechanism": ("sgld, clipped chain on the low-rank PNBM S = U U^T (Wang & Tang Alg. 2 with each user's gradient "
-                          "clipped to C, accounted step by step as a Poisson-subsampled Gaussian mechanism)"),
-            "relation": "user",
-            "guarantee": "(eps, delta)-DP for add/remove of one user's whole profile",
-            "neighbouring": "add/remove one user's whole profile",
-            "sensitivity": {"clip_norm": c, "norm": "L2 (Frobenius of dL_u/dU)",
-                            "of": "the sum of the sampled users' clipped gradients; one step moves U by at most eta C / (q N)"},
-            "noise": {"distribution": "Gaussian", "chain_noise": "z_t ~ N(0, rho eta) on each of the M d entries of U",
-                      "temperature_rho": self.rho, "eta": self.eta1, "step_noise_std": step_noise,
-                      "noise_multiplier": self.noise_multiplier,
-                      "relation": "sigma = sqrt(rho eta) / (eta C / (q N)): the step's noise std over its sensitivity"},
-            "step": (f"U <- U - eta (G~ / (q N) + (lambda / N) U), eta = {self.eta1:g}, lambda = "
-                     f"{self.param_groups[0]['weight_decay']:g}, N = {n:g} user ids (public), G~ = the clipped sum + noise: "
-                     "Alg. 2 line 5 with the posterior scale a = 2 / N (the mean loss) in place of eps / 4B"),
-            "steps": k,
-            "steps_taken": max(0, self.accountant.steps - 1),
-            "sampling_ratio": q,
-            "sampling": "Poisson over users",
-            "epsilon_nominal": self.epsilon,
-            "epsilon": eps,
-            "epsilon_spent": self.epsilon_spent(),
-            "delta": self.delta,
-            "accountant": (f"Opacus {acc_text} over the item-mean release (noise multiplier {self.mean_sigma:.4g}, q = 1, "
-                           f"1 step) and {k} chain steps (noise multiplier {self.noise_multiplier:.4g}, q = {q:g})"),
-            "accountant_history": [[self.mean_sigma, 1.0, 1], [self.noise_multiplier, q, k]],
-            "accountant_name": self.accountant_name,
-            "calibration": ("the typed epsilon sets the temperature rho: sigma is the smallest noise multiplier whose "
-                            "history meets (epsilon, delta) (privacy/calibration.calibrate_gaussian), rho = eta (sigma C / (q N))^2"),
-            "item_means": self.mean_release.report() if self.mean_release else None,
-            "posterior_sampling": posterior,
-            "epsilon_if_exact_sample": None,
-            "analysis": (
-                f"Each step releases the sum of the sampled users' gradients of U clipped to Frobenius norm C={c:g} plus "
-                f"N(0, (sigma C)^2), sigma={self.noise_multiplier:.4g}, scaled by eta / (q N): the chain's own N(0, rho eta) "
-                f"noise at temperature rho={self.rho:.4g}. Poisson rate q={q:g}; the item means and {k} steps compose by "
-                f"Opacus's {self.accountant_name.upper()} accountant to eps={eps:.4g} at delta={self.delta:g} (user level). "
-                f"Posterior-sampling argument (Wang et al. 2015): {posterior}. b_u and p_u are computed by each user from "
-                "the released U and r_bar and their own ratings (joint DP)."
             ),
         }

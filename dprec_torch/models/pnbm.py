@@ -1,7 +1,7 @@
 """Probabilistic neighbourhood-based model (PNBM), Wang & Tang Sec. 2.1.
 
-``model.similarity`` picks the form of S: ``full`` (this module: S is an M x M parameter) or ``lowrank``
-(S = U U^T, :mod:`dprec_torch.models.pnbm_lowrank`; ``PNBM(similarity="lowrank", ...)`` builds it).
+S is an M x M parameter here; the low-rank S = U U^T is :mod:`dprec_torch.models.pnbm_lowrank` (``model=pnbm_lowrank``,
+or ``model=pnbm model.similarity=lowrank``, which :func:`dprec_torch.config.resolve_model_node` maps to it).
 
 Eq. (2):  r_hat_ui = r_bar_i + sum_{j != i} s_ij (r_uj - r_bar_j) I_uj / max(C, sum_{j != i} |s_ij| I_uj)
 
@@ -126,34 +126,7 @@ def cached_denominator_mask(batch: UserBatch, S: torch.Tensor, floor_c: float) -
     return hit[2] if same else None
 
 
-SIMILARITIES = ("full", "lowrank")
-
-
-class _SimilarityForm:
-    """``PNBM(similarity="lowrank", ...)`` builds :class:`~dprec_torch.models.pnbm_lowrank.LowRankPNBM` (S = U U^T),
-    the hook behind ``model.similarity``; ``full`` builds this class. (A base class, so that the signature the config
-    check reads stays ``PNBM.__init__``'s.)"""
-
-    def __new__(cls, *args, **kwargs):
-        similarity = kwargs.get("similarity", "full")
-        if similarity not in SIMILARITIES:
-            raise ConfigError(f"model.similarity must be one of {SIMILARITIES}, got '{similarity}'")
-        if similarity == "lowrank":
-            from dprec_torch.models.pnbm_lowrank import LowRankPNBM
-
-            if len(args) > 1:
-                raise ConfigError("PNBM(similarity='lowrank', ...) takes n_items positionally and the rest by name")
-            given = {"n_items": args[0]} if args else {}
-            given.update({k: v for k, v in kwargs.items() if k in ("n_items", "seed", "device") + LOWRANK_KEYS})
-            return LowRankPNBM(**given)
-        return super().__new__(cls)
-
-
-#: the model keys the low-rank form reads (the others are the full form's)
-LOWRANK_KEYS = ("rank", "init_std", "clamp_r", "beta_p", "item_features", "feature_reg")
-
-
-class PNBM(BindsHistory, _SimilarityForm, BaseModel):
+class PNBM(BindsHistory, BaseModel):
     """Item-item PNBM holding the similarity matrix ``S`` (M x M).
 
     Args:
@@ -169,11 +142,6 @@ class PNBM(BindsHistory, _SimilarityForm, BaseModel):
             on an accelerator at least ``pair_kernels.ACCELERATOR_MIN_BUDGET`` (:func:`~.pair_kernels.device_budget`).
         dense_max_items: ``auto`` picks ``dense`` on an accelerator up to this M (one number; both sides measured
             on an H200 in docs/performance.md: ML-1M dense, ML-20M-size sparse pairs).
-        similarity: ``full`` (this class, S is M x M) or ``lowrank`` (S = U U^T, built as
-            :class:`~dprec_torch.models.pnbm_lowrank.LowRankPNBM`, which reads ``rank``, ``init_std``, ``clamp_r``,
-            ``beta_p``, ``seed``, ``device`` and none of the full form's other keys).
-        rank, init_std, clamp_r, beta_p, item_features, feature_reg: the low-rank form's d, U_0's entry std, Gamma_r,
-            the user-offset damping and its public item features with their ridge (unused here).
         pair_backend: sparse-pair kernels on the CPU: ``numba`` (fused compiled loops,
             :mod:`dprec_torch.models.pair_numba`), ``torch`` (chunked tensor ops, any device) or
             ``auto`` (numba on the CPU when it imports); same numbers either way.
@@ -198,13 +166,6 @@ class PNBM(BindsHistory, _SimilarityForm, BaseModel):
         dense_max_items: int = 4096,
         pair_backend: str = "auto",
         device: torch.device | str | None = None,
-        similarity: str = "full",
-        rank: int = 8,
-        init_std: float = 0.03,
-        clamp_r: float = 1.0,
-        beta_p: float = 5.0,
-        item_features: bool | str = False,
-        feature_reg: float = 10.0,
     ) -> None:
         super().__init__()
         if gradient not in GRADIENTS:

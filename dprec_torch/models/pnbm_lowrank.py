@@ -166,7 +166,7 @@ class _UserTerms:
 
 
 class LowRankPNBM(BindsHistory, BaseModel):
-    """PNBM whose similarity is S = U U^T (module docstring). Built by ``PNBM(similarity="lowrank", ...)``.
+    """PNBM whose similarity is S = U U^T (module docstring): ``model=pnbm_lowrank``.
 
     Args:
         n_items: M. rank: d (U is M x d). init_std: U_0 ~ N(0, init_std^2) entrywise (seeded by ``seed``,
@@ -178,7 +178,6 @@ class LowRankPNBM(BindsHistory, BaseModel):
 
     task = "rating"
     name = "PNBM"
-    similarity = "lowrank"
     gradient_reduction = "mean"  # mechanisms divide the clipped, noised sum by q N (module docstring)
 
     def __init__(self, n_items: int, rank: int = 8, init_std: float = 0.03, clamp_r: float = 1.0, beta_p: float = 5.0,

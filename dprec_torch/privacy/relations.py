@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 
 from dprec_torch.config import declared_parameters
 from dprec_torch.errors import ConfigError
+from dprec_torch.forms import form_path, model_target
 
 log = logging.getLogger(__name__)
 
@@ -29,18 +30,11 @@ RATING_LEVEL = frozenset({"rating"})
 
 
 def form_target(node: DictConfig, model: DictConfig | None = None) -> str | None:
-    """The qualified class that trains ``model`` under the mechanism ``node``: its ``_target_``, or the form that class's
-    ``form_for`` names for the model's class (``mechanism=dpsgd_paper model=mf``: DPSGD-MF; see
-    :mod:`dprec_torch.mechanisms.base`). Without a model, or for a node whose class has no forms: the ``_target_``."""
+    """The qualified class that trains ``model`` under the mechanism ``node``: the one table,
+    :data:`dprec_torch.forms.FORMS` (``mechanism=dpsgd_paper model=mf``: DPSGD-MF), else its ``_target_``."""
     target = node.get("_target_") if isinstance(node, DictConfig) else None
-    model_target = model.get("_target_") if isinstance(model, DictConfig) else None
-    if not target or not model_target:
-        return target
-    forms = getattr(get_object(target), "form_for", None)  # privacy/ sits below the mechanisms: no isinstance here
-    if forms is None:
-        return target
-    form = forms(get_object(model_target))
-    return f"{form.__module__}.{form.__qualname__}"
+    model = model_target(model) if isinstance(model, DictConfig) else None
+    return form_path(target, model) if target and model else target
 
 
 def node_relation(node: DictConfig, model: DictConfig | None = None) -> str | None:

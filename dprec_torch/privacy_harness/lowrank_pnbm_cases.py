@@ -1,7 +1,7 @@
-"""Sensitivity-harness cases for the low-rank PNBM's mechanisms (``model.similarity=lowrank``).
+"""Sensitivity-harness cases for the low-rank PNBM's mechanisms (``model=pnbm_lowrank``).
 
 The low-rank form is trained by the same mechanism classes as the full form (``gaussian`` = :class:`GaussianPNBM`,
-``sgld`` = :class:`ScaledPosteriorSGLD`'s clipped chain, ``dpsgd`` = :class:`ClippedLaplaceDPSGD`), so its cases
+``sgld`` = the clipped chain :class:`ClippedSGLD`, ``dpsgd`` = :class:`ClippedLaplaceDPSGD`), so its cases
 are ADDED to each class's registered cases (:data:`SENSITIVITY_CASES`, concatenated by the registry). Each release
 runs the model's and the mechanism's own code on the harness's dataset: a :class:`~dprec_torch.models.pnbm_lowrank.LowRankPNBM` whose U and item means
 are public (drawn from the seed and the item count only), one user-level full batch, the Trainer's residuals
@@ -88,10 +88,9 @@ def _make(mechanism: str, model, data: Ratings, clip: float):
 
         opt = GaussianPNBM(model.parameters(), ctx, math.inf, clip_norm=clip, sampling_ratio=1.0, model=model)
     elif mechanism == "sgld":
-        from dprec_torch.mechanisms.sgld import ScaledPosteriorSGLD
+        from dprec_torch.mechanisms.clipped_sgld import ClippedSGLD
 
-        opt = ScaledPosteriorSGLD(model.parameters(), ctx, math.inf, clip_norm=clip, decay=0.0, temperature=1.0,
-                                  sampling_ratio=1.0, prior_correction=False)
+        opt = ClippedSGLD(model.parameters(), ctx, math.inf, clip_norm=clip, sampling_ratio=1.0)
     else:
         from dprec_torch.mechanisms.dpsgd import ClippedLaplaceDPSGD
 
@@ -152,6 +151,6 @@ def dpsgd_cases() -> list[SensitivityCase]:
 #: the full form's cases of the same classes (``sensitivity_cases``, collected first).
 SENSITIVITY_CASES: dict[str, Builder] = {
     "dprec_torch.mechanisms.gaussian.GaussianPNBM": gaussian_cases,
-    "dprec_torch.mechanisms.sgld.ScaledPosteriorSGLD": sgld_cases,
+    "dprec_torch.mechanisms.clipped_sgld.ClippedSGLD": sgld_cases,
     "dprec_torch.mechanisms.dpsgd.ClippedLaplaceDPSGD": dpsgd_cases,
 }

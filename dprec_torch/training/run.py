@@ -22,7 +22,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from dprec_torch.data.custom import check_scale_declared
 from dprec_torch.data.ratings import Fold, RatingDataset
 from dprec_torch.device import claimed_device, set_matmul_precision
-from dprec_torch.config import RUNNER_KEYS, accepted, check_config, declared_parameters, instantiate_node  # noqa: F401 (re-exported)
+from dprec_torch.config import RUNNER_KEYS, accepted, check_config, declared_parameters, form_node, instantiate_node, resolve_model_node  # noqa: F401
+from dprec_torch.forms import mechanism_class as form_class
 from dprec_torch.data.defaults import fill_dataset_defaults
 from dprec_torch.errors import ConfigError
 from dprec_torch.evaluation.cross_validate import score_predictor
@@ -80,8 +81,9 @@ def is_trainable(model_cfg: DictConfig) -> bool:
 
 def build_model(cfg: DictConfig, fold: Fold, device: torch.device | None = None) -> TrainableModel:
     """The model of ``cfg.model`` for ``fold``; a model that takes ``device`` initialises its parameters there."""
-    cls = get_class(cfg.model._target_)
-    model = instantiate_node(cfg.model, **accepted(cls, n_items=fold.train.n_items, n_users=fold.train.n_users, device=device))
+    node = resolve_model_node(cfg.model)
+    cls = get_class(node._target_)
+    model = instantiate_node(node, **accepted(cls, n_items=fold.train.n_items, n_users=fold.train.n_users, device=device))
     if not isinstance(model, TrainableModel):
         raise ConfigError(f"model={cfg.model.get('name', cls.__name__)} is an nn.Module but not a TrainableModel "
                           f"(dprec_torch/interfaces.py: attach, restore, batch_predict, surrogate_loss, ...)")
@@ -104,7 +106,7 @@ def mechanism_class(cfg: DictConfig) -> type:
 def training_mechanism(cfg: DictConfig) -> type[MechanismOptimizer]:
     """The class of ``cfg.mechanism``, which must be a training mechanism (a :class:`MechanismOptimizer`,
     the base that declares every :class:`~dprec_torch.interfaces.TrainingMechanism` attribute). The class that then
-    trains a given model is its :meth:`~MechanismOptimizer.form_for` that model (``setup_training``)."""
+    trains a given model is :func:`dprec_torch.forms.mechanism_class` of it (``setup_training``)."""
     if not cfg.mechanism.get("_target_"):
         raise ConfigError(f"model={cfg.model.get('name', '?')} is trained by a mechanism; choose {TRAINING_KEYS}")
     cls = get_class(cfg.mechanism._target_)
@@ -161,7 +163,7 @@ def setup_training(cfg: DictConfig, fold: Fold, device: torch.device, prepare: b
     cfg, rule = size_rule.apply(cfg, train)  # knobs set to `auto`: the size rule's values for this fold's public sizes
     model = build_model(cfg, fold, device).to(device)
     model.attach(train)
-    mech_cls = training_mechanism(cfg).form_for(model)  # the class the mechanism's constructor builds for this model
+    mech_cls = form_class(training_mechanism(cfg), model)  # the class that trains this model (dprec_torch.forms.FORMS)
     ratio = float(cfg.mechanism.get("sampling_ratio", 1.0))
     unit = cfg.mechanism.get("unit") or ("user" if mech_cls.relation == "user" else "rating")
     epochs, steps = int(cfg.mechanism.epochs), poisson_steps_per_epoch(ratio)
@@ -175,7 +177,7 @@ def setup_training(cfg: DictConfig, fold: Fold, device: torch.device, prepare: b
         expected_batch_size=ratio * (len(train) if unit == "rating" else train.n_users),
         gradient_reduction=gradient_reduction_of(model),
     )
-    optimizer = instantiate_node(cfg.mechanism, _convert_="all")(params=model.parameters(), context=context)
+    optimizer = instantiate_node(form_node(cfg.mechanism, model), _convert_="all")(params=model.parameters(), context=context)
     if prepare:
         optimizer.prepare(model)
     # Poisson sampling is part of the privacy proof (amplification): secret unless noise_seed is explicit

@@ -10,6 +10,7 @@ import torch
 
 from dprec_torch.data.synthetic import load_synthetic
 from dprec_torch.mechanisms.base import MechanismOptimizer
+from dprec_torch.mechanisms.clipped_sgld import ClippedSGLD
 from dprec_torch.mechanisms.context import TrainingContext, prior_precision_for
 from dprec_torch.mechanisms.dpsgd import ClippedLaplaceDPSGD
 from dprec_torch.mechanisms.dpsgd_paper import DPSGDLaplace
@@ -224,8 +225,8 @@ def test_only_element_wise_clipping_is_declared(train) -> None:
     none_opt.rating_reg = 0.1
     assert none_opt.elementwise_residual_clip() is None
     _, sgld = setup(train, "sgld_paper", torch.float32)
-    sgld.clipped = True
-    assert sgld.elementwise_residual_clip() is None
+    assert sgld.elementwise_residual_clip() == math.inf  # the posterior-sampling chain does not clip
+    assert ClippedSGLD.elementwise_residual_clip is MechanismOptimizer.elementwise_residual_clip  # per-user clip: None
 
 
 def test_fused_step_declines_what_it_does_not_compute(train) -> None:

@@ -208,14 +208,15 @@ def test_dpsgd_mf_epsilon_spent_grows_to_epsilon():
 
 def test_dpsgd_residual_variant_must_match_the_model():
     """DPSGD-MF (mechanism=dpsgd_mf) and Alg. 1 (mechanism=dpsgd_paper) are two classes; each refuses the other's model.
-    Alg. 1's class, given MF, builds DPSGD-MF (its MF form: DPSGDLaplace.form_for)."""
+    Under Alg. 1's key, MF is trained by DPSGD-MF (the table dprec_torch.forms.FORMS)."""
+    from dprec_torch.forms import mechanism_class
     from dprec_torch.mechanisms.dpsgd_mf import DPSGDMF
     from dprec_torch.mechanisms.dpsgd_paper import DPSGDLaplace
     from dprec_torch.models.pnbm import PNBM
 
     m = MF(3, 3).attach(TOY)
     ctx = TrainingContext(4, 4, len(TOY), TOY.n_users, TOY.scale, entry_bound=m.gradient_entry_bound, model=m)
-    assert type(DPSGDLaplace(m.parameters(), ctx, epsilon=2.0)) is DPSGDMF
+    assert mechanism_class(DPSGDLaplace, m) is DPSGDMF and type(DPSGDMF(m.parameters(), ctx, epsilon=2.0)) is DPSGDMF
     pnbm = PNBM(3, floor_c=1.0).attach(TOY)
     alg1 = DPSGDLaplace(pnbm.parameters(), TrainingContext(4, 4, len(TOY), TOY.n_users, TOY.scale,
                                                             entry_bound=pnbm.gradient_entry_bound, model=pnbm), epsilon=2.0)

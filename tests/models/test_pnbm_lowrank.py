@@ -18,7 +18,9 @@ from hypothesis import strategies as st
 
 import dprec_torch
 from dprec_torch.data.ratings import Ratings, RatingScale
+from dprec_torch.config import check_config, form_node
 from dprec_torch.errors import ConfigError
+from dprec_torch.mechanisms.clipped_sgld import ClippedSGLD
 from dprec_torch.models.batching import full_batch
 from dprec_torch.models.pnbm import PNBM
 from dprec_torch.models.pnbm_lowrank import LowRankPNBM, clipped_sum, per_user_gradients, user_aggregates, user_residuals
@@ -32,8 +34,10 @@ BASE = ["data=synthetic", "device=cpu", "compare_baselines=false", "tensorboard=
 # the low-rank form's mechanism settings (small: 2 steps an epoch)
 GAUSSIAN = ["mechanism=gaussian", "mechanism.lr=5", "mechanism.clip_norm=0.5", "mechanism.sampling_ratio=0.5",
             "mechanism.mean_fraction=0.5", "mechanism.epochs=2"]
+# (the alias composes conf/tuned/sgld_pnbm.yaml, the full form's numbers: the clipped chain's own keys are typed; the
+# posterior chain's keys of conf/mechanism/sgld.yaml are dropped, ClippedSGLD does not read them)
 SGLD = ["mechanism=sgld", "mechanism.lr=5", "+mechanism.clip_norm=0.5", "mechanism.sampling_ratio=0.5",
-        "mechanism.mean_fraction=0.5", "mechanism.decay=0", "mechanism.prior_kappa=null", "mechanism.prior_mean=0",
+        "mechanism.mean_fraction=0.5", "+mechanism.delta=${delta}", "+mechanism.accountant=rdp",
         "mechanism.weight_decay=0", "mechanism.epochs=2"]
 DPSGD = ["mechanism=dpsgd", "mechanism.lr=5", "mechanism.clip_norm=0.5", "mechanism.sampling_ratio=0.5",
          "mechanism.mean_fraction=0.5", "mechanism.epochs=2"]
@@ -128,12 +132,24 @@ def test_surrogate_gradient_is_the_sum_of_scaled_user_gradients():
 
 
 def test_the_similarity_key_picks_the_form_and_a_bad_one_is_one_line():
-    assert isinstance(PNBM(7, similarity="lowrank", rank=2, floor_c=15.0), LowRankPNBM)
-    assert type(PNBM(7)) is PNBM
+    """``model=pnbm model.similarity=lowrank`` builds the low-rank PNBM with its own keys; the composed node is kept."""
+    from dprec_torch.config import resolve_model_node
+    from dprec_torch.training.run import build_model
+
+    cfg = compose_cfg("data=synthetic", "device=cpu", "model=pnbm", "model.similarity=lowrank", "model.rank=2",
+                      "mechanism=gaussian", "epsilon=1")
+    check_config(cfg)
+    model = build_model(cfg, tiny_fold())
+    assert type(model) is LowRankPNBM and model.U.shape[1] == 2
+    assert cfg.model.similarity == "lowrank" and "floor_c" in cfg.model  # the run's config is not edited
+    assert "floor_c" not in resolve_model_node(cfg.model)
+    full = compose_cfg("data=synthetic", "device=cpu", "model=pnbm", "mechanism=gaussian", "epsilon=1")
+    assert type(build_model(full, tiny_fold())) is PNBM and "rank" in full.model
+    cfg.model.similarity = "low"
     with pytest.raises(ConfigError, match="model.similarity must be one of"):
-        PNBM(7, similarity="low")
+        check_config(cfg)
     with pytest.raises(ConfigError, match="full-S form"):
-        PNBM(7, similarity="lowrank").gradient_entry_bound(1.0)
+        LowRankPNBM(7).gradient_entry_bound(1.0)
 
 
 # ------------------------------------------------------------- equations on adversarial datasets (hypothesis)
@@ -267,10 +283,10 @@ def test_sgld_reports_epsilon_delta_and_accountant_and_the_full_form_stays_null(
     assert rep["relation"] == "user" and isinstance(rep["delta"], float) and math.isfinite(rep["epsilon"])
     assert "Opacus PRV" in rep["accountant"] and rep["epsilon_if_exact_sample"] is None
     assert "does not apply" in rep["posterior_sampling"]
-    with pytest.raises(ConfigError, match="clip_norm"):  # the low-rank form is the accounted chain only
-        one_step("mechanism=sgld", "epsilon=10")
-    with pytest.raises(ConfigError, match="decay=0"):
-        one_step(*SGLD, "epsilon=10", "mechanism.decay=0.3")
+    with pytest.raises(ConfigError, match="mechanism.clip_norm"):  # the low-rank form is the accounted chain only
+        check_config(compose_cfg(*BASE, "mechanism=sgld", "epsilon=10"))
+    with pytest.raises(ConfigError, match="mechanism.decay is not read by ClippedSGLD"):  # typed on the command line
+        form_node(compose_cfg(*BASE, *SGLD, "epsilon=10").mechanism, LowRankPNBM, {"decay"})
     full = setup_training(compose_cfg("data=synthetic", "device=cpu", "mechanism=sgld", "epsilon=10", "model=pnbm"),
                           tiny_fold(), torch.device("cpu"))
     assert full.optimizer.privacy_report()["epsilon"] is None  # the M x M chain: no defended epsilon
@@ -283,10 +299,14 @@ def test_the_low_rank_cases_are_registered_with_the_harness(mech):
     from dprec_torch.mechanisms.sgld import ScaledPosteriorSGLD
     from dprec_torch.privacy_harness.registry import builder_for
 
-    cls = {"gaussian": GaussianPNBM, "sgld": ScaledPosteriorSGLD, "dpsgd": ClippedLaplaceDPSGD}[mech]
+    cls = {"gaussian": GaussianPNBM, "sgld": ClippedSGLD, "dpsgd": ClippedLaplaceDPSGD}[mech]
     names = [c.name for c in builder_for(cls)()]
     assert any(n.startswith(f"{mech} lowrank-pnbm step") for n in names)
-    assert any("lowrank-pnbm" not in n for n in names)  # the full form's cases are kept
+    if mech == "sgld":  # the clipped chain trains the low-rank PNBM only; the posterior chain keeps its own cases
+        assert names and all("lowrank-pnbm" in n for n in names)
+        assert not any("lowrank-pnbm" in c.name for c in builder_for(ScaledPosteriorSGLD)())
+    else:
+        assert any("lowrank-pnbm" not in n for n in names)  # the full form's cases are kept
 
 
 def test_a_neighbour_moves_one_steps_clipped_sum_by_at_most_c():
@@ -378,7 +398,7 @@ def test_model_pnbm_lowrank_composes_with_its_tuned_numbers(mech):
     if mech == "sgld":
         assert cfg.mechanism.max_user_ratings is None  # the clip bounds a user: no tau cap drops ratings
         assert len(setup.fold.train) == len(tiny_fold().train)
-        assert setup.optimizer.clipped and rep["delta"] == 1e-6 and rep["epsilon"] <= 20.0
+        assert isinstance(setup.optimizer, ClippedSGLD) and rep["delta"] == 1e-6 and rep["epsilon"] <= 20.0
         assert rep["epsilon"] == pytest.approx(20.0, rel=0.01)
     if mech == "none":
         assert cfg.mechanism.beta == 1.0 and cfg.mechanism.unit == "user"

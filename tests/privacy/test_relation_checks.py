@@ -138,8 +138,8 @@ def test_delta_half_no_longer_trains_to_a_defended_epsilon(tmp_path):
 
 # ------------------------------------------------------------------ a boolean key takes a boolean
 @pytest.mark.parametrize("overrides, bad, good", [
-    (["mechanism=sgld"], "mechanism.prior_correction=maybe", "mechanism.prior_correction=false"),
-    (["mechanism=sgld"], "mechanism.prior_correction=1", "mechanism.prior_correction=true"),
+    (["mechanism=sgld", "model=pnbm"], "mechanism.prior_correction=maybe", "mechanism.prior_correction=false"),
+    (["mechanism=sgld", "model=pnbm"], "mechanism.prior_correction=1", "mechanism.prior_correction=true"),
     (["model=pcc"], "model.positive_only=maybe", "model.positive_only=false"),
     ([], "resume=maybe", "resume=false"),
     ([], "tensorboard=yes", "tensorboard=false"),

@@ -81,7 +81,7 @@ def test_tuned_files_tune_numbers_never_the_class(tmp_path):
                               ("sgld_paper", "dprec_torch.mechanisms.sgld.ScaledPosteriorSGLD")):
         for model in ("pnbm", "mf"):
             cfg = compose_cfg(tmp_path, f"mechanism={mechanism}", f"model={model}")
-            # no tuned file swaps the class (DPSGD-MF is the class's MF form: DPSGDLaplace.form_for)
+            # no tuned file swaps the class (DPSGD-MF trains MF under this key: the table dprec_torch.forms.FORMS)
             assert cfg.mechanism._target_ == target and cfg.mechanism.name == mechanism, (mechanism, model)
     assert compose_cfg(tmp_path, "mechanism=sgld").mechanism.temperature == 1.0
     assert compose_cfg(tmp_path, "mechanism=sgld_paper").mechanism.temperature == 0.004

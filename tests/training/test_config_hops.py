@@ -4,9 +4,9 @@ The rule, for every ``conf/mechanism/X.yaml``: ``mechanism=X`` composes ONE clas
 lives in ``dprec_torch/mechanisms/X.py``, or ``X.yaml`` names it itself (one ``_target_`` away, not inherited through a
 defaults chain: the aliases ``dpsgd_l1`` and ``sgld_paper``, and ``laplace_output`` in ``output_perturbation.py``). A
 ``conf/tuned/<mechanism>_<model>.yaml`` sets values only: no ``_target_``, no defaults list. Where one key trains some
-models by another class (``gaussian`` + PNBM: ``GaussianPNBM``; ``dpsgd_paper`` + MF: DPSGD-MF), the key's class decides
-it in ``form_for`` (``dprec_torch/mechanisms/base.py``), and the run is the one the form's own key gives, but for its
-label. ``none`` and ``builtin`` name classes too: what they do to a fitted predictor is asked of the class, never of the
+models by another class (``gaussian`` + PNBM: ``GaussianPNBM``; ``sgld`` + the low-rank PNBM: ``ClippedSGLD``;
+``dpsgd_paper`` + MF: DPSGD-MF), one table says so (``dprec_torch/forms.py``, ``FORMS``), and the run is the one the
+form's own key gives, but for its label. ``none`` and ``builtin`` name classes too: what they do to a fitted predictor is asked of the class, never of the
 key's name.
 """
 
@@ -70,7 +70,7 @@ def test_no_tuned_file_sets_a_class_or_a_defaults_list():
     assert paths
     for path in paths:
         node = yaml.safe_load(path.read_text()) or {}
-        assert "_target_" not in node, f"{path.name} swaps the class: let the mechanism's class handle the model (form_for)"
+        assert "_target_" not in node, f"{path.name} swaps the class: name the class that trains a model in dprec_torch/forms.py FORMS"
         assert "defaults" not in node, f"{path.name} pulls in another file: a tuned file sets plain values only"
 
 
@@ -106,23 +106,66 @@ def test_a_model_form_is_the_run_its_own_key_gives(via, own, model, form):
         assert torch.equal(p, tensors[1][name]), name  # the same prepare(): the same DP item means and start, draw for draw
 
 
+def test_the_table_names_the_class_of_each_key_and_family():
+    """One table, (the key's class, the model family) -> the class that trains it; every other pair: the key's class."""
+    from dprec_torch import forms
+    from dprec_torch.mechanisms.base import MechanismOptimizer
+    from dprec_torch.models.mf import MF
+    from dprec_torch.models.pnbm import PNBM
+    from dprec_torch.models.pnbm_lowrank import LowRankPNBM
+
+    m = "dprec_torch.mechanisms."
+    assert forms.FORMS == {
+        (m + "gaussian.GaussianDPSGD", "pnbm"): m + "gaussian.GaussianPNBM",
+        (m + "gaussian.GaussianDPSGD", "pnbm_lowrank"): m + "gaussian.GaussianPNBM",
+        (m + "sgld.ScaledPosteriorSGLD", "pnbm_lowrank"): m + "clipped_sgld.ClippedSGLD",
+        (m + "dpsgd_paper.DPSGDLaplace", "mf"): m + "dpsgd_mf.DPSGDMF",
+    }
+    for (key, family), form in forms.FORMS.items():
+        assert issubclass(get_class(key), MechanismOptimizer) and issubclass(get_class(form), MechanismOptimizer)
+        assert family in forms.MODEL_FAMILIES.values()
+        model = next(get_class(p) for p, f in forms.MODEL_FAMILIES.items() if f == family)
+        assert forms.mechanism_class(get_class(key), model) is get_class(form)  # a model class ...
+        assert forms.form_path(key, f"{model.__module__}.{model.__qualname__}") == form  # ... or its dotted path
+    assert forms.mechanism_class(get_class(m + "sgld.ScaledPosteriorSGLD"), PNBM) is get_class(m + "sgld.ScaledPosteriorSGLD")
+    assert forms.mechanism_class(get_class(m + "gaussian.GaussianDPSGD"), MF) is get_class(m + "gaussian.GaussianDPSGD")
+    assert forms.form_path(m + "gaussian.GaussianDPSGD", None) == m + "gaussian.GaussianDPSGD"
+    assert forms.form_path(m + "sgld.ScaledPosteriorSGLD", LowRankPNBM(4)) == m + "clipped_sgld.ClippedSGLD"  # an instance
+    # the documented alias model=pnbm model.similarity=lowrank is the low-rank family
+    cfg = composed("mechanism=sgld", "model=pnbm", "model.similarity=lowrank")
+    assert form_target(cfg.mechanism, cfg.model) == m + "clipped_sgld.ClippedSGLD"
+
+
+def test_a_form_reads_the_typed_delta_even_where_its_key_file_has_none():
+    """sgld.yaml (the posterior chain's keys) has no delta; the clipped chain reached by the alias must still be
+    calibrated at the typed top-level delta, never at its own default."""
+    from dprec_torch.config import form_node
+
+    cfg = composed("mechanism=sgld", "model=pnbm", "model.similarity=lowrank", "delta=1e-8")
+    assert "delta" not in cfg.mechanism
+    assert form_node(cfg.mechanism, cfg.model).delta == 1e-8
+
+
 def test_each_form_is_decided_by_the_bound_model():
+    from dprec_torch.mechanisms.clipped_sgld import ClippedSGLD
     from dprec_torch.mechanisms.dpsgd_mf import DPSGDMF
     from dprec_torch.mechanisms.dpsgd_paper import DPSGDLaplace
     from dprec_torch.mechanisms.gaussian import GaussianDPSGD
     from dprec_torch.mechanisms.gaussian import GaussianPNBM
+    from dprec_torch.mechanisms.sgld import ScaledPosteriorSGLD
 
     fold = tiny_fold()
     for mechanism, model, cls in (("gaussian", "pnbm", GaussianPNBM), ("gaussian", "mf", GaussianDPSGD),
                                   ("gaussian", "pnbm_lowrank", GaussianPNBM), ("dpsgd_paper", "mf", DPSGDMF),
-                                  ("dpsgd_paper", "pnbm", DPSGDLaplace)):
+                                  ("dpsgd_paper", "pnbm", DPSGDLaplace), ("sgld", "pnbm_lowrank", ClippedSGLD),
+                                  ("sgld", "pnbm", ScaledPosteriorSGLD)):
         cfg = composed("data=synthetic", "device=cpu", f"mechanism={mechanism}", f"model={model}", "epsilon=1")
         check_config(cfg)
         opt = setup_training(cfg, fold, torch.device("cpu")).optimizer
         assert type(opt) is cls, (mechanism, model, type(opt))
         # the config check resolves the same form from the model's class, before any model exists
         assert form_target(cfg.mechanism, cfg.model) == f"{cls.__module__}.{cls.__name__}"
-        if model == "pnbm_lowrank":
+        if (mechanism, model) == ("gaussian", "pnbm_lowrank"):
             assert opt.lowrank
     # the relation the config check reads is the form's (DPSGD-MF: one rating's value; Alg. 1: none defended)
     assert node_relation(composed("mechanism=dpsgd_paper", "model=mf").mechanism, composed("model=mf").model) == "rating_value"
@@ -133,14 +176,22 @@ def test_each_form_is_decided_by_the_bound_model():
 
 
 @pytest.mark.parametrize("overrides,match", [
-    (("mechanism=gaussian", "model=mf", "+mechanism.mean_fraction=0.5"), r"mechanism\.mean_fraction is a key of .*PNBM form"),
-    (("mechanism=dpsgd_paper", "model=pnbm", "+mechanism.e_max=3"), r"mechanism\.e_max is a key of DPSGD-MF"),
-    (("mechanism=gaussian", "model=pnbm", "mechanism.noise_multiplier=1.0"), r"noise_multiplier=1\.0 is not supported with PNBM"),
+    (("mechanism=gaussian", "model=mf", "+mechanism.mean_fraction=0.5"), r"mechanism\.mean_fraction is not a parameter of GaussianDPSGD"),
+    (("mechanism=dpsgd_paper", "model=pnbm", "+mechanism.e_max=3"), r"mechanism\.e_max is not a parameter of DPSGDLaplace"),
 ])
 def test_a_form_key_on_the_other_model_is_one_line(overrides, match):
+    """A form's own key on a model the key's class trains is refused by the config check, before any data is read."""
     cfg = composed("data=synthetic", "device=cpu", "epsilon=1", *overrides)
-    check_config(cfg)  # the key's class declares its forms' keys ...
-    with pytest.raises(ConfigError, match=match) as err:  # ... and the form that does not read one refuses it
+    with pytest.raises(ConfigError, match=match) as err:
+        check_config(cfg)
+    assert "\n" not in str(err.value)
+
+
+def test_a_key_the_form_cannot_take_is_one_line():
+    cfg = composed("data=synthetic", "device=cpu", "epsilon=1", "mechanism=gaussian", "model=pnbm",
+                   "mechanism.noise_multiplier=1.0")
+    check_config(cfg)
+    with pytest.raises(ConfigError, match=r"noise_multiplier=1\.0 is not supported with PNBM") as err:
         setup_training(cfg, tiny_fold(), torch.device("cpu"))
     assert "\n" not in str(err.value)
 

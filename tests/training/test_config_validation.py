@@ -21,6 +21,7 @@ from dprec_torch.cli import check_command_line
 from dprec_torch.config import check_config
 from dprec_torch.config_domains import Domain, domain_of, number
 from dprec_torch.errors import ConfigError
+from dprec_torch.privacy.relations import form_target
 from dprec_torch.training.run import validate
 from tests.helpers import CONF_DIR
 
@@ -100,6 +101,8 @@ def _target_of(cfg: DictConfig, node: str, key: str) -> tuple[str | None, str]:
         if isinstance(child, DictConfig) and "_target_" in child:
             sub, parts = child, parts[i + 1:]
             return sub.get("_target_"), ".".join(parts)
+    if node == "mechanism":  # the class that trains the model reads the node (dprec_torch/forms.py)
+        return form_target(sub, cfg.model), key
     return sub.get("_target_"), key
 
 

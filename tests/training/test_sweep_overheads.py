@@ -129,11 +129,11 @@ def test_a_writer_is_finished_and_closed_in_the_background_and_waited_for(tmp_pa
 
 
 def test_the_privacy_report_is_computed_once_per_epoch_and_once_before_training(tmp_path, monkeypatch):
-    from dprec_torch.mechanisms.sgld import ScaledPosteriorSGLD
+    from dprec_torch.mechanisms.clipped_sgld import ClippedSGLD
 
     calls = []
-    real = ScaledPosteriorSGLD.privacy_report
-    monkeypatch.setattr(ScaledPosteriorSGLD, "privacy_report", lambda self: calls.append(self.t) or real(self))
+    real = ClippedSGLD.privacy_report
+    monkeypatch.setattr(ClippedSGLD, "privacy_report", lambda self: calls.append(self.t) or real(self))
     cfg = compose_cfg("mechanism=sgld", "epsilon=20", "mechanism.epochs=3", "mechanism.clip_norm=0.5",
                       "mechanism.lr=1", "mechanism.sampling_ratio=1.0", "mechanism.mean_fraction=0.6",
                       f"output_dir={tmp_path}")
