@@ -72,3 +72,17 @@ def test_readme_train_line_runs_and_reports_the_typed_epsilon(line, tmp_path):
         assert priv.get("epsilon_nominal", priv["epsilon"]) == pytest.approx(float(typed[0]))
         assert float(typed[0]) * 0.99 <= priv["epsilon"] <= float(typed[0]) * (1 + 1e-9), "the reported ε is the typed ε"
     assert metrics["test_rmse"] < 1.15, "worse than the global mean (1.15 on u1)"
+
+
+def test_the_class_table_is_what_the_runner_builds():
+    """Each cell of the mechanism x model class table (docs/extending.md, linked from the README) is regenerated:
+    compose, check, set up, one step."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mechanism_table", ROOT / "scripts" / "mechanism_table.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    body = mod.table()
+    page = (ROOT / "docs" / "extending.md").read_text()
+    assert f"<!-- mechanism-classes:start -->\n{body}\n<!-- mechanism-classes:end -->" in page
+    assert "`ClippedSGLD`" in body.splitlines()[5]  # the design card: sgld on the default model, one class
