@@ -6,10 +6,20 @@ import os
 from pathlib import Path
 
 import torch
+from omegaconf import DictConfig
 
 from dprec_torch.data.ratings import Fold, Ratings, RatingScale
 
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+
+
+def tiny_cfg(*overrides: str, config_name: str = "config", return_hydra_config: bool = False) -> DictConfig:
+    """The real Hydra config (``conf/<config_name>.yaml``) composed with exactly ``overrides`` -- no hidden base list
+    (tests spell their own ``data=synthetic device=cpu ...``); the one Hydra setup the tests share."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose(config_name=config_name, overrides=list(overrides), return_hydra_config=return_hydra_config)
 
 
 def toy_ratings(rows: list[list[float | None]], lo: float = 1, hi: float = 5) -> Ratings:

@@ -10,12 +10,11 @@ import math
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
 from dprec_torch.data.custom import SCALE_SOURCE, check_scale_declared, load_custom
 from dprec_torch.errors import ConfigError
 from dprec_torch.training.run import train
-from tests.helpers import CONF_DIR
+from tests.helpers import tiny_cfg
 
 BASE = ["data=custom", "model=mf", "device=cpu", "compare_baselines=false", "tensorboard=false", "mechanism.epochs=1",
         "model.dim=2"]
@@ -29,9 +28,7 @@ def ratings_file(tmp_path: Path) -> Path:
 
 
 def run(tmp_path: Path, *overrides: str) -> dict:
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[*BASE, f"data.path={ratings_file(tmp_path)}",
-                                                       f"output_dir={tmp_path / 'out'}", *overrides])
+    cfg = tiny_cfg(*BASE, f"data.path={ratings_file(tmp_path)}", f"output_dir={tmp_path / 'out'}", *overrides)
     return train(cfg)
 
 

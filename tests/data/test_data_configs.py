@@ -14,13 +14,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hydra import compose, initialize_config_dir
 
 from dprec_torch.data import movielens
 from dprec_torch.data.movielens import MovieLensSpec
 from dprec_torch.data.synthetic import generate_synthetic
 from dprec_torch.training.run import instantiate_node, train
-from tests.helpers import CONF_DIR
+from tests.helpers import CONF_DIR, tiny_cfg
 from tests.data.test_data_movielens import write_fake_ml100k
 
 DATA_CONFIGS = sorted(p.stem for p in Path(CONF_DIR, "data").glob("*.yaml"))
@@ -77,8 +76,7 @@ def test_every_data_config_loads_the_dataset_it_names(config, data_root, monkeyp
     overrides = [f"data={config}"]
     if config == "custom":
         overrides.append(f"data.path={data_root['custom']}")
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose(config_name="config", overrides=overrides)
+    cfg = tiny_cfg(*overrides)
     dataset = instantiate_node(cfg.data)
     name, n_users, n_items = _expected(config, data_root)
     assert dataset.name.split("+")[0] == name
@@ -99,8 +97,7 @@ def test_train_records_the_dataset_as_loaded(data_root, monkeypatch, tmp_path):
         spec = movielens.SPECS["ml-1m"]
     overrides = ["data=ml-1m", "model=pcc", "mechanism=none", "compare_baselines=false", "model.k=50",
                  f"output_dir={tmp_path}", "device=cpu", "tensorboard=false"]
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose(config_name="config", overrides=overrides)
+    cfg = tiny_cfg(*overrides)
     metrics = train(cfg)
     saved = json.loads((tmp_path / "metrics.json").read_text())
     for m in (metrics, saved):

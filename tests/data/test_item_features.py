@@ -166,22 +166,18 @@ def test_lowrank_pnbm_with_public_features_keeps_its_accounting_and_gains_where_
     """``model=pnbm_lowrank model.item_features=true``: each user's own weights on the public
     features; the mechanism's noise and epsilon are the same as without them, and the error falls where the ratings
     follow the features."""
-    from hydra import compose, initialize_config_dir
-
     from dprec_torch.data.ratings import Fold
     from dprec_torch.models.pnbm_lowrank import LowRankPNBM
     from dprec_torch.training.run import train_fold
-    from tests.helpers import CONF_DIR
+    from tests.helpers import tiny_cfg
 
     train, test, _ = genre_world(n_genres=6)  # more taste directions than the rank-1 U can learn
     fold = Fold(1, train, test, "genre world")
     reports, rmse = {}, {}
     for feats in ("false", "true"):
-        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            cfg = compose(config_name="config", overrides=[
-                "model=pnbm_lowrank", "model.rank=1", f"model.item_features={feats}", f"mechanism={mech}", "epsilon=5",
-                "mechanism.epochs=6", "mechanism.sampling_ratio=0.5", "noise_seed=0", "device=cpu", "tensorboard=false",
-                "compare_baselines=false"])
+        cfg = tiny_cfg("model=pnbm_lowrank", "model.rank=1", f"model.item_features={feats}", f"mechanism={mech}",
+                       "epsilon=5", "mechanism.epochs=6", "mechanism.sampling_ratio=0.5", "noise_seed=0",
+                       "device=cpu", "tensorboard=false", "compare_baselines=false")
         rec = train_fold(cfg, fold, tmp_path / feats, torch.device("cpu"))
         reports[feats], rmse[feats] = rec["privacy"], rec["test_rmse"]
     plain, feat = reports["false"], reports["true"]

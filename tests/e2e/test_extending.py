@@ -16,12 +16,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from dprec_torch.privacy_harness import registry
-from tests.helpers import CONF_DIR
+from tests.helpers import tiny_cfg
 from tests.privacy.test_sensitivity_harness import HARNESS, check_case, edge_datasets
 
 pytestmark = pytest.mark.e2e  # whole runs: -m e2e selects them, -m 'not e2e' leaves them out
@@ -75,9 +74,8 @@ def test_the_guides_toy_mechanism_trains_through_the_runner_and_reports_its_epsi
     assert registry.registered(cls)  # importing the class registered its harness case
     overrides = guide_overrides(root)
     assert "mechanism=toy_gaussian" in overrides and "data=synthetic" in overrides
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[*overrides, f"output_dir={root / 'run'}", "device=cpu",
-                                                       "tensorboard=false", "compare_baselines=false", "noise_seed=0"])
+    cfg = tiny_cfg(*overrides, f"output_dir={root / 'run'}", "device=cpu", "tensorboard=false",
+                   "compare_baselines=false", "noise_seed=0")
     assert cfg.mechanism._target_ == "toy_gaussian.ToyGaussianSGD" and int(cfg.mechanism.epochs) == 1
     metrics = train(cfg)  # validates, trains one epoch, refuses an unregistered finite epsilon (check_claim)
     report = metrics["privacy"]

@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 from dprec_torch.errors import ConfigError, DprecError
 from dprec_torch.training import trainer as trainer_mod
 from dprec_torch.training.run import train
-from tests.helpers import CONF_DIR, kill_in_epoch
+from tests.helpers import CONF_DIR, kill_in_epoch, tiny_cfg
 
 pytestmark = pytest.mark.e2e  # whole runs: -m e2e selects them, -m 'not e2e' leaves them out
 
@@ -24,8 +23,7 @@ BASE = ["data=synthetic", "device=cpu", "compare_baselines=false", "tensorboard=
 
 
 def run(tmp_path: Path, *overrides: str) -> dict:
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[*BASE, f"output_dir={tmp_path}", *overrides])
+    cfg = tiny_cfg(*BASE, f"output_dir={tmp_path}", *overrides)
     return train(cfg)
 
 

@@ -11,7 +11,6 @@ import math
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 import dprec_torch
 from dprec_torch.data.ratings import Fold, Ratings, RatingScale
@@ -19,7 +18,7 @@ from dprec_torch.evaluation.baselines import (DP_MEANS, DPMeansOffset, dp_refere
                                               reference_info, reference_label)
 from dprec_torch.training.evaluate import evaluate, evaluate_run
 from dprec_torch.training.run import comparison_table
-from tests.helpers import CONF_DIR
+from tests.helpers import tiny_cfg
 
 BASE = ["data=synthetic", "device=cpu", "mechanism.epochs=1", "baseline_k=20"]
 LABELS = ("PCC (non-private reference)", "COS (non-private reference)")
@@ -79,8 +78,7 @@ def test_evaluate_run_and_load_run_show_the_same_references(sgld_run, tmp_path):
         assert ev["baselines"][name]["rmse"] == sgld_run.baselines[name]["rmse"]
     assert all(label in table for label in LABELS) and "DP item means + user offset" in table
     # the CLI path: python evaluate.py run=<dir>
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose(config_name="evaluate", overrides=[f"run={sgld_run.dir}", "device=cpu", f"output_dir={tmp_path}"])
+    cfg = tiny_cfg(f"run={sgld_run.dir}", "device=cpu", f"output_dir={tmp_path}", config_name="evaluate")
     metrics, cli_table = evaluate(cfg)
     assert set(json.loads((tmp_path / "metrics.json").read_text())["baselines"]) == {"PCC", "COS", DP_MEANS}
     assert cli_table == table
@@ -173,10 +171,8 @@ def test_report_figure_draws_the_references(tmp_path, monkeypatch):
     from dprec_torch.training.run import train
 
     sweep = tmp_path / "sweep"
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        for eps in ("1", "10"):
-            train(compose(config_name="config", overrides=[*BASE, "mechanism=dpsgd", f"epsilon={eps}", "tensorboard=false",
-                                                           f"output_dir={sweep}/eps{eps}"]))
+    for eps in ("1", "10"):
+        train(tiny_cfg(*BASE, "mechanism=dpsgd", f"epsilon={eps}", "tensorboard=false", f"output_dir={sweep}/eps{eps}"))
     figures = []
     original_close = plt.close
     monkeypatch.setattr(plt, "close", lambda fig=None: figures.append(fig) or original_close(fig))

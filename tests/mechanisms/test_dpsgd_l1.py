@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 from dprec_torch.errors import ConfigError
 from dprec_torch.mechanisms.context import TrainingContext
@@ -17,7 +16,7 @@ from dprec_torch.models.pnbm import PNBM
 from dprec_torch.privacy.analysis import amplified_epsilon
 from dprec_torch.seeding import noise_generator
 from dprec_torch.training.trainer import Trainer
-from tests.helpers import CONF_DIR, tiny_fold
+from tests.helpers import tiny_cfg, tiny_fold
 
 
 def setup(q: float = 0.2, epochs: int = 1, epsilon: float = 1.0, **kw):
@@ -167,9 +166,8 @@ def test_mf_l1_norms_match_autograd():
 def test_train_py_config_runs_and_reports_the_defended_epsilon(tmp_path):
     from dprec_torch.training.run import train
 
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose("config", overrides=["data=synthetic", "mechanism=dpsgd_l1", "epsilon=1", "mechanism.epochs=1",
-                                           "compare_baselines=false", "tensorboard=false", f"output_dir={tmp_path}"])
+    cfg = tiny_cfg("data=synthetic", "mechanism=dpsgd_l1", "epsilon=1", "mechanism.epochs=1",
+                   "compare_baselines=false", "tensorboard=false", f"output_dir={tmp_path}")
     m = train(cfg)
     assert m["privacy"]["epsilon"] == pytest.approx(1.0) and m["privacy"]["relation"] == "user"
     assert math.isfinite(m["test_rmse"])
@@ -191,11 +189,9 @@ def test_mf_per_unit_clipping_bound_holds_in_training(unit, tmp_path):
 
     ClippedLaplaceDPSGD.clip_residuals = spy
     try:
-        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            cfg = compose("config", overrides=["data=synthetic", "model=mf", "mechanism=dpsgd_l1", "epsilon=2",
-                                               f"mechanism.unit={unit}", f"mechanism.relation={unit}",
-                                               "mechanism.sampling_ratio=0.2", "mechanism.epochs=1",
-                                               "compare_baselines=false", "tensorboard=false", f"output_dir={tmp_path}"])
+        cfg = tiny_cfg("data=synthetic", "model=mf", "mechanism=dpsgd_l1", "epsilon=2", f"mechanism.unit={unit}",
+                       f"mechanism.relation={unit}", "mechanism.sampling_ratio=0.2", "mechanism.epochs=1",
+                       "compare_baselines=false", "tensorboard=false", f"output_dir={tmp_path}")
         m = train(cfg)
     finally:
         ClippedLaplaceDPSGD.clip_residuals = real

@@ -18,14 +18,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from dprec_torch.data.ratings import Fold, Ratings
 from dprec_torch.errors import ConfigError
 from dprec_torch.models.batching import full_batch
 from dprec_torch.training.run import setup_training
-from tests.helpers import CONF_DIR, ml100k_available, tiny_fold
+from tests.helpers import ml100k_available, tiny_cfg, tiny_fold
 
 ROOT = Path(__file__).resolve().parents[2]
 ML100K_U1_TARGET = 0.925  # the plain command's target (and ML-1M <= 0.860: docs/mf.md, measured by experiments/studies/mf_baselines.py)
@@ -34,9 +33,7 @@ TINY = ["data._target_=dprec_torch.data.synthetic.load_synthetic", "data.name=sy
 
 def _cfg(*overrides: str, tmp_path=None):
     out = [f"output_dir={tmp_path}"] if tmp_path is not None else []
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose(config_name="config", overrides=["device=cpu", "compare_baselines=false", "tensorboard=false",
-                                                        *out, *overrides])
+    return tiny_cfg("device=cpu", "compare_baselines=false", "tensorboard=false", *out, *overrides)
 
 
 def _copies(train: Ratings, k: int) -> Ratings:

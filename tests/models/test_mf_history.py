@@ -8,21 +8,19 @@ import json
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 from dprec_torch.mechanisms.context import TrainingContext
 from dprec_torch.mechanisms.sgd import MapSGD
 from dprec_torch.models.batching import full_batch
 from dprec_torch.models.mf import MF
 from dprec_torch.training.run import setup_training, train
-from tests.helpers import CONF_DIR, tiny_fold
+from tests.helpers import tiny_cfg, tiny_fold
 
 
 def _cfg(tmp_path, *overrides):
     data = ["data=synthetic", "data.preset=tiny"]
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose(config_name="config", overrides=[*data, "device=cpu", "compare_baselines=false",
-                                                         "tensorboard=false", f"output_dir={tmp_path}", *overrides])
+    return tiny_cfg(*data, "device=cpu", "compare_baselines=false", "tensorboard=false", f"output_dir={tmp_path}",
+                    *overrides)
 
 
 @pytest.mark.parametrize("overrides,history", [

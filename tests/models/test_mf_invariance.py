@@ -11,7 +11,6 @@ import math
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 from dprec_torch.data.ratings import Ratings
 from dprec_torch.errors import ConfigError
@@ -22,7 +21,7 @@ from dprec_torch.mechanisms.sgld import ScaledPosteriorSGLD
 from dprec_torch.models.batching import full_batch
 from dprec_torch.models.mf import MF
 from dprec_torch.training.run import setup_training
-from tests.helpers import CONF_DIR, tiny_fold
+from tests.helpers import tiny_cfg, tiny_fold
 
 
 def _context(train: Ratings, q: float, n_units: int, reduction: str = "mean", model=None) -> TrainingContext:
@@ -106,9 +105,8 @@ def test_mean_step_is_lr_times_the_mean_gradient_plus_decay_over_n():
 
 def _cfg(tmp_path, *overrides):
     data = ["data._target_=dprec_torch.data.synthetic.load_synthetic", "data.name=synthetic", "+data.preset=tiny"]
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose(config_name="config", overrides=[*data, "device=cpu", "compare_baselines=false",
-                                                         "tensorboard=false", f"output_dir={tmp_path}", *overrides])
+    return tiny_cfg(*data, "device=cpu", "compare_baselines=false", "tensorboard=false", f"output_dir={tmp_path}",
+                    *overrides)
 
 
 @pytest.mark.parametrize("mechanism,unit", [("none", "rating"), ("gaussian", "rating"), ("gaussian", "user"),

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 from dprec_torch.config import check_config
 from dprec_torch.errors import ConfigError
@@ -18,7 +17,7 @@ from dprec_torch.mechanisms.sgd import MapSGD
 from dprec_torch.models.batching import full_batch
 from dprec_torch.models.mf import MF
 from dprec_torch.training.run import setup_training
-from tests.helpers import CONF_DIR, tiny_fold
+from tests.helpers import tiny_cfg, tiny_fold
 
 LR, LAM, B = 3.0, 0.7, 40.0
 
@@ -85,9 +84,8 @@ def test_zero_rating_reg_is_the_plain_step_bit_for_bit():
 
 
 def _cfg(tmp_path, *overrides: str):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=["data=synthetic", "compare_baselines=false",
-                                                        "tensorboard=false", f"output_dir={tmp_path}", *overrides])
+    return tiny_cfg("data=synthetic", "compare_baselines=false", "tensorboard=false", f"output_dir={tmp_path}",
+                    *overrides)
 
 
 def test_the_runner_passes_rating_reg_to_mapsgd(tmp_path):

@@ -7,11 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 from dprec_torch.mechanisms.gaussian import GaussianDPSGD
 from dprec_torch.training.run import train
-from tests.helpers import CONF_DIR, tiny_fold
+from tests.helpers import CONF_DIR, tiny_cfg, tiny_fold
 
 pytestmark = pytest.mark.filterwarnings("ignore:Optimal order is the largest alpha")
 
@@ -21,8 +20,7 @@ DATA = ["data=synthetic"] if (Path(CONF_DIR) / "data" / "synthetic.yaml").exists
 
 
 def run(tmp_path: Path, *overrides: str) -> dict:
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[*DATA, *BASE, f"output_dir={tmp_path}", *overrides])
+    cfg = tiny_cfg(*DATA, *BASE, f"output_dir={tmp_path}", *overrides)
     return train(cfg)
 
 

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -26,7 +25,7 @@ from dprec_torch.models.pnbm import PNBM
 from dprec_torch.models.pnbm_lowrank import LowRankPNBM, clipped_sum, per_user_gradients, user_aggregates, user_residuals
 from dprec_torch.training import trainer as trainer_mod
 from dprec_torch.training.run import setup_training, train
-from tests.helpers import CONF_DIR, tiny_fold
+from tests.helpers import tiny_cfg, tiny_fold
 from tests.predictors.test_noisy_gram import datasets
 
 LOWRANK = ["model=pnbm", "model.similarity=lowrank", "model.rank=4"]
@@ -42,11 +41,6 @@ SGLD = ["mechanism=sgld", "mechanism.lr=5", "+mechanism.clip_norm=0.5", "mechani
 DPSGD = ["mechanism=dpsgd", "mechanism.lr=5", "mechanism.clip_norm=0.5", "mechanism.sampling_ratio=0.5",
          "mechanism.mean_fraction=0.5", "mechanism.epochs=2"]
 NONE = ["mechanism=none", "mechanism.lr=5", "mechanism.beta=1", "mechanism.weight_decay=0", "mechanism.epochs=2"]
-
-
-def compose_cfg(*overrides: str):
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
 
 
 def random_ratings(seed: int, n_users: int = 6, n_items: int = 9, density: float = 0.5) -> Ratings:
@@ -136,14 +130,14 @@ def test_the_similarity_key_picks_the_form_and_a_bad_one_is_one_line():
     from dprec_torch.config import resolve_model_node
     from dprec_torch.training.run import build_model
 
-    cfg = compose_cfg("data=synthetic", "device=cpu", "model=pnbm", "model.similarity=lowrank", "model.rank=2",
+    cfg = tiny_cfg("data=synthetic", "device=cpu", "model=pnbm", "model.similarity=lowrank", "model.rank=2",
                       "mechanism=gaussian", "epsilon=1")
     check_config(cfg)
     model = build_model(cfg, tiny_fold())
     assert type(model) is LowRankPNBM and model.U.shape[1] == 2
     assert cfg.model.similarity == "lowrank" and "floor_c" in cfg.model  # the run's config is not edited
     assert "floor_c" not in resolve_model_node(cfg.model)
-    full = compose_cfg("data=synthetic", "device=cpu", "model=pnbm", "mechanism=gaussian", "epsilon=1")
+    full = tiny_cfg("data=synthetic", "device=cpu", "model=pnbm", "mechanism=gaussian", "epsilon=1")
     assert type(build_model(full, tiny_fold())) is PNBM and "rank" in full.model
     cfg.model.similarity = "low"
     with pytest.raises(ConfigError, match="model.similarity must be one of"):
@@ -201,7 +195,7 @@ def test_clipped_step_moves_at_most_c_when_a_user_leaves(data, clip, scale, seed
 
 # ---------------------------------------------------------------------------------------------- mechanisms
 def one_step(*overrides: str):
-    cfg = compose_cfg(*BASE, *overrides)
+    cfg = tiny_cfg(*BASE, *overrides)
     fold = tiny_fold()
     setup = setup_training(cfg, fold, torch.device("cpu"))
     u0 = setup.model.U.detach().clone()
@@ -228,8 +222,8 @@ def test_the_clipped_sgld_chain_at_a_constant_step_is_gaussian_dp_sgd(tmp_path, 
     from dprec_torch.training import run as run_module
 
     monkeypatch.setattr(run_module, "job_label", lambda cfg: "one-job")
-    g = train(compose_cfg(*BASE, *GAUSSIAN, "epsilon=5", "noise_seed=7", f"output_dir={tmp_path / 'g'}"))
-    s = train(compose_cfg(*BASE, *SGLD, "epsilon=5", "noise_seed=7", f"output_dir={tmp_path / 's'}"))
+    g = train(tiny_cfg(*BASE, *GAUSSIAN, "epsilon=5", "noise_seed=7", f"output_dir={tmp_path / 'g'}"))
+    s = train(tiny_cfg(*BASE, *SGLD, "epsilon=5", "noise_seed=7", f"output_dir={tmp_path / 's'}"))
     assert s["test_rmse"] == g["test_rmse"]
     rep = s["privacy"]
     assert rep["noise"]["noise_multiplier"] == g["privacy"]["noise"]["noise_multiplier"]
@@ -284,10 +278,10 @@ def test_sgld_reports_epsilon_delta_and_accountant_and_the_full_form_stays_null(
     assert "Opacus PRV" in rep["accountant"] and rep["epsilon_if_exact_sample"] is None
     assert "does not apply" in rep["posterior_sampling"]
     with pytest.raises(ConfigError, match="mechanism.clip_norm"):  # the low-rank form is the accounted chain only
-        check_config(compose_cfg(*BASE, "mechanism=sgld", "epsilon=10"))
+        check_config(tiny_cfg(*BASE, "mechanism=sgld", "epsilon=10"))
     with pytest.raises(ConfigError, match="mechanism.decay is not read by ClippedSGLD"):  # typed on the command line
-        form_node(compose_cfg(*BASE, *SGLD, "epsilon=10").mechanism, LowRankPNBM, {"decay"})
-    full = setup_training(compose_cfg("data=synthetic", "device=cpu", "mechanism=sgld", "epsilon=10", "model=pnbm"),
+        form_node(tiny_cfg(*BASE, *SGLD, "epsilon=10").mechanism, LowRankPNBM, {"decay"})
+    full = setup_training(tiny_cfg("data=synthetic", "device=cpu", "mechanism=sgld", "epsilon=10", "model=pnbm"),
                           tiny_fold(), torch.device("cpu"))
     assert full.optimizer.privacy_report()["epsilon"] is None  # the M x M chain: no defended epsilon
 
@@ -352,7 +346,7 @@ def test_kill_and_resume_gives_the_same_metrics_and_epsilon(tmp_path, monkeypatc
     overrides = {"none": NONE, "gaussian": GAUSSIAN, "sgld": SGLD, "dpsgd": DPSGD}[mech]
     eps = "epsilon=inf" if mech == "none" else "epsilon=6"
     args = [*BASE, *overrides, eps, "noise_seed=5", "mechanism.epochs=3"]
-    full = train(compose_cfg(*args, f"output_dir={tmp_path / 'full'}"))
+    full = train(tiny_cfg(*args, f"output_dir={tmp_path / 'full'}"))
     original = trainer_mod.Trainer._epoch_metrics
 
     def kill(self, epoch, fold, train_rmse):
@@ -362,9 +356,9 @@ def test_kill_and_resume_gives_the_same_metrics_and_epsilon(tmp_path, monkeypatc
 
     monkeypatch.setattr(trainer_mod.Trainer, "_epoch_metrics", kill)
     with pytest.raises(KeyboardInterrupt):
-        train(compose_cfg(*args, f"output_dir={tmp_path / 'cut'}", "resume=true"))  # resumable: a checkpoint every epoch
+        train(tiny_cfg(*args, f"output_dir={tmp_path / 'cut'}", "resume=true"))  # resumable: a checkpoint every epoch
     monkeypatch.setattr(trainer_mod.Trainer, "_epoch_metrics", original)
-    resumed = train(compose_cfg(*args, f"output_dir={tmp_path / 'cut'}", "resume=true"))
+    resumed = train(tiny_cfg(*args, f"output_dir={tmp_path / 'cut'}", "resume=true"))
     assert resumed["test_rmse"] == full["test_rmse"]
     assert resumed["privacy"].get("epsilon_spent") == full["privacy"].get("epsilon_spent")  # none: not reported
     assert resumed["privacy"]["epsilon"] == full["privacy"]["epsilon"]
@@ -382,7 +376,7 @@ def test_evaluate_py_scores_the_released_model(tmp_path, mech):
 
     overrides = {"none": NONE, "gaussian": GAUSSIAN, "sgld": SGLD, "dpsgd": DPSGD}[mech]
     eps = "epsilon=inf" if mech == "none" else "epsilon=4"
-    m = train(compose_cfg(*BASE, *overrides, eps, f"output_dir={tmp_path}"))
+    m = train(tiny_cfg(*BASE, *overrides, eps, f"output_dir={tmp_path}"))
     ev, _ = evaluate_run(Path(tmp_path), torch.device("cpu"), compare_baselines=False)
     assert ev["test_rmse"] == m["test_rmse"]
 
@@ -391,7 +385,7 @@ def test_evaluate_py_scores_the_released_model(tmp_path, mech):
 def test_model_pnbm_lowrank_composes_with_its_tuned_numbers(mech):
     """``model=pnbm_lowrank`` picks conf/tuned/<mechanism>_pnbm_lowrank.yaml: the design card's chain is the clipped one."""
     eps = "epsilon=inf" if mech == "none" else "epsilon=20"
-    cfg = compose_cfg("data=synthetic", "device=cpu", "model=pnbm_lowrank", f"mechanism={mech}", eps)
+    cfg = tiny_cfg("data=synthetic", "device=cpu", "model=pnbm_lowrank", f"mechanism={mech}", eps)
     setup = setup_training(cfg, tiny_fold(), torch.device("cpu"))
     assert isinstance(setup.model, LowRankPNBM)
     rep = setup.optimizer.privacy_report()
@@ -447,12 +441,12 @@ def test_item_means_alone_over_budget_is_one_line():
                                  "mechanism.accountant=gdp"])
 def test_bad_config_is_one_line(bad):
     with pytest.raises(ConfigError):
-        setup_training(compose_cfg(*BASE, *GAUSSIAN, "epsilon=1", bad), tiny_fold(), torch.device("cpu"))
+        setup_training(tiny_cfg(*BASE, *GAUSSIAN, "epsilon=1", bad), tiny_fold(), torch.device("cpu"))
 
 
 def test_a_private_run_is_reproducible_under_its_noise_seed_and_finite(tmp_path):
-    a = train(compose_cfg(*BASE, *GAUSSIAN, "epsilon=2", "noise_seed=4", f"output_dir={tmp_path / 'a'}"))
-    b = train(compose_cfg(*BASE, *GAUSSIAN, "epsilon=2", "noise_seed=4", f"output_dir={tmp_path / 'b'}"))
+    a = train(tiny_cfg(*BASE, *GAUSSIAN, "epsilon=2", "noise_seed=4", f"output_dir={tmp_path / 'a'}"))
+    b = train(tiny_cfg(*BASE, *GAUSSIAN, "epsilon=2", "noise_seed=4", f"output_dir={tmp_path / 'b'}"))
     assert math.isfinite(a["test_rmse"]) and a["test_rmse"] == b["test_rmse"]
 
 
@@ -463,9 +457,8 @@ def test_canary_audit_stays_below_the_claim_and_has_power(tmp_path):
     from scripts import audit
 
     def run(eps: str, out: str) -> dict:
-        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            cfg = compose("audit", overrides=[*LOWRANK, *GAUSSIAN, "mechanism.clip_norm=10", eps, "audit.trials=10",
-                                              "audit.canaries=20", f"output_dir={tmp_path / out}"])
+        cfg = tiny_cfg(*LOWRANK, *GAUSSIAN, "mechanism.clip_norm=10", eps, "audit.trials=10", "audit.canaries=20",
+                       f"output_dir={tmp_path / out}", config_name="audit")
         return audit.audit(cfg)
 
     private, leaky = run("epsilon=1", "p"), run("epsilon=inf", "l")

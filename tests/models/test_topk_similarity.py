@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 from dprec_torch.data.ratings import Ratings, RatingScale
 from dprec_torch.errors import ConfigError
@@ -16,7 +15,7 @@ from dprec_torch.models.pnbm_topk import PNBMTopK, corating_support, mirror_inde
 from dprec_torch.seeding import noise_generator
 from dprec_torch.training.run import train
 from tests.contract import PredictorContract
-from tests.helpers import CONF_DIR, tiny_fold, toy_ratings
+from tests.helpers import tiny_cfg, tiny_fold, toy_ratings
 
 
 def random_ratings(n_users: int = 50, n_items: int = 30, density: float = 0.35, seed: int = 0) -> Ratings:
@@ -163,11 +162,9 @@ def test_training_reduces_error():
 
 
 def test_hydra_config_trains_one_epoch(tmp_path):
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose(config_name="config", overrides=["model=pnbm_topk", "model.sparse_k=30", "data=synthetic",
-                                                       "device=cpu", "compare_baselines=false", "tensorboard=false",
-                                                       "mechanism=dpsgd_paper", "epsilon=5", "mechanism.epochs=1",
-                                                       f"output_dir={tmp_path}"])
+    cfg = tiny_cfg("model=pnbm_topk", "model.sparse_k=30", "data=synthetic", "device=cpu", "compare_baselines=false",
+                   "tensorboard=false", "mechanism=dpsgd_paper", "epsilon=5", "mechanism.epochs=1",
+                   f"output_dir={tmp_path}")
     out = train(cfg)
     assert 0 < out["test_rmse"] < 2.5
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -84,12 +83,10 @@ def test_theorem_3_2_fails_when_the_queried_item_is_bought() -> None:
 
 
 def test_yaml_instantiates() -> None:
-    from hydra import compose, initialize_config_dir
-
     from dprec_torch.training.run import instantiate_node
+    from tests.helpers import tiny_cfg
 
-    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[2] / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=["model=cosine_implicit"])
+    cfg = tiny_cfg("model=cosine_implicit")
     assert cfg.mechanism.name == "none"
     model = instantiate_node(cfg.model)
     assert isinstance(model, CosineImplicit) and model.T == 20 and model.threshold == 4.0

@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,7 +23,7 @@ from dprec_torch.data.preprocess import per_user_sample
 from dprec_torch.privacy.calibration import calibrate_gaussian
 from dprec_torch.training.run import instantiate_node
 from tests.contract import PredictorContract
-from tests.helpers import CONF_DIR, tiny_fold
+from tests.helpers import tiny_cfg, tiny_fold
 from tests.predictors.test_noisy_gram import datasets, public_means, with_value, without_rating, without_user
 
 TOL = 1e-9
@@ -150,8 +149,7 @@ def test_bad_config_is_one_line(bad):
 
 
 def test_config_composes_and_instantiates():
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose("config", overrides=["model=dpals", "epsilon=10", "data=synthetic"])
+    cfg = tiny_cfg("model=dpals", "epsilon=10", "data=synthetic")
     model = instantiate_node(cfg.model)
     assert model.epsilon == 10.0 and cfg.mechanism.name == "builtin"
 

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -28,7 +27,7 @@ from dprec_torch.privacy.item_means import (
 from dprec_torch.training.run import instantiate_node
 from dprec_torch.seeding import noise_generator
 from tests.contract import PredictorContract
-from tests.helpers import CONF_DIR, tiny_fold
+from tests.helpers import tiny_cfg, tiny_fold
 
 SCALE = RatingScale(1.0, 5.0)
 TOL = 1e-9
@@ -396,8 +395,7 @@ def test_bad_config_is_one_line(bad):
 # ------------------------------------------------------------------ configs
 @pytest.mark.parametrize("overrides", [["model=noisy_gram"], ["+experiment=private_rating"], ["+experiment=private_user"]])
 def test_configs_compose_and_instantiate(overrides):
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose("config", overrides=overrides + ["epsilon=1", "data=synthetic"])
+    cfg = tiny_cfg(*overrides, "epsilon=1", "data=synthetic")
     model = instantiate_node(cfg.model)
     assert model.epsilon == 1.0
     assert cfg.mechanism.name == "builtin"
@@ -406,9 +404,8 @@ def test_configs_compose_and_instantiate(overrides):
 def test_train_runs_a_private_rating_model_end_to_end(tmp_path: Path):
     from dprec_torch.training.run import train
 
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose("config", overrides=["+experiment=private_rating", "epsilon=1", "data=synthetic", "device=cpu",
-                                           "compare_baselines=false", "tensorboard=false", f"output_dir={tmp_path}"])
+    cfg = tiny_cfg("+experiment=private_rating", "epsilon=1", "data=synthetic", "device=cpu",
+                   "compare_baselines=false", "tensorboard=false", f"output_dir={tmp_path}")
     metrics = train(cfg)
     assert metrics["privacy"]["epsilon"] == 1.0 and metrics["privacy"]["relation"] == "rating"
     assert math.isfinite(metrics["test_rmse"])

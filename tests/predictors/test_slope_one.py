@@ -15,7 +15,6 @@ from dprec_torch.evaluation.metrics import rmse
 from dprec_torch.mechanisms.output_perturbation import LaplaceOutput
 from dprec_torch.predictors.slope_one import SlopeOne, slope_one_sensitivity, slope_one_substitution_sensitivity
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
 SCALE = RatingScale(1.0, 5.0)
 
 
@@ -156,12 +155,10 @@ def test_bad_config_is_one_line() -> None:
 
 
 def test_yaml_instantiates() -> None:
-    from hydra import compose, initialize_config_dir
-
     from dprec_torch.training.run import instantiate_node
+    from tests.helpers import tiny_cfg
 
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=["model=slope_one", "mechanism=laplace_output", "epsilon=2", "seed=5", "noise_seed=5"])
+    cfg = tiny_cfg("model=slope_one", "mechanism=laplace_output", "epsilon=2", "seed=5", "noise_seed=5")
     model, mech = instantiate_node(cfg.model), instantiate_node(cfg.mechanism)
     assert isinstance(model, SlopeOne) and (model.T, model.phi_m) == (20, 10)
     assert mech.epsilon == 2.0 and mech.seed == 5

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from hydra import compose, initialize_config_dir
 from hydra.utils import get_class
 
 from dprec_torch.errors import ConfigError, DprecError
@@ -24,7 +23,7 @@ from dprec_torch.privacy.accountants import Accountant, PureDPAccountant
 from dprec_torch.privacy.opacus_accounting import OpacusAccountant
 from dprec_torch.training.run import setup_training, validate
 from dprec_torch.training.trainer import Trainer
-from tests.helpers import CONF_DIR
+from tests.helpers import CONF_DIR, tiny_cfg
 
 MODELS = ("pnbm", "mf")
 
@@ -40,10 +39,8 @@ def training_mechanisms() -> list[str]:
 
 
 def build(mechanism: str, model: str, eps: str = "4"):
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[
-            "data=synthetic", "device=cpu", f"mechanism={mechanism}", f"model={model}", f"epsilon={eps}",
-            "mechanism.epochs=2", "seed=3", "noise_seed=3"])
+    cfg = tiny_cfg("data=synthetic", "device=cpu", f"mechanism={mechanism}", f"model={model}", f"epsilon={eps}",
+                   "mechanism.epochs=2", "seed=3", "noise_seed=3")
     validate(cfg)
     from dprec_torch.data.synthetic import load_synthetic
 

@@ -6,13 +6,12 @@ import math
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from scipy.stats import binom
 
 from dprec_torch.audit.bounds import clopper_pearson_lower, epsilon_lower_bound, guesses
 from dprec_torch.audit.canaries import make_canaries
 from dprec_torch.errors import ConfigError
-from tests.helpers import CONF_DIR, tiny_fold
+from tests.helpers import tiny_cfg, tiny_fold
 
 
 def test_clopper_pearson_hand_values():
@@ -53,17 +52,12 @@ def test_canaries_are_distinct_rare_and_included_on_demand():
         make_canaries(train, 4, "item")
 
 
-def compose_audit(overrides):
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose("audit", overrides=overrides)
-
-
 def test_tiny_audit_runs_and_finds_the_nonprivate_leak(tmp_path):
     """mechanism=none keeps exact item means: the canary item's mean is 5 exactly when it was trained on."""
     from scripts import audit
 
-    cfg = compose_audit(["mechanism=none", "mechanism.epochs=1", "audit.trials=2", "audit.canaries=10",
-                         "audit.canary=rating", f"output_dir={tmp_path}"])
+    cfg = tiny_cfg("mechanism=none", "mechanism.epochs=1", "audit.trials=2", "audit.canaries=10", "audit.canary=rating",
+                   f"output_dir={tmp_path}", config_name="audit")
     r = audit.audit(cfg)
     assert (tmp_path / "audit.json").exists()
     assert r["correct"] == r["guesses"] == 2 * 2 * 2  # k = round(0.25 * 10) = 2 per side, 2 trials
@@ -78,7 +72,7 @@ def test_provable_mechanisms_audit_below_their_epsilon(mechanism, tmp_path):
     """Done-when: at eps = 1 the empirical lower bound of the provable variants is <= 1."""
     from scripts import audit
 
-    cfg = compose_audit([f"mechanism={mechanism}", "epsilon=1", "audit.trials=20", f"output_dir={tmp_path}"])
+    cfg = tiny_cfg(f"mechanism={mechanism}", "epsilon=1", "audit.trials=20", f"output_dir={tmp_path}", config_name="audit")
     r = audit.audit(cfg)
     assert r["epsilon_claimed"] == pytest.approx(1.0, rel=0.01)
     assert r["epsilon_lower_bound"] <= 1.0
@@ -119,8 +113,8 @@ def test_tau_audit_applies_the_cap_as_train_py_does(tmp_path, caplog):
 
     from scripts import audit
 
-    cfg = compose_audit(["mechanism=dpsgd_l1", "epsilon=1", "audit.trials=1", "audit.canaries=4", "audit.canary=tau",
-                         "mechanism.max_user_ratings=8", f"output_dir={tmp_path}"])
+    cfg = tiny_cfg("mechanism=dpsgd_l1", "epsilon=1", "audit.trials=1", "audit.canaries=4", "audit.canary=tau",
+                   "mechanism.max_user_ratings=8", f"output_dir={tmp_path}", config_name="audit")
     with caplog.at_level(logging.INFO, logger="dprec_torch.training.run"):
         r = audit.audit(cfg)
     assert r["canary_kind"] == "tau" and r["guesses"] == 2

@@ -8,12 +8,11 @@ import json
 import math
 
 import pytest
-from hydra import compose, initialize_config_dir
 
 from dprec_torch.privacy.calibration import gaussian_epsilon
 from dprec_torch.privacy.ledger import JOBS_COMPOSE, format_ledger, joint_epsilon, ledger_report, run_privacy
 from dprec_torch.training.run import comparison_table, train
-from tests.helpers import CONF_DIR
+from tests.helpers import tiny_cfg
 
 BASE = ["data=synthetic", "data.fold=all", "device=cpu", "compare_baselines=false", "tensorboard=false",
         "mechanism.epochs=1"]
@@ -21,8 +20,7 @@ FOLDS = 5  # the synthetic preset's n_folds
 
 
 def run(tmp_path, *overrides: str) -> dict:
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[*BASE, f"output_dir={tmp_path}", *overrides])
+    cfg = tiny_cfg(*BASE, f"output_dir={tmp_path}", *overrides)
     return train(cfg)
 
 

@@ -149,15 +149,11 @@ def test_with_validation_and_bad_fraction():
 
 def test_a_real_fold_all_run_is_charged_five_models(tmp_path):
     """End to end: ``data.fold=all`` trains five models on the same synthetic people; the ledger charges 5 eps."""
-    from hydra import compose, initialize_config_dir
-
     from dprec_torch.training.run import train
-    from tests.helpers import CONF_DIR
+    from tests.helpers import tiny_cfg
 
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[
-            "data=synthetic", "data.fold=all", "device=cpu", "compare_baselines=false", "tensorboard=false",
-            "mechanism=dpsgd", "epsilon=1", "mechanism.epochs=1", f"output_dir={tmp_path / 'run'}"])
+    cfg = tiny_cfg("data=synthetic", "data.fold=all", "device=cpu", "compare_baselines=false", "tensorboard=false",
+                   "mechanism=dpsgd", "epsilon=1", "mechanism.epochs=1", f"output_dir={tmp_path / 'run'}")
     m = train(cfg)
     assert len(m["folds"]) == 5 and all(f["privacy_epsilon"] == pytest.approx(1.0) for f in m["folds"])
     (e,) = ledger_report(tmp_path)["entries"]

@@ -13,7 +13,6 @@ import logging
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from dprec_torch.config import check_config, instantiate_node
@@ -21,25 +20,20 @@ from dprec_torch.errors import ConfigError
 from dprec_torch.privacy.provenance import NOT_RECORDED, chosen_on, hyperparameter_provenance, user_values
 from dprec_torch.privacy.relations import check_privacy_units
 
-from tests.helpers import CONF_DIR
+from tests.helpers import CONF_DIR, tiny_cfg
 
 CONF = Path(CONF_DIR)
 
 
-def _compose(*overrides: str):
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose("config", overrides=list(overrides))
-
-
 # ----------------------------------------------------------------------------------------------- (a) default run
 def test_the_default_ml100k_run_is_end_to_end_from_the_config_values():
-    prov = hyperparameter_provenance(_compose())
+    prov = hyperparameter_provenance(tiny_cfg())
     assert prov["chosen_on"] == "ml-1m" and prov["shares_people"] is False and prov["user_values"] == []
     assert "(end to end)" in prov["statement"] and "conf/tuned/dpsgd_pnbm_lowrank.yaml" in prov["statement"]
 
 
 def test_the_source_is_read_from_the_composed_config_not_from_a_file_comment():
-    cfg = _compose()
+    cfg = tiny_cfg()
     cfg.mechanism.chosen_on = "ml-100k"  # the composed value decides, whatever the yaml's comments say
     prov = hyperparameter_provenance(cfg)
     assert prov["shares_people"] is True and "NOT counted in epsilon" in prov["statement"]
@@ -48,7 +42,7 @@ def test_the_source_is_read_from_the_composed_config_not_from_a_file_comment():
 # ------------------------------------------------------------------------------------------------ (b) overrides
 @pytest.mark.parametrize("override", ["mechanism.lr=3", "mechanism.epochs=7", "model.rank=4", "~mechanism.count_weight"])
 def test_a_hyperparameter_override_is_chosen_by_the_user_and_not_counted(override):
-    prov = hyperparameter_provenance(_compose(override))
+    prov = hyperparameter_provenance(tiny_cfg(override))
     key = override.lstrip("~").split("=")[0]
     assert prov["user_values"] == [key]
     assert prov["shares_people"] == "unknown"
@@ -57,7 +51,7 @@ def test_a_hyperparameter_override_is_chosen_by_the_user_and_not_counted(overrid
 
 
 def test_an_override_on_the_training_peoples_data_stays_not_counted():
-    cfg = _compose("data=ml-1m", "mechanism.lr=3")
+    cfg = tiny_cfg("data=ml-1m", "mechanism.lr=3")
     cfg.mechanism.chosen_on = "ml-1m"  # the other values chosen on the training people themselves
     prov = hyperparameter_provenance(cfg)
     assert prov["shares_people"] is True and "chosen by the user: not counted" in prov["statement"]
@@ -69,13 +63,13 @@ def test_an_override_on_the_training_peoples_data_stays_not_counted():
     ("mechanism=sgld", "mechanism.accountant=prv"), ("mechanism=gaussian", "mechanism.accountant=prv"),
 ])
 def test_overrides_of_non_hyperparameters_keep_the_defaults_provenance(overrides):
-    prov = hyperparameter_provenance(_compose(*overrides))
+    prov = hyperparameter_provenance(tiny_cfg(*overrides))
     assert prov["user_values"] == [] and "chosen by the user" not in prov["statement"]
     assert prov["shares_people"] is False and "(end to end)" in prov["statement"]
 
 
 def test_a_pcc_k_filled_from_the_dataset_is_the_packages(tmp_path):
-    cfg = _compose("model=pcc", "data=ml-1m")
+    cfg = tiny_cfg("model=pcc", "data=ml-1m")
     assert user_values(cfg) == {}
     cfg.model.k = 50
     assert user_values(cfg) == {"model.k": 50}
@@ -85,8 +79,8 @@ def test_a_hydra_command_line_override_counts_even_at_the_packages_value(monkeyp
     """In a Hydra job the command line itself says what the user typed (HydraConfig's overrides.task)."""
     from dprec_torch.privacy import provenance
 
-    same = f"mechanism.lr={_compose().mechanism.lr}"  # the package's own value, whatever it is today
-    cfg = _compose(same)
+    same = f"mechanism.lr={tiny_cfg().mechanism.lr}"  # the package's own value, whatever it is today
+    cfg = tiny_cfg(same)
     assert user_values(cfg) == {}  # the same value as the package's: invisible without the command line
     task = ([same, "device=cpu", "data.fold=2"], {"mechanism": "dpsgd", "model": "pnbm_lowrank"})
     monkeypatch.setattr(provenance, "_hydra_task", lambda: task)
@@ -101,7 +95,7 @@ def test_a_run_reports_the_users_value(tmp_path):
     """train(cfg) from Python with a composed config: the privacy report names the override."""
     from dprec_torch.training.run import train
 
-    cfg = _compose("data=synthetic", "data.preset=tiny", "mechanism=dpsgd", "mechanism.lr=3", "mechanism.epochs=1",
+    cfg = tiny_cfg("data=synthetic", "data.preset=tiny", "mechanism=dpsgd", "mechanism.lr=3", "mechanism.epochs=1",
                    "device=cpu", "compare_baselines=false", "tensorboard=false", f"output_dir={tmp_path}")
     prov = train(cfg)["privacy"]["hyperparameters"]
     assert prov["user_values"] == ["mechanism.epochs", "mechanism.lr"]
@@ -111,7 +105,7 @@ def test_a_run_reports_the_users_value(tmp_path):
 # ----------------------------------------------------------------------------------------------- (c) custom data
 @pytest.mark.parametrize("model", ["pnbm_lowrank", "mf", "noisy_gram"])
 def test_custom_data_says_it_cannot_tell_whose_people_it_holds(model):
-    prov = hyperparameter_provenance(_compose("data=custom", "data.path=/data/ml-1m/ratings.dat", f"model={model}"))
+    prov = hyperparameter_provenance(tiny_cfg("data=custom", "data.path=/data/ml-1m/ratings.dat", f"model={model}"))
     assert prov["shares_people"] == "unknown"
     assert "unknown to the package" in prov["statement"] and "end to end" not in prov["statement"]
     if model != "noisy_gram":
@@ -121,13 +115,13 @@ def test_custom_data_says_it_cannot_tell_whose_people_it_holds(model):
 
 # -------------------------------------------------------------------------------------------------- (d) presets
 def test_a_preset_keeps_its_provenance_and_an_override_of_it_is_the_users():
-    prov = hyperparameter_provenance(_compose("+experiment=private_user", "epsilon=10", "data=ml-1m"))
+    prov = hyperparameter_provenance(tiny_cfg("+experiment=private_user", "epsilon=10", "data=ml-1m"))
     assert prov["chosen_on"] == "ml-100k" and prov["shares_people"] is False and prov["user_values"] == []
     assert prov["statement"].startswith("preset private_user") and "(end to end)" in prov["statement"]
-    own = hyperparameter_provenance(_compose("+experiment=private_user", "epsilon=10", "data=ml-1m", "model.support=100"))
+    own = hyperparameter_provenance(tiny_cfg("+experiment=private_user", "epsilon=10", "data=ml-1m", "model.support=100"))
     assert own["user_values"] == ["support"] and own["shares_people"] == "unknown"
     assert "model.support=100" in own["statement"] and "chosen by the user: not counted" in own["statement"]
-    custom = hyperparameter_provenance(_compose("+experiment=private_rating", "epsilon=1", "data=custom"))
+    custom = hyperparameter_provenance(tiny_cfg("+experiment=private_rating", "epsilon=1", "data=custom"))
     assert custom["shares_people"] == "unknown" and "cannot tell whose people a custom file holds" in custom["statement"]
 
 
@@ -147,14 +141,14 @@ def test_every_tuned_model_and_mechanism_file_carries_its_source_as_a_value(path
 
 
 def test_the_default_runs_files_say_where_their_numbers_were_chosen():
-    cfg = _compose()
+    cfg = tiny_cfg()
     for node in (cfg.model, cfg.mechanism):  # per population a run trains on
         assert chosen_on(node, "ml-100k") == ["ml-1m"] and chosen_on(node, "ml-1m") == ["ml-100k"]
         assert chosen_on(node, None) == chosen_on(node) == ["ml-1m", "ml-100k"]  # custom data: every source
     for mech in ("dpsgd", "sgld", "gaussian"):
-        node = _compose(f"mechanism={mech}").mechanism
+        node = tiny_cfg(f"mechanism={mech}").mechanism
         assert chosen_on(node, "ml-100k") == ["ml-1m"] and chosen_on(node, "ml-1m") == ["ml-100k"], mech
-    assert chosen_on(_compose("mechanism=none").mechanism) == ["ml-1m"]  # the non-private run's numbers: not re-chosen
+    assert chosen_on(tiny_cfg("mechanism=none").mechanism) == ["ml-1m"]  # the non-private run's numbers: not re-chosen
 
 
 # ----------------------------------------------------------------------- every default run chosen on other people
@@ -174,7 +168,7 @@ EVIDENCE = CONF.parent / "docs" / "results" / "pnbm_lowrank" / "size_rule_consta
 def test_every_default_run_shares_no_people_with_where_its_defaults_were_chosen(data, mech):
     from dprec_torch.privacy.provenance import DESCRIPTIONS
 
-    prov = hyperparameter_provenance(_compose(f"data={data}", f"mechanism={mech}"))
+    prov = hyperparameter_provenance(tiny_cfg(f"data={data}", f"mechanism={mech}"))
     assert prov["shares_people"] is False and prov["chosen_on"] == SOURCE[data] and prov["user_values"] == []
     text = prov["statement"]
     assert f"chosen on {DESCRIPTIONS[SOURCE[data]]}" in text and "(end to end)" in text
@@ -196,7 +190,7 @@ def test_each_default_constant_is_pinned_to_where_it_came_from():
             else side["fitting_sets"] == ["ml100k"]
         assert "no user of" in size_rule.FITTED_ON[data]
         for mech in ("dpsgd", "sgld", "gaussian"):
-            cfg = _compose(f"data={data}", f"mechanism={mech}")
+            cfg = tiny_cfg(f"data={data}", f"mechanism={mech}")
             assert all(cfg.mechanism[k] == "auto" for k in RULE_KNOBS), mech  # the size rule's
             for node, keys in CONSTANTS.items():
                 assert chosen_on(cfg[node], data) == [source], (data, mech, node)
@@ -211,13 +205,13 @@ def test_each_default_constant_is_pinned_to_where_it_came_from():
 @pytest.mark.parametrize(("mech", "model"), [("dpsgd", "pnbm_lowrank"), ("sgld", "pnbm_lowrank"), ("gaussian", "mf"),
                                              ("none", "pcc"), ("builtin", "noisy_gram"), ("dpsgd_paper", "pnbm")])
 def test_the_source_key_passes_the_checks_and_never_reaches_a_constructor(mech, model):
-    cfg = _compose(f"mechanism={mech}", f"model={model}")
+    cfg = tiny_cfg(f"mechanism={mech}", f"model={model}")
     check_config(cfg)
     assert "chosen_on" in cfg.mechanism and "chosen_on" in cfg.model
     if mech != "builtin":
         instantiate_node(cfg.mechanism)  # a partial: the key would fail here if it were passed on
     # a misspelt key still fails
-    bad = _compose(f"mechanism={mech}", f"model={model}", "+mechanism.chosen_onn=ml-1m")
+    bad = tiny_cfg(f"mechanism={mech}", f"model={model}", "+mechanism.chosen_onn=ml-1m")
     with pytest.raises(ConfigError, match="chosen_onn"):
         check_config(bad)
 
@@ -227,14 +221,14 @@ def test_a_model_is_built_without_the_source_key():
 
     from tests.helpers import tiny_fold
 
-    cfg = _compose("model=pnbm_lowrank", "device=cpu")
+    cfg = tiny_cfg("model=pnbm_lowrank", "device=cpu")
     model = build_model(cfg, tiny_fold())
     assert model is not None
 
 
 # ------------------------------------------------------------------------------------------------ delta ceiling
 def test_delta_above_a_tenth_of_one_over_n_is_warned_in_one_line(caplog):
-    cfg = _compose("mechanism=gaussian", "model=mf", "mechanism.unit=rating", "delta=1e-5")
+    cfg = tiny_cfg("mechanism=gaussian", "model=mf", "mechanism.unit=rating", "delta=1e-5")
     with caplog.at_level(logging.WARNING, logger="dprec_torch.privacy.relations"):
         check_privacy_units(cfg, n_ratings=20_000, n_users=500)  # 1/(10 N) = 5e-6 < 1e-5 < 1/N = 5e-5
     lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -244,20 +238,20 @@ def test_delta_above_a_tenth_of_one_over_n_is_warned_in_one_line(caplog):
 
 
 def test_delta_within_the_ceiling_is_silent_and_at_one_over_n_refused(caplog):
-    cfg = _compose("mechanism=gaussian", "model=mf", "mechanism.unit=rating", "delta=1e-6")
+    cfg = tiny_cfg("mechanism=gaussian", "model=mf", "mechanism.unit=rating", "delta=1e-6")
     with caplog.at_level(logging.WARNING, logger="dprec_torch.privacy.relations"):
         check_privacy_units(cfg, n_ratings=20_000, n_users=500)  # 1e-6 < 5e-6
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     with pytest.raises(ConfigError, match="not below 1/20000"):
-        check_privacy_units(_compose("mechanism=gaussian", "model=mf", "mechanism.unit=rating", "delta=5e-5"),
+        check_privacy_units(tiny_cfg("mechanism=gaussian", "model=mf", "mechanism.unit=rating", "delta=5e-5"),
                             n_ratings=20_000, n_users=500)
 
 
 def test_the_user_level_ceiling_counts_users(caplog):
-    cfg = _compose("mechanism=sgld", "delta=1e-4")  # the clipped chain: user level, (epsilon, delta)
+    cfg = tiny_cfg("mechanism=sgld", "delta=1e-4")  # the clipped chain: user level, (epsilon, delta)
     with caplog.at_level(logging.WARNING, logger="dprec_torch.privacy.relations"):
         check_privacy_units(cfg, n_ratings=80_000, n_users=943)  # 1/(10 N) = 1.06e-4: 1e-4 is below
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     with caplog.at_level(logging.WARNING, logger="dprec_torch.privacy.relations"):
-        check_privacy_units(_compose("mechanism=sgld", "delta=5e-4"), n_ratings=80_000, n_users=943)
+        check_privacy_units(tiny_cfg("mechanism=sgld", "delta=5e-4"), n_ratings=80_000, n_users=943)
     assert any("943 users" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)

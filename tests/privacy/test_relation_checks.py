@@ -9,21 +9,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from dprec_torch.cli import check_command_line
 from dprec_torch.config import check_config
 from dprec_torch.privacy.relations import check_relation_preprocessing, node_relation
 from dprec_torch.errors import ConfigError
-from tests.helpers import CONF_DIR, tiny_fold
+from tests.helpers import tiny_cfg, tiny_fold
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _cfg(*overrides: str) -> DictConfig:
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose(config_name="config", overrides=["data=synthetic", "device=cpu", *overrides])
+    return tiny_cfg("data=synthetic", "device=cpu", *overrides)
 
 
 # ------------------------------------------------------------------ refused: rating level + a per-user step

@@ -108,15 +108,11 @@ def test_no_secret_reaches_any_file_but_the_checkpoint(tmp_path: Path, monkeypat
 def test_the_poisson_sampler_of_a_private_mechanism_is_secret(mechanism, model, secret):
     """Poisson sampling is part of the amplification proof: every noise-drawing mechanism (``gaussian`` with MF too,
     whose relation follows its unit) draws its batches from the secret source; non-private SGD from the public seed."""
-    from hydra import compose, initialize_config_dir
-
     from dprec_torch.training.run import setup_training
-    from tests.helpers import CONF_DIR, tiny_fold
+    from tests.helpers import tiny_cfg, tiny_fold
 
     def batch_users() -> torch.Tensor:
-        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            cfg = compose("config", overrides=[*FAST, f"mechanism={mechanism}", f"model={model}", "epsilon=1",
-                                               "mechanism.sampling_ratio=0.3"])
+        cfg = tiny_cfg(*FAST, f"mechanism={mechanism}", f"model={model}", "epsilon=1", "mechanism.sampling_ratio=0.3")
         return setup_training(cfg, tiny_fold(), torch.device("cpu")).sampler.sample().users.clone()
 
     a, b = batch_users(), batch_users()

@@ -332,15 +332,6 @@ def test_mcsherry_stated_sensitivities_are_what_fit_calibrates_to():
 
 
 # ---------------------------------------------------------------- runtime enforcement (training/run.py)
-def _fitted_cfg(*overrides: str):
-    from hydra import compose, initialize_config_dir
-
-    from tests.helpers import CONF_DIR
-
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose(config_name="config", overrides=["data=synthetic", "device=cpu", *overrides])
-
-
 @pytest.mark.parametrize("overrides", [("model=mcsherry", "epsilon=1"),
                                        ("model=slope_one", "mechanism=exponential_topk", "epsilon=1")],
                          ids=["mcsherry", "exponential_topk"])
@@ -350,9 +341,9 @@ def test_fit_fold_refuses_a_finite_epsilon_from_an_unregistered_predictor(monkey
     from dprec_torch.mechanisms.exponential_topk import ExponentialTopKRecommender
     from dprec_torch.predictors.mcsherry import McSherryMironov
     from dprec_torch.training.run import fit_fold
-    from tests.helpers import tiny_fold
+    from tests.helpers import tiny_cfg, tiny_fold
 
-    cfg, fold = _fitted_cfg(*overrides), tiny_fold()
+    cfg, fold = tiny_cfg("data=synthetic", "device=cpu", *overrides), tiny_fold()
     record = fit_fold(cfg, fold, torch.device("cpu"))
     assert record["privacy"]["epsilon"] == 1.0
     cls = McSherryMironov if "model=mcsherry" in overrides else ExponentialTopKRecommender

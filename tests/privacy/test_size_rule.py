@@ -9,25 +9,19 @@ import math
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 import dprec_torch
 from dprec_torch.errors import ConfigError
 from dprec_torch.privacy import size_rule as R
 from dprec_torch.training.run import setup_training
-from tests.helpers import CONF_DIR
+from tests.helpers import tiny_cfg
 
 BASE = ["data=synthetic", "device=cpu", "compare_baselines=false", "tensorboard=false"]
 
 
-def compose_cfg(*overrides: str):
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
-
-
 @pytest.mark.parametrize("mechanism", ["sgld", "gaussian", "dpsgd"])
 def test_the_default_files_ask_the_rule_for_every_knob(mechanism):
-    cfg = compose_cfg(f"mechanism={mechanism}")
+    cfg = tiny_cfg(f"mechanism={mechanism}")
     for key in R.MECHANISM_KNOBS:
         assert cfg.mechanism[key] == "auto", key
     assert cfg.model.item_features == "auto"
@@ -53,7 +47,7 @@ def test_the_step_grows_with_n_and_epsilon_and_stops_learning_when_noise_wins():
 
 
 def test_the_rule_reads_public_sizes_only_and_records_where_it_was_fitted():
-    cfg = compose_cfg(*BASE, "mechanism=sgld", "epsilon=20", "data.preset=tiny")
+    cfg = tiny_cfg(*BASE, "mechanism=sgld", "epsilon=20", "data.preset=tiny")
     from dprec_torch.config import instantiate_node
 
     fold = instantiate_node(cfg.data).folds[0]
@@ -73,7 +67,7 @@ def test_a_number_on_the_command_line_wins_and_metrics_record_the_rule(tmp_path)
     rule = metrics["privacy"]["size_rule"]
     assert "mechanism.lr" not in rule["resolved_by_rule"] and "mechanism.epochs" in rule["resolved_by_rule"]
     assert metrics["epochs"] == rule["knobs"]["epochs"]
-    cfg = compose_cfg(*BASE, "data.preset=tiny", "mechanism=sgld", "epsilon=20", "mechanism.lr=3")
+    cfg = tiny_cfg(*BASE, "data.preset=tiny", "mechanism=sgld", "epsilon=20", "mechanism.lr=3")
     from dprec_torch.config import instantiate_node
 
     fold = instantiate_node(cfg.data).folds[0]
@@ -82,7 +76,7 @@ def test_a_number_on_the_command_line_wins_and_metrics_record_the_rule(tmp_path)
 
 
 def test_auto_is_refused_where_the_rule_does_not_apply():
-    cfg = compose_cfg(*BASE, "mechanism=sgld", "epsilon=20", "model=mf")
+    cfg = tiny_cfg(*BASE, "mechanism=sgld", "epsilon=20", "model=mf")
     from dprec_torch.config import instantiate_node
 
     with open_dict_(cfg):
@@ -124,7 +118,7 @@ def test_a_constant_chosen_per_population_is_the_rules_and_reaches_the_model(ove
     from dprec_torch.training.run import build_model
     from tests.helpers import tiny_fold
 
-    cfg = compose_cfg(*overrides)
+    cfg = tiny_cfg(*overrides)
     assert cfg.model.clamp_r == want  # ${size_rule:clamp_r}: POPULATION_CONSTANTS, fallback POPULATION_FALLBACK
     assert R.POPULATION_CONSTANTS["clamp_r"] == {"ml-100k": 2.0, "ml-1m": 1.0} and R.POPULATION_FALLBACK["clamp_r"] == 1.0
     assert build_model(cfg, tiny_fold()).clamp_r == want
@@ -133,7 +127,7 @@ def test_a_constant_chosen_per_population_is_the_rules_and_reaches_the_model(ove
 def test_a_per_population_constant_given_on_the_command_line_is_the_users():
     from dprec_torch.privacy.provenance import hyperparameter_provenance
 
-    prov = hyperparameter_provenance(compose_cfg("data=ml-100k", "mechanism=sgld", "model.clamp_r=1"))
+    prov = hyperparameter_provenance(tiny_cfg("data=ml-100k", "mechanism=sgld", "model.clamp_r=1"))
     assert prov["user_values"] == ["model.clamp_r"] and prov["shares_people"] == "unknown"
     assert "chosen by the user: not counted" in prov["statement"]
 

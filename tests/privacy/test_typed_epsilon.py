@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 from dprec_torch.data.ratings import RatingScale
 from dprec_torch.mechanisms.context import TrainingContext
@@ -23,15 +22,14 @@ from dprec_torch.mechanisms.sgld import ScaledPosteriorSGLD, error_bound
 from dprec_torch.models.batching import full_batch
 from dprec_torch.models.pnbm import PNBM
 from dprec_torch.training.run import train
-from tests.helpers import CONF_DIR, tiny_fold, toy_ratings
+from tests.helpers import tiny_cfg, tiny_fold, toy_ratings
 
 pytestmark = pytest.mark.filterwarnings("ignore:Optimal order is the largest alpha")
 BASE = ["data=synthetic", "device=cpu", "compare_baselines=false", "tensorboard=false", "mechanism.epochs=1"]
 
 
 def compose_cfg(tmp_path: Path, *overrides: str):
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose(config_name="config", overrides=[*BASE, f"output_dir={tmp_path}", *overrides])
+    return tiny_cfg(*BASE, f"output_dir={tmp_path}", *overrides)
 
 
 @pytest.mark.parametrize("mechanism,model,eps", [("dpsgd", "pnbm", 1.0), ("dpsgd", "mf", 1.0), ("dpsgd_paper", "mf", 5.0)])

@@ -13,14 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from dprec_torch.errors import ConfigError
 from dprec_torch.privacy.provenance import hyperparameter_provenance, pick_epsilon, preset_choice
+from tests.helpers import tiny_cfg
 
 ROOT = Path(__file__).resolve().parents[2]
-CONF = str(ROOT / "conf")
 
 
 def _study():
@@ -163,11 +162,6 @@ def test_the_frozen_grid_refuses_a_grid_changed_after_selection(tmp_path, monkey
 
 
 # ---------------------------------------------------------------------------------------------- presets and provenance
-def _compose(*overrides):
-    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-        return compose("config", overrides=list(overrides))
-
-
 def _selected(rel: str, source: str, eps: float) -> dict:
     sel = json.loads((ROOT / "docs" / "results" / "private_frontier" / "selection.json").read_text())
     return sel["sources"][source][f"noisy_gram/{rel}/{eps:g}"]["chosen"]
@@ -181,7 +175,7 @@ def test_pick_epsilon_is_the_nearest_validated_at_or_below_else_the_smallest():
 @pytest.mark.parametrize(("data", "source"), [("ml-1m", "ml-100k"), ("ml-100k", "ml-1m"), ("synthetic", "ml-1m"), ("custom", "ml-1m")])
 @pytest.mark.parametrize(("typed", "validated"), [(0.5, 1.0), (1.0, 1.0), (5.0, 1.0), (10.0, 10.0), (20.0, 10.0)])
 def test_the_preset_trains_the_choice_for_the_typed_epsilon_made_on_other_people(rel, data, source, typed, validated):
-    cfg = _compose(f"+experiment=private_{rel}", f"epsilon={typed}", f"data={data}")
+    cfg = tiny_cfg(f"+experiment=private_{rel}", f"epsilon={typed}", f"data={data}")
     want = _selected(rel, source, validated)
     if want.get("item_features") is True:  # validated with the catalogue: the preset says auto (on where one is attached)
         want = {**want, "item_features": "auto"}
@@ -193,22 +187,22 @@ def test_the_preset_trains_the_choice_for_the_typed_epsilon_made_on_other_people
 
 
 def test_a_command_line_value_wins_over_the_preset_and_the_report_names_it():
-    cfg = _compose("+experiment=private_user", "epsilon=1", "data=ml-100k", "model.k=7")
+    cfg = tiny_cfg("+experiment=private_user", "epsilon=1", "data=ml-100k", "model.k=7")
     assert cfg.model.k == 7
     prov = hyperparameter_provenance(cfg)
     assert prov["user_values"] == ["k"] and "model.k" in prov["statement"]
 
 
 def test_provenance_says_where_the_choice_was_made_and_whether_it_shares_people():
-    prov = hyperparameter_provenance(_compose("+experiment=private_user", "epsilon=10", "data=ml-1m"))
+    prov = hyperparameter_provenance(tiny_cfg("+experiment=private_user", "epsilon=10", "data=ml-1m"))
     assert prov["chosen_on"] == "ml-100k" and prov["shares_people"] is False and prov["validated_epsilon"] == 10.0
     assert "ML-100K" in prov["statement"] and "end to end" in prov["statement"]
-    custom = hyperparameter_provenance(_compose("+experiment=private_rating", "epsilon=1", "data=custom"))
+    custom = hyperparameter_provenance(tiny_cfg("+experiment=private_rating", "epsilon=1", "data=custom"))
     assert custom["shares_people"] == "unknown" and "unknown" in custom["statement"]
-    plain = hyperparameter_provenance(_compose("model=noisy_gram", "epsilon=1"))
+    plain = hyperparameter_provenance(tiny_cfg("model=noisy_gram", "epsilon=1"))
     assert plain["chosen_on"] == "not recorded" and plain["statement"].startswith("package defaults (chosen on not recorded")
     # a preset whose only source is the training data's own people says the selection is not counted
-    cfg = _compose("+experiment=private_user", "epsilon=1", "data=ml-1m")
+    cfg = tiny_cfg("+experiment=private_user", "epsilon=1", "data=ml-1m")
     cfg.preset.sources = ["ml-1m"]
     same = hyperparameter_provenance(cfg)
     assert same["shares_people"] is True and "NOT counted in epsilon" in same["statement"]
@@ -232,7 +226,7 @@ def test_a_presets_run_reports_where_its_hyperparameters_came_from(tmp_path):
     """The runner writes :func:`hyperparameter_provenance` into the run's privacy report (training/run.py)."""
     from dprec_torch.training.run import train
 
-    cfg = _compose("+experiment=private_rating", "epsilon=1", "data=synthetic", "device=cpu", "compare_baselines=false",
+    cfg = tiny_cfg("+experiment=private_rating", "epsilon=1", "data=synthetic", "device=cpu", "compare_baselines=false",
                    "tensorboard=false", f"output_dir={tmp_path}")
     metrics = train(cfg)
     prov = metrics["privacy"]["hyperparameters"]
@@ -244,7 +238,7 @@ def test_a_presets_run_reports_where_its_hyperparameters_came_from(tmp_path):
 def test_tuned_defaults_say_whose_ratings_chose_them(data, source, shared):
     """The low-rank PNBM's defaults were chosen on the OTHER dataset's people for each of ML-100K and ML-1M (the size rule
     and the re-checked constants); custom data cannot say whose people it holds."""
-    prov = hyperparameter_provenance(_compose("model=pnbm_lowrank", "mechanism=sgld", "epsilon=20", f"data={data}"))
+    prov = hyperparameter_provenance(tiny_cfg("model=pnbm_lowrank", "mechanism=sgld", "epsilon=20", f"data={data}"))
     assert prov["shares_people"] == shared
     if source is not None:
         assert prov["chosen_on"] == source

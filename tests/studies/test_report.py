@@ -7,24 +7,20 @@ import json
 
 import numpy as np
 import pytest
-from hydra import compose, initialize_config_dir
 
 from dprec_torch.errors import ConfigError
 from dprec_torch.study.report import build_report
 from dprec_torch.training.run import train
-from tests.helpers import CONF_DIR
+from tests.helpers import tiny_cfg
 
 
 def test_report_matches_runs(tmp_path):
     sweep = tmp_path / "sweep"
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        for k, (mech, eps) in enumerate([("dpsgd", "1"), ("dpsgd", "10"), ("none", "inf")]):
-            for seed in (0, 1):
-                cfg = compose(config_name="config", overrides=[
-                    "data=synthetic", "device=cpu", "tensorboard=false", "compare_baselines=true", f"seed={seed}",
-                    f"mechanism={mech}", f"epsilon={eps}", "mechanism.epochs=1", "baseline_k=20",
-                    f"output_dir={sweep}/{k}_{seed}"])
-                train(cfg)
+    for k, (mech, eps) in enumerate([("dpsgd", "1"), ("dpsgd", "10"), ("none", "inf")]):
+        for seed in (0, 1):
+            train(tiny_cfg("data=synthetic", "device=cpu", "tensorboard=false", "compare_baselines=true", f"seed={seed}",
+                           f"mechanism={mech}", f"epsilon={eps}", "mechanism.epochs=1", "baseline_k=20",
+                           f"output_dir={sweep}/{k}_{seed}"))
     build_report(sweep)
     rows = list(csv.DictReader(open(sweep / "report.csv")))
     assert len(rows) == 3

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 import dprec_torch.data.validation as validation
@@ -22,7 +21,7 @@ from dprec_torch.data.ratings import Fold
 from dprec_torch.privacy.ledger import ledger_report
 from dprec_torch.study.pipeline import run_stage1, run_study
 from dprec_torch.training.run import train
-from tests.helpers import CONF_DIR
+from tests.helpers import tiny_cfg
 
 EPSILONS = [1.0, 10.0]
 FOLDS = [1, 2]
@@ -43,8 +42,7 @@ def study_cfg(tmp: Path, *extra: str):
                  f"grid_root={tmp / 'grids'}", "study.epsilons=[1,10]", "study.methods=[{mechanism:dpsgd,model:pnbm}]",
                  'overrides=["device=cpu","baseline_k=20"]', f"folds=[{','.join(map(str, FOLDS))}]",
                  f"out={tmp / 'study'}", f"report={tmp / 'report'}", *extra]
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose(config_name="study", overrides=overrides)
+    return tiny_cfg(*overrides, config_name="study")
 
 
 @pytest.fixture(scope="module")
@@ -119,8 +117,7 @@ def test_stage1_never_reads_the_test_split(study, monkeypatch, tmp_path):
                         lambda fold, *a, **k: original(PoisonedFold(fold.index, fold.train, fold.test, fold.name), *a, **k))
     job = stage1[0]
     overrides = [o for o in job_overrides(job) if not o.startswith(("hydra", "+grid"))]
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[*overrides, "mechanism.epochs=2", f"output_dir={tmp_path}"])
+    cfg = tiny_cfg(*overrides, "mechanism.epochs=2", f"output_dir={tmp_path}")
     assert train(cfg)["test_rmse"] == pytest.approx(json.loads((job / "metrics.json").read_text())["test_rmse"], rel=1e-6)
 
 

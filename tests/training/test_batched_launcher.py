@@ -8,12 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from dprec_torch import sweep_cache
 from dprec_torch.training.run import train
-from tests.helpers import CONF_DIR
+from tests.helpers import CONF_DIR, tiny_cfg
 
 ROOT = Path(CONF_DIR).parent
 TINY = ["data=synthetic", "device=cpu", "mechanism.epochs=1", "mechanism.sampling_ratio=0.2", "baseline_k=50",
@@ -21,11 +20,6 @@ TINY = ["data=synthetic", "device=cpu", "mechanism.epochs=1", "mechanism.samplin
 # 8 jobs, 2 groups (the data config holds seed: ${seed}); a private and a non-private mechanism in each group
 SWEEP = ["mechanism=none,gaussian", "epsilon=1,5", "seed=0,1"]
 TIMING = ("fit_seconds", "seconds_per_epoch", "train_seconds", "epoch_seconds", "seconds_per_epoch_after_first")
-
-
-def compose_cfg(*overrides: str, hydra: bool = False):
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides), return_hydra_config=hydra)
 
 
 def without_timing(obj):
@@ -43,7 +37,7 @@ def test_batched_launcher_is_a_discoverable_hydra_plugin():
     from hydra.plugins.launcher import Launcher
 
     names = {f"{c.__module__}.{c.__name__}" for c in Plugins.instance().discover(Launcher)}
-    target = compose_cfg("hydra/launcher=batched", hydra=True).hydra.launcher._target_
+    target = tiny_cfg("hydra/launcher=batched", return_hydra_config=True).hydra.launcher._target_
     assert target == "hydra_plugins.dprec_batched_launcher.batched_launcher.BatchedLauncher"
     assert target in names
 
@@ -62,7 +56,7 @@ def test_jobs_group_by_resolved_data_model_and_device():
     overrides = [["epsilon=1", "seed=0"], ["epsilon=5", "seed=0"], ["epsilon=1", "seed=1"],  # seed -> data.seed
                  ["epsilon=1", "seed=0", "data.preset=ml-100k"], ["epsilon=1", "seed=0", "model=mf"],
                  ["epsilon=20", "seed=0", "mechanism=none"]]
-    cfgs = [compose_cfg("data=synthetic", *o) for o in overrides]
+    cfgs = [tiny_cfg("data=synthetic", *o) for o in overrides]
     assert group_jobs(cfgs, ["data", "model._target_", "device"]) == [[0, 1, 5], [2], [3], [4]]
     assert group_jobs(cfgs, ["device"]) == [[0, 1, 2, 3, 4, 5]]
 
@@ -113,7 +107,7 @@ def test_batched_sweep_gives_separate_run_numbers_and_one_run_dir_per_job(tmp_pa
         assert (job / "checkpoint_fold1.pt").exists() == ("mechanism=none" in overrides), job.name
         seen.add(tuple(sorted(o for o in overrides if not o.startswith("hydra."))))
         batched = json.loads((job / "metrics.json").read_text())
-        separate = train(compose_cfg(*overrides, f"output_dir={tmp_path / 'separate' / job.name}"))
+        separate = train(tiny_cfg(*overrides, f"output_dir={tmp_path / 'separate' / job.name}"))
         separate = json.loads(json.dumps(separate, default=str))  # the JSON form, as written
         assert without_timing(batched) == without_timing(json.loads((tmp_path / "separate" / job.name / "metrics.json").read_text()))
         assert batched["test_rmse"] == separate["test_rmse"] and batched["baselines"] == separate["baselines"]

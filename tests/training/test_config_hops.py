@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from hydra import compose, initialize_config_dir
 from hydra.utils import get_class
 from omegaconf import OmegaConf
 
@@ -27,15 +26,10 @@ from dprec_torch.errors import ConfigError
 from dprec_torch.privacy.relations import form_target, node_relation
 from dprec_torch.training.checkpoint import upgrade_recorded
 from dprec_torch.training.run import setup_training, training_mechanism, wrapped_by_mechanism
-from tests.helpers import CONF_DIR
+from tests.helpers import CONF_DIR, tiny_cfg
 
 MECHANISMS = sorted(p.stem for p in Path(CONF_DIR, "mechanism").glob("*.yaml"))
 MODELS = sorted(p.stem for p in Path(CONF_DIR, "model").glob("*.yaml"))
-
-
-def composed(*overrides: str):
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
 
 
 def raw(group: str, name: str) -> dict:
@@ -51,9 +45,7 @@ def tiny_fold():
 @pytest.mark.parametrize("key", MECHANISMS)
 def test_a_mechanism_key_is_one_target_from_its_class(key):
     """``mechanism=X`` with every model: one class, in ``mechanisms/X.py`` or named by ``X.yaml`` itself."""
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        targets = {model: compose(config_name="config", overrides=[f"mechanism={key}", f"model={model}"]).mechanism.get("_target_")
-                   for model in MODELS}
+    targets = {model: tiny_cfg(f"mechanism={key}", f"model={model}").mechanism.get("_target_") for model in MODELS}
     assert len(set(targets.values())) == 1, f"mechanism={key}: the class changes with the model: {targets}"
     target = targets[MODELS[0]]
     assert target, f"conf/mechanism/{key}.yaml names no class: give it a _target_"
@@ -91,7 +83,7 @@ def test_a_model_form_is_the_run_its_own_key_gives(via, own, model, form):
     """``mechanism=gaussian model=pnbm`` builds GaussianPNBM from the same numbers as ``mechanism=gaussian_pnbm``
     (``dpsgd_paper`` + MF: DPSGD-MF as ``mechanism=dpsgd_mf``): the same class, arguments, release and report."""
     common = ("data=synthetic", "device=cpu", f"model={model}", "epsilon=1", "noise_seed=0")
-    hop, direct = composed(f"mechanism={via}", *common), composed(f"mechanism={own}", *common)
+    hop, direct = tiny_cfg(f"mechanism={via}", *common), tiny_cfg(f"mechanism={own}", *common)
     check_config(hop)
     a, b = OmegaConf.to_container(hop.mechanism), OmegaConf.to_container(direct.mechanism)
     assert a.pop("name") == via and b.pop("name") == own  # the run's label is kept (results tables, ledger)
@@ -132,7 +124,7 @@ def test_the_table_names_the_class_of_each_key_and_family():
     assert forms.form_path(m + "gaussian.GaussianDPSGD", None) == m + "gaussian.GaussianDPSGD"
     assert forms.form_path(m + "sgld.ScaledPosteriorSGLD", LowRankPNBM(4)) == m + "clipped_sgld.ClippedSGLD"  # an instance
     # the documented alias model=pnbm model.similarity=lowrank is the low-rank family
-    cfg = composed("mechanism=sgld", "model=pnbm", "model.similarity=lowrank")
+    cfg = tiny_cfg("mechanism=sgld", "model=pnbm", "model.similarity=lowrank")
     assert form_target(cfg.mechanism, cfg.model) == m + "clipped_sgld.ClippedSGLD"
 
 
@@ -141,7 +133,7 @@ def test_a_form_reads_the_typed_delta_even_where_its_key_file_has_none():
     calibrated at the typed top-level delta, never at its own default."""
     from dprec_torch.config import form_node
 
-    cfg = composed("mechanism=sgld", "model=pnbm", "model.similarity=lowrank", "delta=1e-8")
+    cfg = tiny_cfg("mechanism=sgld", "model=pnbm", "model.similarity=lowrank", "delta=1e-8")
     assert "delta" not in cfg.mechanism
     assert form_node(cfg.mechanism, cfg.model).delta == 1e-8
 
@@ -159,7 +151,7 @@ def test_each_form_is_decided_by_the_bound_model():
                                   ("gaussian", "pnbm_lowrank", GaussianPNBM), ("dpsgd_paper", "mf", DPSGDMF),
                                   ("dpsgd_paper", "pnbm", DPSGDLaplace), ("sgld", "pnbm_lowrank", ClippedSGLD),
                                   ("sgld", "pnbm", ScaledPosteriorSGLD)):
-        cfg = composed("data=synthetic", "device=cpu", f"mechanism={mechanism}", f"model={model}", "epsilon=1")
+        cfg = tiny_cfg("data=synthetic", "device=cpu", f"mechanism={mechanism}", f"model={model}", "epsilon=1")
         check_config(cfg)
         opt = setup_training(cfg, fold, torch.device("cpu")).optimizer
         assert type(opt) is cls, (mechanism, model, type(opt))
@@ -168,10 +160,10 @@ def test_each_form_is_decided_by_the_bound_model():
         if (mechanism, model) == ("gaussian", "pnbm_lowrank"):
             assert opt.lowrank
     # the relation the config check reads is the form's (DPSGD-MF: one rating's value; Alg. 1: none defended)
-    assert node_relation(composed("mechanism=dpsgd_paper", "model=mf").mechanism, composed("model=mf").model) == "rating_value"
-    cfg = composed("mechanism=dpsgd_paper", "model=pnbm")
+    assert node_relation(tiny_cfg("mechanism=dpsgd_paper", "model=mf").mechanism, tiny_cfg("model=mf").model) == "rating_value"
+    cfg = tiny_cfg("mechanism=dpsgd_paper", "model=pnbm")
     assert node_relation(cfg.mechanism, cfg.model) is None
-    cfg = composed("mechanism=gaussian", "model=pnbm")
+    cfg = tiny_cfg("mechanism=gaussian", "model=pnbm")
     assert node_relation(cfg.mechanism, cfg.model) == "user"
 
 
@@ -181,14 +173,14 @@ def test_each_form_is_decided_by_the_bound_model():
 ])
 def test_a_form_key_on_the_other_model_is_one_line(overrides, match):
     """A form's own key on a model the key's class trains is refused by the config check, before any data is read."""
-    cfg = composed("data=synthetic", "device=cpu", "epsilon=1", *overrides)
+    cfg = tiny_cfg("data=synthetic", "device=cpu", "epsilon=1", *overrides)
     with pytest.raises(ConfigError, match=match) as err:
         check_config(cfg)
     assert "\n" not in str(err.value)
 
 
 def test_a_key_the_form_cannot_take_is_one_line():
-    cfg = composed("data=synthetic", "device=cpu", "epsilon=1", "mechanism=gaussian", "model=pnbm",
+    cfg = tiny_cfg("data=synthetic", "device=cpu", "epsilon=1", "mechanism=gaussian", "model=pnbm",
                    "mechanism.noise_multiplier=1.0")
     check_config(cfg)
     with pytest.raises(ConfigError, match=r"noise_multiplier=1\.0 is not supported with PNBM") as err:
@@ -198,7 +190,7 @@ def test_a_key_the_form_cannot_take_is_one_line():
 
 def test_the_split_classes_refuse_the_other_model():
     for mechanism, model in (("dpsgd_mf", "pnbm"), ("gaussian_pnbm", "mf")):
-        cfg = composed("data=synthetic", "device=cpu", f"mechanism={mechanism}", f"model={model}", "epsilon=1")
+        cfg = tiny_cfg("data=synthetic", "device=cpu", f"mechanism={mechanism}", f"model={model}", "epsilon=1")
         with pytest.raises(ConfigError) as err:
             setup_training(cfg, tiny_fold(), torch.device("cpu"))
         assert "\n" not in str(err.value)
@@ -208,21 +200,21 @@ def test_none_and_builtin_leave_a_fitted_predictor_as_fitted_by_their_class():
     for overrides, wraps in ((("model=pcc",), False), (("model=noisy_gram",), False), (("model=slope_one",), False),
                              (("model=slope_one", "mechanism=laplace_output"), True),
                              (("model=cosine_implicit", "mechanism=exponential_topk"), True)):
-        assert wrapped_by_mechanism(composed(*overrides)) is wraps, overrides
-    assert composed("model=pncf").mechanism._target_ == "dprec_torch.mechanisms.builtin.BuiltIn"
+        assert wrapped_by_mechanism(tiny_cfg(*overrides)) is wraps, overrides
+    assert tiny_cfg("model=pncf").mechanism._target_ == "dprec_torch.mechanisms.builtin.BuiltIn"
     # the class decides, not the label
-    cfg = composed("model=slope_one", "mechanism=laplace_output")
+    cfg = tiny_cfg("model=slope_one", "mechanism=laplace_output")
     cfg.mechanism.name = "none"
     assert wrapped_by_mechanism(cfg)
-    cfg = composed("model=pcc")
+    cfg = tiny_cfg("model=pcc")
     cfg.mechanism.name = "whatever"
     assert not wrapped_by_mechanism(cfg)
     # the wrong side, one line each naming the fix
     with pytest.raises(ConfigError, match="use mechanism=none or an output mechanism") as err:
-        wrapped_by_mechanism(composed("model=slope_one", "mechanism=dpsgd"))
+        wrapped_by_mechanism(tiny_cfg("model=slope_one", "mechanism=dpsgd"))
     assert "\n" not in str(err.value)
     with pytest.raises(ConfigError, match=r"fitted predictor's own mechanism.*choose mechanism=none") as err:
-        training_mechanism(composed("model=pnbm", "mechanism=builtin"))
+        training_mechanism(tiny_cfg("model=pnbm", "mechanism=builtin"))
     assert "\n" not in str(err.value)
 
 
@@ -239,7 +231,7 @@ def test_a_run_recorded_before_the_renames_still_resolves():
 
 
 def test_a_retired_key_names_its_replacement_in_one_line():
-    cfg = composed("mechanism=dpsgd_paper", "model=mf", "+mechanism.perturb_residuals=true")
+    cfg = tiny_cfg("mechanism=dpsgd_paper", "model=mf", "+mechanism.perturb_residuals=true")
     with pytest.raises(ConfigError, match=r"mechanism\.perturb_residuals is no longer a key: .*mechanism=dpsgd_mf") as err:
         check_config(cfg)
     assert "\n" not in str(err.value)
@@ -250,7 +242,7 @@ def test_relation_is_the_neighbouring_relation_and_unit_the_sampling_unit():
     relation, and the report states it; the class value is only the default (user)."""
     from dprec_torch.mechanisms.dpsgd import ClippedLaplaceDPSGD
 
-    cfg = composed("data=synthetic", "device=cpu", "mechanism=dpsgd_l1", "model=mf", "epsilon=2",
+    cfg = tiny_cfg("data=synthetic", "device=cpu", "mechanism=dpsgd_l1", "model=mf", "epsilon=2",
                    "mechanism.relation=rating", "mechanism.unit=rating")
     opt = setup_training(cfg, tiny_fold(), torch.device("cpu")).optimizer
     assert isinstance(opt, ClippedLaplaceDPSGD) and ClippedLaplaceDPSGD.relation == "user"

@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
 from dprec_torch.cli import check_command_line
@@ -23,7 +22,7 @@ from dprec_torch.config_domains import Domain, domain_of, number
 from dprec_torch.errors import ConfigError
 from dprec_torch.privacy.relations import form_target
 from dprec_torch.training.run import validate
-from tests.helpers import CONF_DIR
+from tests.helpers import CONF_DIR, tiny_cfg
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = Path(CONF_DIR)
@@ -88,8 +87,7 @@ def _numeric_keys() -> list[tuple[str, str, tuple[str, ...], str]]:
 
 @functools.lru_cache(maxsize=None)
 def _composed(overrides: tuple[str, ...]) -> DictConfig:
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
+    return tiny_cfg(*overrides)
 
 
 def _target_of(cfg: DictConfig, node: str, key: str) -> tuple[str | None, str]:

@@ -8,9 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
-from tests.helpers import CONF_DIR
+from tests.helpers import CONF_DIR, tiny_cfg
 
 ROOT = Path(CONF_DIR).parent
 TINY = ["data=synthetic", "device=cpu", "compare_baselines=false", "tensorboard=false", "mechanism.epochs=1"]
@@ -21,8 +20,7 @@ def has(module: str) -> bool:
 
 
 def launcher_cfg(*overrides: str):
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides), return_hydra_config=True).hydra.launcher
+    return tiny_cfg(*overrides, return_hydra_config=True).hydra.launcher
 
 
 @pytest.mark.skipif(not has("hydra_plugins.hydra_joblib_launcher"), reason="needs hydra-joblib-launcher (dev extra)")

@@ -9,14 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 from dprec_torch.errors import ConfigError
 from dprec_torch.training.evaluate import evaluate_run
 from dprec_torch.training import trainer as trainer_mod
 from dprec_torch.training.checkpoint import config_differences
 from dprec_torch.training.run import train
-from tests.helpers import CONF_DIR
+from tests.helpers import CONF_DIR, tiny_cfg
 
 ROOT = Path(CONF_DIR).parent
 BASE = ["data=synthetic", "device=cpu", "compare_baselines=false", "tensorboard=false"]
@@ -24,8 +23,7 @@ PROVABLE = ["model=pnbm", "mechanism=dpsgd_l1", "mechanism.epochs=2", "noise_see
 
 
 def run(out: Path, *overrides: str) -> dict:
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[*BASE, f"output_dir={out}", *overrides])
+    cfg = tiny_cfg(*BASE, f"output_dir={out}", *overrides)
     return train(cfg)
 
 

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from dprec_torch.errors import ConfigError
@@ -17,15 +16,14 @@ from dprec_torch.training.run import setup_training, train, validate
 from dprec_torch.training.tb_close import close_in_background, wait_closed
 from dprec_torch.training.trainer import Trainer
 from hydra_plugins.dprec_batched_launcher.batched_launcher import ComposedOnce
-from tests.helpers import CONF_DIR, kill_in_epoch, tiny_fold
+from tests.helpers import kill_in_epoch, tiny_cfg, tiny_fold
 
 BASE = ["data=synthetic", "device=cpu", "compare_baselines=false", "tensorboard=false"]
 EPOCHS = 4
 
 
 def compose_cfg(*overrides: str):
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose(config_name="config", overrides=[*BASE, *overrides])
+    return tiny_cfg(*BASE, *overrides)
 
 
 def checkpointed(tmp_path: Path, resume: bool, every, seconds: float = 60.0) -> list[int]:
