@@ -410,6 +410,26 @@ def report(rule: Path, means: Path, sweep_path: Path, out: Path) -> str:
     return md
 
 
+def five_fold_summary(path: Path, noise: float = 0.003) -> str:
+    """The 5-fold sweep (``sweep --extra data.fold=all``) as a table: each mechanism's mean test RMSE beside its own
+    DP-means reference per eps, and per dataset whether it is below the reference at every eps and falls with eps
+    (a rise of at most ``noise``, the run-to-run spread, is within noise)."""
+    data = json.loads(path.read_text())
+    lines = ["| data | mechanism | " + " | ".join(f"ε = {e:g}" for e in sorted({r['epsilon'] for rows in data.values()
+                                                                             for r in rows})) + " | below its DP-means "
+             "reference at every ε | monotone in ε (within 0.003) |"]
+    lines.append("|---" * (len(lines[0].split("|")) - 2) + "|")
+    for tag, rows in data.items():
+        for mech in dict.fromkeys(r["mechanism"] for r in rows):
+            rs = sorted((r for r in rows if r["mechanism"] == mech), key=lambda r: r["epsilon"])
+            ref = [next(v for k, v in r["references"].items() if k not in ("PCC", "COS")) for r in rs]
+            below = all(r["test_rmse"] <= x for r, x in zip(rs, ref))
+            mono = all(b["test_rmse"] <= a["test_rmse"] + noise for a, b in zip(rs, rs[1:]))
+            cells = [f"{r['test_rmse']:.4f} ({x:.4f})" for r, x in zip(rs, ref)]
+            lines.append(f"| {tag} | {mech} | " + " | ".join(cells) + f" | {'yes' if below else 'no'} | {'yes' if mono else 'no'} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -442,8 +462,14 @@ def main() -> None:
     r.add_argument("--means", type=Path, default=Path("/tmp/s34/means_sgld.json"))
     r.add_argument("--sweep", type=Path, default=ROOT / "docs" / "results" / "pnbm_lowrank" / "size_rule_sweep.json")
     r.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "pnbm_lowrank" / "size_rule.json")
+    f = sub.add_parser("five-fold", help="splice the 5-fold sweep's table into docs/pnbm_lowrank.md")
+    f.add_argument("--sweep", type=Path, default=ROOT / "docs" / "results" / "pnbm_lowrank" / "size_rule_sweep_5fold.json")
     a = ap.parse_args()
-    if a.cmd == "report":
+    if a.cmd == "five-fold":
+        from dprec_torch.study.markers import splice
+
+        splice(ROOT / "docs" / "pnbm_lowrank.md", "size_rule_5fold", five_fold_summary(a.sweep))
+    elif a.cmd == "report":
         from dprec_torch.study.markers import splice
 
         md = report(a.rule, a.means, a.sweep, a.out)

@@ -40,3 +40,18 @@ def test_the_design_cards_command_is_the_first_row_and_defends_a_numeric_delta()
     rec = json.loads((ROOT / "docs" / "results" / "pnbm_lowrank" / "table.json").read_text())["0"]
     assert rec["command"] == mod.ROWS[0][0] and rec["overrides"] == mod.overrides(0)
     assert rec["model"].endswith("LowRankPNBM") and 0 < rec["delta"] < 1 and rec["epsilon"] <= 20
+
+
+def test_the_five_fold_sweep_table_is_its_scripts_output():
+    """docs/pnbm_lowrank.md's 5-fold ε-sweep block is ``size_rule.py five-fold`` of the committed JSON, and every row
+    there is below its own DP-means reference and falls with ε ("never worse than not learning")."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("size_rule_study", root / "experiments/studies/pnbm_lowrank_size_rule.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    body = mod.five_fold_summary(root / "docs/results/pnbm_lowrank/size_rule_sweep_5fold.json")
+    assert f"<!-- size_rule_5fold:start -->\n{body}\n<!-- size_rule_5fold:end -->" in (root / "docs/pnbm_lowrank.md").read_text()
+    rows = [r for r in body.splitlines()[2:]]
+    assert len(rows) == 6 and all(r.endswith("| yes | yes |") for r in rows)
