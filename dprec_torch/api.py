@@ -7,27 +7,23 @@
     run.predict([0, 1], [10, 20]); run.recommend(0, n=5)
     again = dprec_torch.load_run(run.dir)        # the released models, restored from release_fold<k>.pt
 
-* :func:`train` composes ``conf/config.yaml`` with the overrides exactly as ``train.py`` does (the same
-  Hydra config, the same validation, the same ``train(cfg)``), writes the run dir, then returns
-  :func:`load_run` of it -- so a :class:`Run` from ``train`` and one from ``load_run`` are the same thing.
+* :func:`train` composes ``conf/config.yaml`` with the overrides exactly as ``train.py`` does (the same Hydra config,
+  the same validation, the same ``train(cfg)``), writes the run dir, then returns :func:`load_run` of it -- so a
+  :class:`Run` from ``train`` and one from ``load_run`` are the same thing.
 * :func:`load_run` never re-fits and never reads a checkpoint (``checkpoint_fold<k>.pt`` is secret resume state,
-  deleted at the end of a private run): each trained model is RESTORED from its release ``release_fold<k>.pt``
-  (``model.restore``: U / S / the factors, the item means -- the DP release where the mechanism made one --
-  and the fallback all come from the release; each user's own training history is re-bound from the run's
-  training split; :func:`dprec_torch.training.evaluate.restore_fold`), and
-  each fitted predictor (``noisy_gram``, ``dpals``, ``pcc``, ``slope_one``, ...) from its
-  release ``release_fold<k>.pt`` (:mod:`dprec_torch.predictors.release`: the item side as released; each
-  user's own part -- offset, factors, history -- recomputed from that user's ratings in the run's training
-  split, as the privacy report's ``release`` entry says; :func:`dprec_torch.training.evaluate.restore_predictor`).
-* Ids are the RAW ids of the data files (MovieLens user 1 is ``1``; synthetic data's raw ids are
-  0..n-1), never the contiguous indices the models use inside. In :meth:`Run.predict` an id the
-  data never had gets the model's documented fallback (item mean, then global mean); in
-  :meth:`Run.recommend` an unknown user is an error.
+  deleted at the end of a private run): each trained model (:func:`dprec_torch.training.evaluate.restore_fold`: U / S /
+  the factors, the item means -- the DP release where the mechanism made one -- and the fallback) and each fitted
+  predictor (:func:`dprec_torch.training.evaluate.restore_predictor`: its item side) is RESTORED from its release
+  ``release_fold<k>.pt``; each user's own part -- offset, factors, history -- is recomputed from that user's ratings in
+  the run's training split, as the privacy report's ``release`` entry says.
+* Ids are the RAW ids of the data files (MovieLens user 1 is ``1``; synthetic data's raw ids are 0..n-1), never the
+  contiguous indices the models use inside. In :meth:`Run.predict` an id the data never had gets the model's
+  documented fallback (item mean, then global mean); in :meth:`Run.recommend` an unknown user is an error.
 
-A run trained or fitted before releases were written has no ``release_fold<k>.pt``: its :class:`Run` gives
-``metrics`` and ``privacy`` but refuses ``predict`` and ``recommend`` (re-fitting would be a different release, and for a
-private predictor new noise). Under an output mechanism (``laplace_output``, ``exponential_topk``) and for PNCF
-every answer draws fresh noise, as the mechanism prescribes (secret, or from the explicit ``noise_seed``).
+A run from before releases were written has no ``release_fold<k>.pt``: its :class:`Run` gives ``metrics`` and
+``privacy`` but refuses ``predict`` and ``recommend`` (re-fitting would be a different release). Under an output
+mechanism (``laplace_output``, ``exponential_topk``) and for PNCF every answer draws fresh noise, as the mechanism
+prescribes (secret, or from the explicit ``noise_seed``).
 """
 
 from __future__ import annotations
@@ -51,9 +47,13 @@ from dprec_torch.data.ratings import Fold, RatingDataset
 from dprec_torch.device import resolve_device
 from dprec_torch.errors import ConfigError, DataError
 from dprec_torch.training.checkpoint import upgrade_recorded
-from dprec_torch.training.evaluate import restore_fold, restore_predictor
+from dprec_torch.training.evaluate import restore_fold, restore_predictor, score_restored
+from dprec_torch.training.run import comparison_table, is_trainable, job_label, train as train_cfg
+from dprec_torch.training.tb_close import wait_closed
+from dprec_torch.evaluation.baselines import reference_label
 from dprec_torch.evaluation.cross_validate import score_predictor
 from dprec_torch.interfaces import Recommender
+from dprec_torch.seeding import key_scope
 
 __all__ = ["Run", "compose_config", "load_run", "train"]
 
@@ -131,23 +131,18 @@ class Run:
 
     @property
     def baselines(self) -> dict[str, dict[str, float]]:
-        """The references scored beside the model on the same test folds and k (``metrics.json["baselines"]``,
-        name -> ``rmse``/``mae``/...): non-private PCC and COS, and for a finite epsilon DP item means + user
-        offset at that epsilon, a separate release; :attr:`baseline_labels` says which is which. Empty for a
-        run trained with ``compare_baselines=false``. Test metrics, which epsilon does not cover."""
+        """The references scored beside the model on the same test folds and k (``metrics.json["baselines"]``, name ->
+        ``rmse``/``mae``/...; :attr:`baseline_labels` says which is which; empty with ``compare_baselines=false``).
+        Test metrics, which epsilon does not cover."""
         return self.metrics.get("baselines", {})
 
     @property
     def baseline_labels(self) -> dict[str, str]:
         """Reference name -> how tables label it (``"PCC (non-private reference)"``, ...)."""
-        from dprec_torch.evaluation.baselines import reference_label
-
         return {name: reference_label(name, self.metrics.get("baseline_info")) for name in self.baselines}
 
     def table(self) -> str:
         """The comparison table ``train.py`` prints at its end: the model's test RMSE/MAE, then each labelled reference."""
-        from dprec_torch.training.run import comparison_table
-
         return comparison_table(self.metrics)
 
     def model(self, fold: int | None = None) -> Any:
@@ -165,26 +160,18 @@ class Run:
     def _keys(self, fold: int | None) -> Any:
         """The noise-key scope the run answered ``fold`` under (``run_experiment``'s ``key_scope(job, fold)``): a restored
         output mechanism or PNCF with an explicit ``noise_seed`` then repeats the run's answers, query for query."""
-        from dprec_torch.seeding import key_scope
-
         if self.job is None or not self.models:
             return contextlib.nullcontext()
         return key_scope(job=self.job, fold=next(iter(self.models)) if fold is None else int(fold))
 
-    def _fold(self, fold: int | None) -> Fold:
-        return self.folds[next(iter(self.folds)) if fold is None else int(fold)]
-
-    def _users(self, users: Iterable[Any]) -> torch.Tensor:
-        return torch.tensor([self._user_index.get(u, -1) for u in users], dtype=torch.long, device=self.device)
-
-    def _items(self, items: Iterable[Any]) -> torch.Tensor:
-        return torch.tensor([self._item_index.get(i, -1) for i in items], dtype=torch.long, device=self.device)
+    def _indices(self, index: dict[Any, int], ids: Iterable[Any]) -> torch.Tensor:
+        """The contiguous indices of raw ``ids`` (-1: an id the data never had)."""
+        return torch.tensor([index.get(x, -1) for x in ids], dtype=torch.long, device=self.device)
 
     def predict(self, users: Any, items: Any, fold: int | None = None) -> torch.Tensor:
         """Predicted ratings for the pairs (users[k], items[k]) of RAW ids, clipped to the rating scale (float32, CPU).
 
-        A scalar broadcasts against a list (``run.predict(1, [10, 20, 30])``). Ids the data never had get
-        the model's fallback (item mean, then global mean). Predictions for user u also read u's own
+        A scalar broadcasts against a list (``run.predict(1, [10, 20, 30])``). Predictions for user u also read u's own
         training ratings (PNBM's Eq. (2)): the guarantee is joint DP, as the privacy report says.
         """
         model = self.model(fold)
@@ -194,16 +181,16 @@ class Run:
                               "use run.recommend(user, n)")
         u, i = np.broadcast_arrays(_ids(users), _ids(items))
         with self._keys(fold):
-            out = model.predict(self._users(u.ravel().tolist()), self._items(i.ravel().tolist()))
+            out = model.predict(self._indices(self._user_index, u.ravel().tolist()), self._indices(self._item_index, i.ravel().tolist()))
         return out.detach().float().cpu()
 
     def recommend(self, user: Any, n: int = 10, exclude_seen: bool = True, fold: int | None = None) -> list[Any]:
         """The ``n`` items with the highest predicted rating for ``user`` (a RAW id), best first, as RAW item ids.
 
-        ``exclude_seen`` drops the items the user rated in the fold's training data. Ties go to the item
-        listed first in the data. Post-processing of the released model and the user's own ratings. A model that
-        ranks by its own rule (``task`` topn or both: Slope One, McSherry-Mironov, PNCF, D2P, an output mechanism)
-        gives its own top-n list, as the run's top-N metrics scored it; it ranks unseen items only.
+        ``exclude_seen`` drops the items the user rated in the fold's training data. Ties go to the item listed first in
+        the data. Post-processing of the released model and the user's own ratings. A model that ranks by its own rule
+        (``task`` topn or both: Slope One, McSherry-Mironov, PNCF, D2P, an output mechanism) gives its own top-n list,
+        as the run's top-N metrics scored it; it ranks unseen items only.
         """
         if int(n) != n or n < 1:
             raise ConfigError(f"recommend n={n} must be an integer >= 1")
@@ -227,9 +214,8 @@ class Run:
         with self._keys(fold):
             scores = model.predict(torch.full((n_items,), u, dtype=torch.long, device=dev), items).detach().double()
         if exclude_seen:
-            train = self._fold(fold).train
-            seen = train.items[train.users == u].to(dev)
-            scores[seen] = float("-inf")
+            train = self.folds[next(iter(self.folds)) if fold is None else int(fold)].train
+            scores[train.items[train.users == u].to(dev)] = float("-inf")  # the items u rated
         order = torch.sort(scores, descending=True, stable=True).indices
         order = order[torch.isfinite(scores[order])][: int(n)]
         return [self.dataset.item_ids[k] for k in order.tolist()]
@@ -238,9 +224,6 @@ class Run:
         """Re-score every restored model on its test fold: ``test_rmse`` / ``test_mae`` (and a recommender's top-N
         metrics, with the run's ``eval.topn``) averaged over folds as ``metrics.json`` does (equal to the run's own
         figures: the model is the one released; an output mechanism or PNCF draws fresh noise per answer)."""
-        from dprec_torch.training.evaluate import score_restored
-        from dprec_torch.training.run import is_trainable
-
         trainable = is_trainable(self.config.model)
         per_fold = []
         for k in (self.models or [None]):
@@ -255,15 +238,11 @@ class Run:
 def load_run(run_dir: str | Path, device: str | None = None) -> Run:
     """The run in ``run_dir`` (a ``train.py`` or :func:`train` output dir) with each fold's released model restored.
 
-    Reads ``config_resolved.json`` and ``metrics.json``, reloads the data the config names, and restores
-    every fold's model from its release ``release_fold<k>.pt`` on ``device`` (default: the run's own ``device``),
-    re-fitting nothing and never reading a checkpoint: a trained model's parameters and item means as released
-    (each user's own training history re-bound from the fold's training split), a fitted predictor's item side as
-    released (each user's own part recomputed from their ratings in the fold's training split). A run from before
-    releases were written has none: its :class:`Run` has no models.
+    Reads ``config_resolved.json`` and ``metrics.json``, reloads the data the config names, and restores every fold's
+    model from its release ``release_fold<k>.pt`` on ``device`` (default: the run's own ``device``) as the module doc
+    says. A run from before releases were written has none: its :class:`Run` has no models.
     """
-    from dprec_torch.seeding import key_scope
-    from dprec_torch.training.run import is_trainable, job_label
+    from dprec_torch.predictors.release import release_path
 
     run_dir = Path(run_dir)
     cfg_path, metrics_path = run_dir / "config_resolved.json", run_dir / "metrics.json"
@@ -274,8 +253,6 @@ def load_run(run_dir: str | Path, device: str | None = None) -> Run:
     cfg = upgrade_recorded(OmegaConf.create(json.loads(cfg_path.read_text())))
     metrics = json.loads(metrics_path.read_text())
     dev = resolve_device(device or cfg.get("device", "auto"))
-    from dprec_torch.predictors.release import release_path
-
     dataset = instantiate_node(cfg.data)
     models: dict[int, Any] = {}
     folds: dict[int, Fold] = {}
@@ -299,9 +276,6 @@ def train(overrides: Sequence[str] | DictConfig = ()) -> Run:
     from ``conf/config.yaml`` (:func:`compose_config`; it is copied, not changed). The run dir is
     ``output_dir=`` when given, else a fresh ``outputs/<date>/<time>-<unique>`` under the working directory.
     """
-    from dprec_torch.training.run import train as train_cfg
-    from dprec_torch.training.tb_close import wait_closed
-
     cfg = copy.deepcopy(overrides) if isinstance(overrides, DictConfig) else compose_config(list(overrides))
     if not cfg.get("output_dir"):
         cfg.output_dir = str(fresh_output_dir())

@@ -25,10 +25,9 @@ consumed group by group in a few KiB of scratch (no M^2 float64 temporaries); nu
 cache=True)``. On any other device (CUDA) the keystream is computed by torch's integer kernels on that device, in
 chunks, and transformed there: no host round trip, and no torch generator (Philox's seed has 64 bits).
 
-Why ChaCha20 and not ChaCha12: 20 rounds is the RFC's function, so the block function is checked against the RFC's
-own test vector, and "secure" needs no argument about reduced rounds. Measured on 2 cores of a Xeon (AVX-512) at
-M = 3706 (13.7 M entries, float32), one Laplace draw took 0.098 / 0.047 s (1 / 2 threads) with 20 rounds and
-0.081 / 0.041 s with 12: the log, the float conversions and the memory traffic are most of the kernel.
+Why ChaCha20 and not ChaCha12: 20 rounds is the RFC's function (checked against its test vector; "secure" needs no
+argument about reduced rounds), and 12 saved under 20 % of a Laplace draw at M = 3706 (the log, the float conversions
+and the memory traffic are most of the kernel).
 
 Security: given a key nobody else knows, the keystream cannot be told from uniform bits (ChaCha20 as a stream
 cipher, the construction of Opacus's ``secure_mode`` generator torchcsprng offers too). The keys are 256-bit

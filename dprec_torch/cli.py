@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 
@@ -20,7 +21,8 @@ from dprec_torch.privacy.relations import check_relation_preprocessing
 def check_study(cfg: DictConfig) -> None:
     """Every (method, epsilon) of a ``scripts/study.py`` config, composed as its stage-2 ``train.py`` run and checked
     with :func:`check_config` and the relation rule, so a bad study fails in one line before any multirun is launched."""
-    def compose_all() -> None:
+    inside = GlobalHydra.instance().is_initialized()  # inside @hydra.main: compose from its search path
+    with contextlib.nullcontext() if inside else initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         for m in cfg.study.methods:
             for eps in cfg.study.epsilons:
                 overrides = [f"model={m.model}", f"mechanism={m.mechanism}", f"data={cfg.dataset}", f"epsilon={eps}",
@@ -32,12 +34,6 @@ def check_study(cfg: DictConfig) -> None:
                     raise ConfigError(f"study method {m.mechanism}/{m.model}: {_one_line(err)}") from None
                 check_config(run_cfg)
                 check_relation_preprocessing(run_cfg)
-
-    if GlobalHydra.instance().is_initialized():  # inside @hydra.main: compose from its search path
-        compose_all()
-        return
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        compose_all()
 
 
 def _one_line(err: Exception) -> str:
@@ -64,13 +60,9 @@ def check_command_line(config_name: str, argv: list[str]) -> None:
     overrides = []
     for o in parsed:
         key = o.get_key_element().lstrip("+~")
-        if key.startswith("hydra") and key != "hydra.searchpath":  # searchpath: where +grid=/+selected= files live
-            continue
-        if o.is_sweep_override():
-            first = next(iter(o.sweep_string_iterator()), None)
-            overrides.append(f"{o.get_key_element()}={first}")
-        else:
-            overrides.append(o.input_line)
+        if not key.startswith("hydra") or key == "hydra.searchpath":  # searchpath: where +grid=/+selected= files live
+            sweep = o.is_sweep_override()  # a sweep: its first value
+            overrides.append(f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()), None)}" if sweep else o.input_line)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         try:
             cfg = compose(config_name=config_name, overrides=overrides)

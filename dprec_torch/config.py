@@ -4,8 +4,7 @@ read (:func:`check_config`, called by ``training.run.validate`` and :mod:`dprec_
 * every key of the ``data``, ``model`` and ``mechanism`` nodes is a declared parameter of the node's ``_target_``, a key
   the runner reads itself (:data:`NODE_RUNNER_KEYS`) or a Hydra key, so ``mechanism.lerning_rate=0.1`` is an error;
 * every required parameter of a target is present, and every number lies in its domain (:mod:`dprec_torch.config_domains`);
-* a mechanism node is checked against the class that trains the model (:func:`form_node`, :mod:`dprec_torch.forms`): a
-  key only the key's own class reads is dropped, or refused when typed on the command line.
+* a mechanism node is checked against the class that trains the model (:func:`form_node`, :mod:`dprec_torch.forms`).
 
 Each problem raises :class:`~dprec_torch.errors.ConfigError` with one line naming the key, the value and the valid
 range. The relation rules are in :mod:`dprec_torch.privacy.relations`.
@@ -30,15 +29,14 @@ from dprec_torch.errors import ConfigError, DprecError
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
-#: Keys the runner reads itself, per node: ``cfg.model.name`` for labels, ``cfg.mechanism.epochs`` /
-#: ``sampling_ratio`` / ``unit`` for the batch schedule, ``max_user_ratings`` for the tau cap of
-#: user-level mechanisms, ``chosen_on`` (on whose ratings the file's numbers were chosen) for the report's provenance
-#: (:mod:`dprec_torch.privacy.provenance`). They are passed on to a target that declares them
-#: (``load_movielens(name=...)``) and dropped for one that does not.
+#: Keys the runner reads itself, per node: ``name`` for labels, ``epochs`` / ``sampling_ratio`` / ``unit`` for the batch
+#: schedule, ``max_user_ratings`` for the tau cap of user-level mechanisms, ``chosen_on`` (on whose ratings the file's
+#: numbers were chosen) for the report's provenance. Passed on to a target that declares them, dropped for one that does not.
 NODE_RUNNER_KEYS: dict[str, tuple[str, ...]] = {
     "data": ("name",),
     "model": ("name", "chosen_on"),
-    "mechanism": ("name", "epochs", "sampling_ratio", "unit", "max_user_ratings", "chosen_on"),
+    "mechanism": ("name", "epochs", "sampling_ratio", "unit", "max_user_ratings", "chosen_on", "select", "select_rounds",
+                  "select_grid", "select_score_share", "select_validation"),
 }
 RUNNER_KEYS: tuple[str, ...] = tuple(dict.fromkeys(k for keys in NODE_RUNNER_KEYS.values() for k in keys))
 #: the knobs that may be ``auto``: the low-rank PNBM's size rule sets them at set-up (:mod:`dprec_torch.privacy.size_rule`)
@@ -78,10 +76,7 @@ def accepted(cls: type, **kwargs: Any) -> dict[str, Any]:
 
 def instantiate_node(node: DictConfig, **kwargs: Any) -> Any:
     """``instantiate`` a config node; a runner-only key (:data:`RUNNER_KEYS`) is dropped only where the target does
-    not declare it, so no real argument is ever lost to the filtering.
-
-    A :class:`DprecError` raised by the target is re-raised as is, not wrapped by Hydra, so the CLI prints its one line.
-    """
+    not declare it. A :class:`DprecError` raised by the target is re-raised as is, not wrapped by Hydra (one CLI line)."""
     data = OmegaConf.to_container(node, resolve=True)
     declared = declared_parameters(data["_target_"])
     data = {k: v for k, v in data.items() if k not in RUNNER_KEYS or k in declared}
@@ -150,10 +145,6 @@ def _fail_value(path: str, value: Any, dom: Domain) -> ConfigError:
     return ConfigError(f"{path}={'null' if value is None else value} is invalid: it must be {dom}")
 
 
-def _target_label(kind: str, node: DictConfig, target: str) -> str:
-    return f"{target.rsplit('.', 1)[-1]} ({kind}={node.get('name', '?')})" if "name" in node else target.rsplit(".", 1)[-1]
-
-
 def _leaves(node: dict, prefix: str = "") -> Iterator[tuple[str, Any]]:
     for key, value in node.items():
         if isinstance(value, dict) and "_target_" not in value:
@@ -185,12 +176,11 @@ def check_node(kind: str, node: DictConfig, path: str | None = None) -> None:
     runner = NODE_RUNNER_KEYS.get(kind, ())
     target = data.get("_target_")
     if not target:
-        extra = [k for k in data if k not in runner and k not in HYDRA_KEYS]
-        if extra:
+        if extra := [k for k in data if k not in runner and k not in HYDRA_KEYS]:
             raise ConfigError(f"{path}.{extra[0]} is not a key of {kind}={data.get('name', '?')} (it has no parameters)")
         return
     declared = declared_parameters(target)
-    label = _target_label(kind, node, target)
+    label = target.rsplit(".", 1)[-1] + (f" ({kind}={node.get('name', '?')})" if "name" in node else "")
     for key in data:
         if key in HYDRA_KEYS or key in declared or key in runner:
             continue

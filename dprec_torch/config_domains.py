@@ -23,18 +23,13 @@ class Domain:
 
     def __str__(self) -> str:
         if self.kind is bool:
-            extras = [*(["null"] if self.null else []), *self.also]
-            return "true or false" + "".join(f" or {e}" for e in extras) + (f" ({self.note})" if self.note else "")
-        if self.kind is int:
-            if math.isinf(self.hi):
-                text = f"an integer >= {self.lo:g}"
-            else:
-                text = f"an integer in [{self.lo:g}, {self.hi:g}]"
+            text = "true or false"
+        elif self.kind is int:
+            text = f"an integer >= {self.lo:g}" if math.isinf(self.hi) else f"an integer in [{self.lo:g}, {self.hi:g}]"
         else:
             text = f"a number in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
         extras = [*(["null"] if self.null else []), *self.also]
-        text += "".join(f" or {e}" for e in extras)
-        return text + (f" ({self.note})" if self.note else "")
+        return text + "".join(f" or {e}" for e in extras) + (f" ({self.note})" if self.note else "")
 
     def accepts(self, value: Any) -> bool:
         if value is None:
@@ -43,20 +38,15 @@ class Domain:
             return True
         if isinstance(value, bool) or self.kind is bool:  # a bool is no number; "maybe" is no bool
             return isinstance(value, bool) and self.kind is bool
-        if self.kind is int:
-            if not isinstance(value, int):
-                return False
-            x = float(value)
-        else:
-            try:
-                x = float(value)  # "inf" or "1e-3" from yaml are strings
-            except (TypeError, ValueError):
-                return False
-        if math.isnan(x):
+        if self.kind is int and not isinstance(value, int):
+            return False
+        try:
+            x = float(value)  # "inf" or "1e-3" from yaml are strings
+        except (TypeError, ValueError):
             return False
         above = x > self.lo if self.lo_open else x >= self.lo
         below = x < self.hi if self.hi_open else x <= self.hi
-        return above and below
+        return not math.isnan(x) and above and below
 
     def invalid_example(self) -> Any:
         """A value outside the domain of the same type where one exists, else a non-number."""
@@ -180,11 +170,7 @@ DOMAINS: dict[str, Domain] = {
     "steps": integer(1),
     "clip": number("(0, inf)"),
     "momentum": number("[0, 1)"),
-    "budget.gsum": number("(0, 1]"),
-    "budget.gcnt": number("(0, 1]"),
-    "budget.msum": number("(0, 1]"),
-    "budget.mcnt": number("(0, 1]"),
-    "budget.cov": number("(0, 1]"),
+    **{f"budget.{share}": number("(0, 1]") for share in ("gsum", "gcnt", "msum", "mcnt", "cov")},
     "w": number("[0, inf)", null=True, note="null = max(s_k, 0)"),
     # mechanisms
     "lr": number("(0, inf)"),
@@ -195,6 +181,9 @@ DOMAINS: dict[str, Domain] = {
     "clip_norm": number("(0, inf)"),
     "noise_multiplier": number("[0, inf)", null=True, note="null = from epsilon"),
     "mean_fraction": number("(0, 1)"),
+    "select_rounds": number("[1, inf)", note="the expected number of private-selection rounds"),
+    "select_score_share": number("(0, 1)"),
+    "select_validation": number("(0, 1)"),
     "mean_global_fraction": number("(0, 1)"),
     "mean_shrinkage": number("[0, inf)"),
     "init_value": ANY_REAL,

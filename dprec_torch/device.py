@@ -46,10 +46,9 @@ def set_matmul_precision(name: str = "highest") -> str:
 def warm_up(device: torch.device) -> threading.Thread | None:
     """Create ``device``'s CUDA context (and cuBLAS handle) on a background thread; None for a CPU device.
 
-    The first CUDA call of a process creates the context and loads kernels (0.5-1.2 s on an
-    H100/H200, otherwise paid by the first ``Ratings.to``). Started as soon as the device
-    is known, it overlaps with reading the data; torch's lazy-init lock makes the main thread's
-    first CUDA call wait for it rather than race it.
+    The first CUDA call of a process creates the context and loads kernels (0.5-1.2 s on an H100/H200). Started as soon
+    as the device is known, it overlaps with reading the data; torch's lazy-init lock makes the main thread's first CUDA
+    call wait for it rather than race it.
     """
     if device.type != "cuda":
         return None
@@ -70,10 +69,9 @@ def warm_up(device: torch.device) -> threading.Thread | None:
 def claimed_device(name: str, lock_dir: Path | None, poll_seconds: float = 1.0) -> Iterator[torch.device]:
     """:func:`resolve_device`; with ``device=auto``, several GPUs and a ``lock_dir``, one GPU per job.
 
-    A job of a local multirun (the joblib launcher, one process per job) takes an exclusive
-    lock on ``lock_dir/gpu-<i>.lock`` for the first GPU i no other job holds, waits while all
-    are taken, and keeps it until the job ends, so ``hydra.launcher.n_jobs`` = the number of
-    GPUs runs one job per GPU. SLURM jobs get one visible GPU each and never lock.
+    A job of a local multirun (the joblib launcher, one process per job) takes an exclusive lock on
+    ``lock_dir/gpu-<i>.lock`` for the first GPU i no other job holds, waits while all are taken, and keeps it until the
+    job ends, so ``hydra.launcher.n_jobs`` = the number of GPUs runs one job per GPU. SLURM jobs never lock.
     """
     device = resolve_device(name)
     n_gpus = torch.cuda.device_count() if device.type == "cuda" else 0

@@ -1,8 +1,7 @@
 """User-facing errors.
 
-Every problem a user can fix (bad file, bad config value, missing data) raises
-:class:`DprecError` with a one-line message that names the fix. The CLI entry
-points catch it, log the line and exit non-zero, so no torch traceback leaks.
+Every problem a user can fix (bad file, bad config value, missing data) raises :class:`DprecError` with a one-line
+message that names the fix. The CLI entry points catch it, log the line and exit non-zero, so no torch traceback leaks.
 """
 
 from __future__ import annotations

@@ -3,22 +3,18 @@
 Only the seams are Protocols. An optional capability is a member with a neutral default on the base class the
 implementers share (LensKit style), read directly: :class:`dprec_torch.models.base.BaseModel` (trained models),
 :class:`dprec_torch.mechanisms.base.MechanismOptimizer` (training mechanisms). (``isinstance`` on a runtime Protocol
-checks that the members exist, not their signatures.)
+checks that the members exist, not their signatures.) Three families:
 
-Three families:
-
-* a **trainable model** (:class:`TrainableModel`: PNBM, PNBM-topk, MF) is an ``nn.Module`` learned under a
-  training mechanism, a subclass of ``BaseModel``. Set-up has two paths with one job each
-  (:mod:`dprec_torch.models.release`): ``attach(train)`` BUILDS from data before training, ``restore(train, state)``
-  RESTORES what was released;
-* a **fitted predictor** (:class:`FittedPredictor`: kNN, Slope One, PNCF, ...) learns in ``fit(train)``
-  and answers ``predict(users, items)`` (:class:`Predictor`) and/or ``recommend(users, n)``
-  (:class:`Recommender`); unknown users/items fall back to :class:`MeanFallback`;
-* a **mechanism**: a :class:`TrainingMechanism` (an optimizer whose ``step`` is private; base class
-  :class:`dprec_torch.mechanisms.base.MechanismOptimizer` provides every default) or an
-  :class:`OutputMechanism` (``wrap(predictor)`` returns a private predictor; it takes any :class:`Predictor` or
-  :class:`Scorer`). Both report what they defend through :class:`ReportsPrivacy`; the accountant is
-  :class:`dprec_torch.privacy.accountants.Accountant`, saved with the optimizer's ``state_dict``.
+* a **trainable model** (:class:`TrainableModel`: PNBM, PNBM-topk, MF) is an ``nn.Module`` learned under a training
+  mechanism, a subclass of ``BaseModel``. Set-up has two paths with one job each (:mod:`dprec_torch.models.release`):
+  ``attach(train)`` BUILDS from data before training, ``restore(train, state)`` RESTORES what was released;
+* a **fitted predictor** (:class:`FittedPredictor`: kNN, Slope One, PNCF, ...) learns in ``fit(train)`` and answers
+  ``predict(users, items)`` (:class:`Predictor`) and/or ``recommend(users, n)`` (:class:`Recommender`); unknown
+  users/items fall back to :class:`MeanFallback`;
+* a **mechanism**: a :class:`TrainingMechanism` (an optimizer whose ``step`` is private) or an :class:`OutputMechanism`
+  (``wrap(predictor)`` returns a private predictor; it takes any :class:`Predictor` or :class:`Scorer`). Both report
+  what they defend through :class:`ReportsPrivacy`; the accountant is :class:`dprec_torch.privacy.accountants.Accountant`,
+  saved with the optimizer's ``state_dict``.
 
 This module sits below ``models/``, ``predictors/`` and ``mechanisms/`` (it imports only ``data``). Every member of
 these Protocols is a method or a plain class/instance attribute (none an ``nn.Module`` parameter or buffer), so
@@ -57,13 +53,12 @@ class ReportsPrivacy(Protocol):
 class TrainableModel(Protocol):
     """A model learned under a :class:`TrainingMechanism` (an ``nn.Module``: PNBM, PNBM-topk, MF).
 
-    ``attach(train)`` builds from data (once, before training); ``restore(train, state)`` restores a
-    checkpoint's ``model`` entry exactly, computing nothing from ``train`` (it only binds the users'
-    histories a neighbourhood model reads). ``batch_predict`` / ``surrogate_loss`` are the training
-    forward and the scalar whose gradient is sum e_ui d r_hat_ui / d theta; ``gradient_entry_bound``
-    bounds one example's gradient entry for a residual bound (the paper's Delta F); ``predict`` is
-    clipped to the rating scale with the documented fallback for unknown ids. The optional capabilities and their
-    defaults are :class:`~dprec_torch.models.base.BaseModel`'s.
+    ``attach(train)`` builds from data (once, before training); ``restore(train, state)`` restores a release's state
+    exactly, computing nothing from ``train`` (it only binds the users' histories a neighbourhood model reads).
+    ``batch_predict`` / ``surrogate_loss`` are the training forward and the scalar whose gradient is
+    sum e_ui d r_hat_ui / d theta; ``gradient_entry_bound`` bounds one example's gradient entry for a residual bound (the
+    paper's Delta F); ``predict`` is clipped to the rating scale with the documented fallback for unknown ids. The
+    optional capabilities and their defaults are :class:`~dprec_torch.models.base.BaseModel`'s.
     """
 
     task: str
@@ -89,11 +84,8 @@ class TrainableModel(Protocol):
 # ============================================================================ fitted predictors
 @runtime_checkable
 class FittedPredictor(Protocol):
-    """A predictor that learns in ``fit(train) -> self`` (no mechanism steps): kNN, Slope One, PNCF, ...
-
-    ``task`` is ``rating`` (it predicts: :class:`Predictor`), ``topn`` (it recommends:
-    :class:`Recommender`) or ``both``; ``name`` labels it in tables.
-    """
+    """A predictor that learns in ``fit(train) -> self`` (no mechanism steps): kNN, Slope One, PNCF, ... ``task`` is
+    ``rating`` (it predicts: :class:`Predictor`), ``topn`` (it recommends: :class:`Recommender`) or ``both``."""
 
     name: str
     task: str
@@ -125,11 +117,8 @@ class Scorer(Protocol):
 
 
 class MeanFallback:
-    """Learned state for the documented fallback: item mean, then global mean.
-
-    An item is *known* if it has a training rating; a user is *known* if they have one. Shared by
-    the trainable models and the fitted predictors (it lives here, below both).
-    """
+    """Learned state for the documented fallback: item mean, then global mean. An item is *known* if it has a training
+    rating; a user is *known* if they have one. Shared by the trainable models and the fitted predictors."""
 
     def __init__(self, train: Ratings) -> None:
         self.scale: RatingScale = train.scale
@@ -152,12 +141,10 @@ class MeanFallback:
         i = items.clamp(0, self.item_means_.numel() - 1)
         return torch.where(ok_i, self.item_means_[i], torch.full_like(self.item_means_[i], self.global_mean))
 
-    def finish(self, users: torch.Tensor, items: torch.Tensor, raw: torch.Tensor,
-               usable: torch.Tensor | None = None) -> torch.Tensor:
-        """Replace predictions for unknown users/items (and, where given, pairs with ``usable`` False:
-        no neighbour carried weight) with the fallback, then clip to the scale."""
-        out = torch.where(self.answered(users, items, usable), raw, self.fallback(items))
-        return self.scale.clip(out)
+    def finish(self, users: torch.Tensor, items: torch.Tensor, raw: torch.Tensor, usable: torch.Tensor | None = None) -> torch.Tensor:
+        """Replace predictions for unknown users/items (and, where given, pairs with ``usable`` False: no neighbour
+        carried weight) with the fallback, then clip to the scale."""
+        return self.scale.clip(torch.where(self.answered(users, items, usable), raw, self.fallback(items)))
 
     def answered(self, users: torch.Tensor, items: torch.Tensor, usable: torch.Tensor | None = None) -> torch.Tensor:
         """True where the model's own prediction is served (known ids, and ``usable`` where given)."""

@@ -36,25 +36,29 @@ def _sanitize(obj: Any) -> Any:
 
 
 @contextlib.contextmanager
-def atomic_open(path: str | Path) -> Iterator[BinaryIO]:
-    """A binary file handle whose contents replace ``path`` only when the block ends without error.
-
-    Written to a temp file in the same folder, fsynced, then renamed over ``path``; on an error
-    the temp file is removed and ``path`` is left as it was.
-    """
+def _replacing(path: str | Path) -> Iterator[tuple[int, str]]:
+    """``(fd, name)`` of a temp file in ``path``'s folder, renamed over ``path`` when the block ends without error;
+    on an error the temp file is removed and ``path`` is left as it was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as fh:
-            yield fh
-            fh.flush()
-            os.fsync(fh.fileno())
+        yield fd, tmp
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | Path) -> Iterator[BinaryIO]:
+    """A binary file handle whose contents replace ``path`` only when the block ends without error (a temp file,
+    fsynced, then renamed: :func:`_replacing`)."""
+    with _replacing(path) as (fd, _), os.fdopen(fd, "wb") as fh:
+        yield fh
+        fh.flush()
+        os.fsync(fh.fileno())
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
@@ -72,20 +76,12 @@ def atomic_write_json(path: str | Path, obj: Any) -> None:
 def atomic_torch_save(path: str | Path, obj: Any) -> None:
     """Atomically ``torch.save`` a checkpoint: to a temp file in the same folder (by name, so torch's C++
     writer streams it, not a Python file object: that was ~0.5 s of pickling-side writes per 55 MB on the
-    GPU machine), fsynced, then renamed over ``path``; on an error ``path`` is left as it was."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
+    GPU machine), fsynced, then renamed over ``path`` (:func:`_replacing`)."""
+    with _replacing(path) as (fd, tmp):
+        os.close(fd)
         torch.save(obj, tmp)
         fd = os.open(tmp, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

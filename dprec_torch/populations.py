@@ -1,9 +1,8 @@
 """The people a data config holds, and the default model's constants that a population chose differently.
 
-:func:`population` is the size rule's population input (``dprec_torch/privacy/size_rule.py``) and the provenance's
-(``dprec_torch/privacy/provenance.py``). :func:`population_constant` serves ``${size_rule:KEY}`` in
-``conf/model/pnbm_lowrank.yaml``; the resolver is registered when this module is imported (``dprec_torch.config``
-imports it, so every composed config can resolve it). It sits below every layer so that the config check can read it.
+:func:`population` is the size rule's population input (``dprec_torch/privacy/size_rule.py``) and the provenance's.
+:func:`population_constant` serves ``${size_rule:KEY}`` in ``conf/model/pnbm_lowrank.yaml``; the resolver is registered
+when this module is imported (``dprec_torch.config`` imports it, so every composed config can resolve it).
 """
 
 from __future__ import annotations
@@ -32,10 +31,8 @@ POPULATIONS = {"ml-100k": "ml-100k", "ml-100k-val": "ml-100k", "ml-1m": "ml-1m",
 
 def population(cfg: Any) -> str | None:
     """The people ``cfg.data`` holds: ``ml-100k``, ``ml-1m``, ``synthetic``, or None (custom data: not known)."""
-    data = cfg.data
-    inner = data.get("dataset")
-    name = str((inner if isinstance(inner, DictConfig) else data).get("name", ""))
-    return POPULATIONS.get(name)
+    inner = cfg.data.get("dataset")  # a validation split's data node wraps the dataset it splits
+    return POPULATIONS.get(str((inner if isinstance(inner, DictConfig) else cfg.data).get("name", "")))
 
 
 def population_constant(key: str, cfg: Any) -> float:

@@ -116,18 +116,16 @@ class SecretGenerator:
     # ------------------------------------------------------------------ draws
     def rand(self, *size: Any, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> torch.Tensor:
         """Uniforms in [0, 1) (like ``torch.rand``)."""
-        shape = _shape(size)
-        n = int(np.prod(shape)) if shape else 1
+        shape, n = _shape(size)
         return chacha.uniform(self.next_key(), n, device or self.device, dtype).view(shape)
 
     def randn(self, *size: Any, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> torch.Tensor:
         """Standard normals (like ``torch.randn``; Box-Muller on ChaCha20 words)."""
-        return self.add_gaussian_(torch.zeros(_shape(size), dtype=dtype, device=device or self.device), 1.0)
+        return self.add_gaussian_(torch.zeros(_shape(size)[0], dtype=dtype, device=device or self.device), 1.0)
 
     def exponential(self, *size: Any, dtype: torch.dtype = torch.float64, device: torch.device | str | None = None) -> torch.Tensor:
         """Exp(1) draws: -log v, v uniform in (0, 1]."""
-        shape = _shape(size)
-        n = int(np.prod(shape)) if shape else 1
+        shape, n = _shape(size)
         v = chacha.uniform(self.next_key(), n, device or self.device, torch.float64, open_interval=True)
         return (-torch.log(v)).to(dtype).view(shape)
 
@@ -157,11 +155,12 @@ class SecretGenerator:
         self._key, self.counter = raw[:KEY_BYTES], int.from_bytes(raw[KEY_BYTES:], "little")
 
 
-def _shape(size: tuple[Any, ...]) -> tuple[int, ...]:
-    """torch's size arguments: ints, or one sequence of ints."""
+def _shape(size: tuple[Any, ...]) -> tuple[tuple[int, ...], int]:
+    """torch's size arguments (ints, or one sequence of ints) as (shape, number of elements)."""
     if len(size) == 1 and not isinstance(size[0], (int, np.integer)):
         size = tuple(size[0])
-    return tuple(int(s) for s in size)
+    shape = tuple(int(s) for s in size)
+    return shape, int(np.prod(shape)) if shape else 1
 
 
 def secret(generator: Any) -> SecretGenerator:
@@ -183,23 +182,17 @@ def randomness_report(secret: bool) -> dict[str, Any]:
     how = ("every private draw (noise, Poisson sampling, sampling keys) is the ChaCha20 keystream (RFC 8439) under its "
            "own 256-bit key, a keyed BLAKE2b of the run's root key, its job, fold, stream and draw counter, on every "
            "device; floating-point inverse-CDF and Box-Muller samplers (no snapping)")
-    if secret:
-        return {"noise_seed": "secret", "key_bits": 8 * KEY_BYTES,
-                "statement": "the root key is 256 bits of the OS entropy source, recorded nowhere but the (private) "
-                             "checkpoint, which a successful run deletes; " + how}
-    return {"noise_seed": "explicit", "key_bits": 8 * KEY_BYTES,
-            "statement": "noise_seed was set explicitly (it is in the resolved config): the run is reproducible, and "
-                         "for anyone who reads the config its epsilon is infinite; it holds only while that seed "
-                         "stays secret (then every fold and job still draws its own key); " + how}
+    why = ("the root key is 256 bits of the OS entropy source, recorded nowhere but the (private) checkpoint, which a "
+           "successful run deletes; " if secret else
+           "noise_seed was set explicitly (it is in the resolved config): the run is reproducible, and for anyone who reads "
+           "the config its epsilon is infinite; it holds only while that seed stays secret (then every fold and job still "
+           "draws its own key); ")
+    return {"noise_seed": "secret" if secret else "explicit", "key_bits": 8 * KEY_BYTES, "statement": why + how}
 
 
 def rng_state() -> dict[str, Any]:
     """Capture every global RNG state (for checkpoints)."""
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-    }
+    state: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state

@@ -1,20 +1,15 @@
-"""Start-up cost a run does not need: torch's dynamo (and, through it, distributed/FSDP) import.
+"""Start-up cost a run does not need: torch's dynamo (and, through it, distributed/FSDP) import, and the cyclic GC.
 
-``torch.optim.Optimizer.add_param_group``, ``zero_grad``, ``state_dict`` and ``load_state_dict``
-are wrapped by ``torch._compile._disable_dynamo``, whose first call imports ``torch._dynamo``
-(which imports ``torch.distributed.fsdp``, ``torch.distributed.tensor``, sympy, ...): 2-3 s of a
-run that never compiles anything (``python -X importtime train.py``: ``torch._dynamo`` is
-imported from ``Optimizer.__init__`` -> ``add_param_group``). The wrapper caches the disabled
-function on the wrapped one as ``__dynamo_disable``; pre-filling that cache with the function
-itself skips the import. Outside ``torch.compile`` the two are the same call: dynamo's
-``disable`` only matters while a frame is being compiled, and dprec-torch compiles nothing.
+``torch.optim.Optimizer.add_param_group``, ``zero_grad``, ``state_dict`` and ``load_state_dict`` are wrapped by
+``torch._compile._disable_dynamo``, whose first call imports ``torch._dynamo`` (and ``torch.distributed.fsdp``, sympy,
+...): 2-3 s of a run that never compiles anything. The wrapper caches the disabled function on the wrapped one as
+``__dynamo_disable``; pre-filling that cache with the function itself skips the import. Outside ``torch.compile`` the
+two are the same call: dynamo's ``disable`` only matters while a frame is being compiled, and dprec-torch compiles nothing.
 
-The cyclic garbage collector (start-up time): loading torch, numba and Hydra allocates a few hundred thousand
-long-lived objects, and each full collection traverses all of them again (~0.3 s of CPU to the first epoch of
-``python train.py data=ml-100k``). ``train.py`` calls :func:`pause_gc` before its imports and
-:func:`resume_gc` after them: the imported objects are moved out of the collector's reach (``gc.freeze``) and
-collection resumes for everything the run allocates. Nothing else changes: a collection only frees unreachable
-cycles, and module-level objects live until the process exits anyway.
+Loading torch, numba and Hydra allocates a few hundred thousand long-lived objects, and each full collection traverses
+them all again (~0.3 s of CPU to the first epoch of ``python train.py data=ml-100k``). ``train.py`` calls
+:func:`pause_gc` before its imports and :func:`resume_gc` after them (``gc.freeze``). Nothing else changes: a collection
+only frees unreachable cycles, and module-level objects live until the process exits anyway.
 """
 
 from __future__ import annotations
@@ -27,11 +22,8 @@ log = logging.getLogger(__name__)
 
 
 def skip_dynamo_import() -> list[str]:
-    """Pre-fill the ``_disable_dynamo`` cache of ``torch.optim.Optimizer``'s methods; returns their names.
-
-    A no-op (empty list) once ``torch._dynamo`` is imported -- then there is nothing to save and
-    the real ``disable`` must stay -- or if torch's wrapper changes shape.
-    """
+    """Pre-fill the ``_disable_dynamo`` cache of ``torch.optim.Optimizer``'s methods; returns their names. A no-op
+    (empty list) once ``torch._dynamo`` is imported (the real ``disable`` must stay) or if torch's wrapper changes shape."""
     if "torch._dynamo" in sys.modules:
         return []
     from torch.optim import Optimizer

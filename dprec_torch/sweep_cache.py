@@ -1,14 +1,13 @@
 """What the jobs of one process may share: the loaded dataset, its folds on a device, the PCC/COS baselines.
 
-``hydra/launcher=batched`` (``hydra_plugins/dprec_batched_launcher``) runs the jobs of a sweep that
-read the same data in one process, inside :func:`sharing`. There, :func:`shared` builds an object
-once per key and hands the same object to every later job of the group; outside :func:`sharing`
-(a plain ``python train.py``, the basic/joblib/submitit launchers) it just calls ``build()``.
+``hydra/launcher=batched`` (``hydra_plugins/dprec_batched_launcher``) runs the jobs of a sweep that read the same data
+in one process, inside :func:`sharing`. There, :func:`shared` builds an object once per key and hands the same object to
+every later job of the group; elsewhere it just calls ``build()``.
 
-Only objects that are a pure function of their key are shared: the dataset and its folds (a
-function of the resolved ``cfg.data``, whose ``seed`` is part of the key), a fold moved to a
-device, and the non-private baselines of a fold. Nothing private or trained is shared -- each job
-still builds its own model, mechanism, noise generators, item means and checkpoint.
+Only objects that are a pure function of their key are shared: the dataset and its folds (a function of the resolved
+``cfg.data``, whose ``seed`` is part of the key), a fold moved to a device, and the non-private baselines of a fold.
+Nothing private or trained is shared -- each job still builds its own model, mechanism, noise generators, item means
+and checkpoint.
 """
 
 from __future__ import annotations
@@ -68,11 +67,9 @@ def active() -> SweepCache | None:
 
 
 def shared(what: str, data: DictConfig, build: Callable[[], T], *extra: Any) -> T:
-    """``build()``, or the object an earlier job of this :func:`sharing` block built for the same key.
-
-    ``data`` is the job's ``cfg.data`` (the key's main part); ``extra`` (fold index, device, k, ...)
-    must name everything else the object depends on.
-    """
+    """``build()``, or the object an earlier job of this :func:`sharing` block built for the same key. ``data`` is the
+    job's ``cfg.data`` (the key's main part); ``extra`` (fold index, device, k, ...) must name everything else the
+    object depends on."""
     cache = _ACTIVE
     if cache is None:
         return build()
@@ -80,7 +77,6 @@ def shared(what: str, data: DictConfig, build: Callable[[], T], *extra: Any) -> 
     if key in cache.objects:
         cache.reused[what] += 1
         return cache.objects[key]
-    obj = build()
-    cache.objects[key] = obj
+    obj = cache.objects[key] = build()
     cache.built[what] += 1
     return obj

@@ -1,23 +1,22 @@
-"""The epsilon-Linearly Ideal Adversary (LIA) and the epsilon-Risk / epsilon-Utility curves
-(Park & Acharya 2011, Sec. 3.3, Definitions 4-6, Theorems 3.3-3.4).
+"""The epsilon-Linearly Ideal Adversary (LIA) and the epsilon-Risk / epsilon-Utility curves (Park & Acharya 2011, Sec.
+3.3, Definitions 4-6, Theorems 3.3-3.4).
 
-Model-agnostic: any model whose released value is affine in one secret record given side
-information can be attacked. The model supplies ``(a, b, truth)`` (for Slope One, Theorem 3.3:
-``a = |r_i.|``, ``b = -(sum_k s_jk + sum_{k != l} r_ik)``, truth ``r_il``) through a
-``lia_side_information(users, query_items, target_items)`` method, and a release function
-supplies ``A^eps``. Then
+Model-agnostic: any model whose released value is affine in one secret record given side information can be attacked.
+The model supplies ``(a, b, truth)`` (for Slope One, Theorem 3.3: ``a = |r_i.|``,
+``b = -(sum_k s_jk + sum_{k != l} r_ik)``, truth ``r_il``) through a
+``lia_side_information(users, query_items, target_items)`` method, and a release function supplies ``A^eps``. Then
 
-* Eq. (22): ``LIA(A^eps) = a * A^eps + b``; with ``A^eps = f + Lap(Delta f/eps)`` this is
-  ``truth + a * delta`` (Eq. (25)), exact at eps = inf.
-* A guess is a hit when ``|LIA - truth| < tolerance`` (0.5 on an integer rating scale: the
-  attacker rounds to the nearest rating; an estimate off the scale is a miss, so accuracy
-  tends to 0 as eps -> 0, as in the paper's Fig. 1b).
-* Definition 5, epsilon-Risk ``= E[Pr[d = LIA(A^eps)]]``: the mean hit rate; with Laplace
-  noise of scale b the per-target probability is exactly ``1 - exp(-tolerance / (|a| b))``
-  (:func:`lia_hit_probability`), which we report next to the empirical rate.
-* Definition 6, epsilon-Utility ``= 1 - dist(A^eps, A^inf) / max dist``: with ``dist`` the
-  top-N difference (fraction of the non-private top N that the private top N misses, Fig. 1a)
-  the maximum is 1, so utility = 1 - top-N difference.
+* Eq. (22): ``LIA(A^eps) = a * A^eps + b``; with ``A^eps = f + Lap(Delta f/eps)`` this is ``truth + a * delta`` (Eq.
+  (25)), exact at eps = inf.
+* A guess is a hit when ``|LIA - truth| < tolerance`` (0.5 on an integer rating scale: the attacker rounds to the
+  nearest rating; an estimate off the scale is a miss, so accuracy tends to 0 as eps -> 0, as in the paper's Fig.
+  1b).
+* Definition 5, epsilon-Risk ``= E[Pr[d = LIA(A^eps)]]``: the mean hit rate; with Laplace noise of scale b the
+  per-target probability is exactly ``1 - exp(-tolerance / (|a| b))`` (:func:`lia_hit_probability`), which we report
+  next to the empirical rate.
+* Definition 6, epsilon-Utility ``= 1 - dist(A^eps, A^inf) / max dist``: with ``dist`` the top-N difference (fraction
+  of the non-private top N that the private top N misses, Fig. 1a) the maximum is 1, so utility = 1 - top-N
+  difference.
 """
 
 from __future__ import annotations
@@ -33,9 +32,8 @@ from dprec_torch.errors import DataError
 class LinearlyAttackable(Protocol):
     """A model that can state LIA side information for (user, released item, attacked item) triples."""
 
-    def lia_side_information(
-        self, users: torch.Tensor, query_items: torch.Tensor, target_items: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+    def lia_side_information(self, users: torch.Tensor, query_items: torch.Tensor,
+                             target_items: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
 
 
 @dataclass
@@ -74,19 +72,13 @@ def lia_hit_probability(a: torch.Tensor, noise_scale: float, tolerance: float) -
     return 1.0 - torch.exp(-tolerance / (a.double().abs() * noise_scale))
 
 
-def lia_attack(
-    model: LinearlyAttackable,
-    release: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    users: torch.Tensor,
-    query_items: torch.Tensor,
-    target_items: torch.Tensor,
-    tolerance: float = 0.5,
-    noise_scale: float | None = None,
-) -> LIAResult:
+def lia_attack(model: LinearlyAttackable, release: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+               users: torch.Tensor, query_items: torch.Tensor, target_items: torch.Tensor, tolerance: float = 0.5,
+               noise_scale: float | None = None) -> LIAResult:
     """Attack one record per row: release ``A_{u, query}``, reconstruct ``d_{u, target}`` (Theorems 3.3/3.4).
 
-    ``release(users, items)`` is the mechanism's output (e.g. ``LaplaceOutputPredictor.release``);
-    ``noise_scale`` (the Laplace ``b``) enables the exact risk of Definition 5.
+    ``release(users, items)`` is the mechanism's output (e.g. ``LaplaceOutputPredictor.release``); ``noise_scale``
+    (the Laplace ``b``) enables the exact risk of Definition 5.
     """
     a, b, truth = model.lia_side_information(users, query_items, target_items)
     released = release(users, query_items).to(a.device)
@@ -97,8 +89,8 @@ def lia_attack(
 
 
 def topn_difference(private_top: torch.Tensor, reference_top: torch.Tensor) -> torch.Tensor:
-    """Per row, the fraction of ``reference_top`` items missing from ``private_top`` (Fig. 1a's
-    "# of different items / N"; ``-1`` padding ignored)."""
+    """Per row, the fraction of ``reference_top`` items missing from ``private_top`` (Fig. 1a's "# of different items /
+    N"; ``-1`` padding ignored)."""
     if private_top.shape != reference_top.shape:
         raise DataError("topn_difference: both lists must be [U, N]")
     same = (reference_top[:, :, None] == private_top[:, None, :]) & (reference_top[:, :, None] >= 0)

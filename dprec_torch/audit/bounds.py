@@ -1,17 +1,16 @@
 """From canary guesses to a (1 - alpha) lower bound on epsilon (Steinke, Nasr & Jagielski 2023).
 
-Each canary is included independently with probability 1/2. After training, the auditor ranks the
-canaries of a run by their score and guesses "in" for the top ``k`` and "out" for the bottom ``k``
-(k fixed in advance). For an eps-DP mechanism (w.r.t. adding/removing one canary), the number W
-of correct guesses among r guesses is stochastically dominated by Binomial(r, p_eps),
-p_eps = e^eps / (1 + e^eps) (SNJ 2023, Thm. 3.1; it holds jointly over the canaries of one run and
-over independent runs). So eps is rejected at level alpha when P[Bin(r, p_eps) >= W] <= alpha, and
+Each canary is included independently with probability 1/2. After training, the auditor ranks the canaries of a run
+by their score and guesses "in" for the top ``k`` and "out" for the bottom ``k`` (k fixed in advance). For an eps-DP
+mechanism (w.r.t. adding/removing one canary), the number W of correct guesses among r guesses is stochastically
+dominated by Binomial(r, p_eps), p_eps = e^eps / (1 + e^eps) (SNJ 2023, Thm. 3.1; it holds jointly over the canaries
+of one run and over independent runs). So eps is rejected at level alpha when P[Bin(r, p_eps) >= W] <= alpha, and
 
     eps_lb = logit(p_lo),   p_lo = the one-sided Clopper-Pearson lower bound of W/r:
                             P[Bin(r, p_lo) >= W] = alpha,  i.e.  p_lo = Beta.ppf(alpha; W, r - W + 1),
 
-clamped at 0. For (eps, delta)-DP mechanisms the same bound holds up to an additive O(r delta)
-in the accuracy (SNJ 2023, Thm. 5.2), negligible for delta = 1e-6 and r ~ 10^3.
+clamped at 0. For (eps, delta)-DP mechanisms the same bound holds up to an additive O(r delta) in the accuracy (SNJ
+2023, Thm. 5.2), negligible for delta = 1e-6 and r ~ 10^3.
 """
 
 from __future__ import annotations

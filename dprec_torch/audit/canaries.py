@@ -1,24 +1,22 @@
 """Crafted canaries: extreme ratings on items nobody else rates.
 
-``kind=user`` (user-level audits): canary c is a NEW user who rates ``history`` popular items with
-their rounded item means (blending in) and one canary item i_c with the scale maximum -- an item no
-real user rates, so its training statistics come from the canary alone.
-``kind=rating`` (rating-level audits): canary c is ONE rating (u_c, i_c, r_max) added to an existing
-user u_c (distinct users, distinct canary items), i.e. exactly a rating-level neighbour.
+``kind=user`` (user-level audits): canary c is a NEW user who rates ``history`` popular items with their rounded item
+means (blending in) and one canary item i_c with the scale maximum -- an item no real user rates, so its training
+statistics come from the canary alone. ``kind=rating`` (rating-level audits): canary c is ONE rating (u_c, i_c,
+r_max) added to an existing user u_c (distinct users, distinct canary items), i.e. exactly a rating-level neighbour.
 
-Edge designs (the inputs where a sensitivity bound is tight or was broken), user canaries
-whose profile size is chosen by :func:`canary_history`:
+Edge designs (the inputs where a sensitivity bound is tight or was broken), user canaries whose profile size is
+chosen by :func:`canary_history`:
 
-* ``kind=floor`` -- |R_c| = C / s0 + 1 ratings, so at the data-independent start S = s0 (1 - I) of
-  ``init=constant`` every target of the canary has D = sum_{j != i} |s_ij| = C EXACTLY: the kink of
-  the Eq. (2) floor, where the clipped norm and the released gradient once could follow different rules.
-* ``kind=tau`` -- |R_c| = tau ratings, exactly the cap ``mechanism.max_user_ratings``: the largest
-  profile the cap keeps whole, i.e. the user whose whole-profile sensitivity the cap is there to bound.
+* ``kind=floor`` -- |R_c| = C / s0 + 1 ratings, so at the data-independent start S = s0 (1 - I) of ``init=constant``
+  every target of the canary has D = sum_{j != i} |s_ij| = C EXACTLY: the kink of the Eq. (2) floor, where the
+  clipped norm and the released gradient once could follow different rules.
+* ``kind=tau`` -- |R_c| = tau ratings, exactly the cap ``mechanism.max_user_ratings``: the largest profile the cap
+  keeps whole, i.e. the user whose whole-profile sensitivity the cap is there to bound.
 
-The auditor knows every canary's data. Its score for canary c is how well the released model
-predicts the canary rating: ``-|r_hat(u_c, i_c) - r_max|`` computed with Eq. (2) from the released
-S and r_bar and the canary owner's known history (canary rating included) -- higher when the
-canary was trained on.
+The auditor knows every canary's data. Its score for canary c is how well the released model predicts the canary
+rating: ``-|r_hat(u_c, i_c) - r_max|`` computed with Eq. (2) from the released S and r_bar and the canary owner's
+known history (canary rating included) -- higher when the canary was trained on.
 """
 
 from __future__ import annotations
@@ -37,8 +35,8 @@ USER_KINDS = ("user", "floor", "tau")  # a canary is a new user with a whole pro
 
 def canary_history(kind: str, history: int, floor_c: float | None = None, init_value: float | None = None,
                    tau: int | None = None) -> int:
-    """History items per user canary (the canary item comes on top): ``history`` for ``user``;
-    C / s0 for ``floor`` (then D = C exactly at S = s0 (1 - I)); tau - 1 for ``tau`` (|R_c| = tau)."""
+    """History items per user canary (the canary item comes on top): ``history`` for ``user``; C / s0 for ``floor``
+    (then D = C exactly at S = s0 (1 - I)); tau - 1 for ``tau`` (|R_c| = tau)."""
     if kind == "floor":
         if floor_c is None or not init_value:
             raise ConfigError("audit.canary=floor needs model.floor_c and mechanism.init=constant with init_value > 0")
@@ -90,8 +88,8 @@ class CanarySet:
 
 
 def _canary_item_features(base: Ratings, m: int) -> dict:
-    """The public item features of ``base`` (if any) with a zero row for each canary item: canaries are invented
-    items without catalogue metadata, so a model's feature term is 0 on them (the releases never read features)."""
+    """The public item features of ``base`` (if any) with a zero row for each canary item: canaries are invented items
+    without catalogue metadata, so a model's feature term is 0 on them (the releases never read features)."""
     if base.meta.get(ITEM_FEATURES) is None:
         return {}
     f = item_features_of(base, "audit")

@@ -1,10 +1,10 @@
 """Canary audit of a fitted joint-DP predictor (``scripts/audit.py`` drives trainable models only; this drives ``fit``).
 
 Same design as :mod:`dprec_torch.audit.runner` (canaries from :func:`make_canaries`, the guess rule and the
-Clopper-Pearson bound from :mod:`dprec_torch.audit.bounds`). What the adversary sees is what joint DP releases:
-the item-side state. The canary owner's own side is recomputed from the auditor's KNOWN histories
-(``personalise``: every canary rating present, whether or not it was in the training data), so the score
-measures the leak through the released statistics only, never the owner reading their own rating.
+Clopper-Pearson bound from :mod:`dprec_torch.audit.bounds`). What the adversary sees is what joint DP releases: the
+item-side state. The canary owner's own side is recomputed from the auditor's KNOWN histories (``personalise``: every
+canary rating present, whether or not it was in the training data), so the score measures the leak through the released
+statistics only, never the owner reading their own rating.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Train the configured model + mechanism many times with random canary subsets; bound epsilon from below.
 
-Per trial t (seed + t): each of the m canaries is included with probability 1/2, the model is
-trained on real data + included canaries exactly as ``train.py`` trains it (same mechanism
-config, ``Trainer``, batch sampler), and every canary is scored on the released model
-(:func:`dprec_torch.audit.canaries.score_canaries`). Guesses (top-k "in", bottom-k "out") over
-all trials give the Clopper-Pearson lower bound of :mod:`dprec_torch.audit.bounds`.
+Per trial t (seed + t): each of the m canaries is included with probability 1/2, the model is trained on real data +
+included canaries exactly as ``train.py`` trains it (same mechanism config, ``Trainer``, batch sampler), and every
+canary is scored on the released model (:func:`dprec_torch.audit.canaries.score_canaries`). Guesses (top-k "in",
+bottom-k "out") over all trials give the Clopper-Pearson lower bound of :mod:`dprec_torch.audit.bounds`.
 """
 
 from __future__ import annotations
@@ -80,8 +79,8 @@ def claimed_epsilon(report: dict[str, Any]) -> float | None:
 
 
 def train_once(cfg: DictConfig, train: Ratings, probe: Ratings, seed: int) -> tuple[torch.nn.Module, dict[str, Any]]:
-    """One training run exactly as ``train.py`` builds it (``setup_training``: the tau cap of user-level
-    mechanisms, model, sampler, mechanism), without files; returns the model and its privacy report."""
+    """One training run exactly as ``train.py`` builds it (``setup_training``: the tau cap of user-level mechanisms,
+    model, sampler, mechanism), without files; returns the model and its privacy report."""
     from dprec_torch.training.run import setup_training
 
     c = cfg.copy()

@@ -48,26 +48,11 @@ log = logging.getLogger(__name__)
 SCALE_SOURCE = "scale_source"
 
 
-def load_custom(
-    path: str | None = None,
-    train_path: str | None = None,
-    test_path: str | None = None,
-    sep: str | None = "auto",
-    header: bool | str = "auto",
-    rating_scale: Any = None,
-    duplicates: str = "last",
-    fold: int | str = 1,
-    n_folds: int = 5,
-    test_fraction: float = 0.1,
-    min_user_ratings: int = 0,
-    max_user_ratings: int | None = None,
-    seed: int = 0,
-    name: str = "custom",
-    catalog_path: str | None = None,
-    catalog_format: str = "auto",
-) -> RatingDataset:
-    """Load a user-supplied ratings file (or train/test pair) with train-side preprocessing; with ``catalog_path``,
-    items are indexed by that public catalogue, whose genres and years become the public item features."""
+def load_custom(path: str | None = None, train_path: str | None = None, test_path: str | None = None, sep: str | None = "auto",
+                header: bool | str = "auto", rating_scale: Any = None, duplicates: str = "last", fold: int | str = 1, n_folds: int = 5,
+                test_fraction: float = 0.1, min_user_ratings: int = 0, max_user_ratings: int | None = None, seed: int = 0,
+                name: str = "custom", catalog_path: str | None = None, catalog_format: str = "auto") -> RatingDataset:
+    """Load a user-supplied ratings file (or train/test pair) with train-side preprocessing; ``catalog_path``: see above."""
     if path and (train_path or test_path):
         raise ConfigError("give either data.path or data.train_path + data.test_path, not both")
     if not path and not (train_path and test_path):
@@ -98,18 +83,11 @@ def load_custom(
         folds = holdout_folds(encoded[0], wanted, test_fraction, seed, user_ids, item_ids)  # keyed by raw ids
     else:
         folds = [Fold(1, encoded[0], encoded[1], name="given")]
-    report = {
-        "source": [str(r.path) for r in raws],
-        "n_ratings": sum(len(r) for r in raws),
-        "duplicates_dropped": sum(r.duplicates_dropped for r in raws),
-        SCALE_SOURCE: source,
-    }
+    report = {"source": [str(r.path) for r in raws], "n_ratings": sum(len(r) for r in raws),
+              "duplicates_dropped": sum(r.duplicates_dropped for r in raws), SCALE_SOURCE: source}
     if catalog is not None:
-        report[ITEM_UNIVERSE] = catalog.universe().describe()
-        report["catalog"] = str(catalog.path)
-    dataset = build_dataset(
-        name, folds, user_ids.tolist(), item_ids.tolist(), scale, min_user_ratings, max_user_ratings, seed, report
-    )
+        report.update({ITEM_UNIVERSE: catalog.universe().describe(), "catalog": str(catalog.path)})
+    dataset = build_dataset(name, folds, user_ids.tolist(), item_ids.tolist(), scale, min_user_ratings, max_user_ratings, seed, report)
     for f in dataset.folds:
         f.train.meta[SCALE_SOURCE] = f.test.meta[SCALE_SOURCE] = source
     if catalog is not None:  # public catalogue metadata: the item universe, and features built only if a model asks

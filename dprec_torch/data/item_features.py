@@ -8,11 +8,9 @@ the MovieLens loader indexes items by it (every catalogued item, rated or not, i
 
     phi_i = (genre_g / sqrt(#genres of i) for each genre g, one-hot release decade: <1930, 1930s, ..., >=2000)
 
-so every row has the same scale (genre part of norm 1, decade part of norm 1). The loader attaches the matrix to
-``Ratings.meta[ITEM_FEATURES]`` when the metadata file is present (``data=custom``: ``data.catalog_path``, in
-MovieLens's ``movies.dat`` / ``u.item`` formats or a CSV with the header ``item_id,title,genres,year``); predictors
-with ``item_features=true`` (or ``auto``: on when a catalogue is attached) read it there
-(:class:`dprec_torch.predictors.noisy_gram.NoisyGram`).
+so every row has the same scale (genre part of norm 1, decade part of norm 1). The loaders attach it to
+``Ratings.meta[ITEM_FEATURES]`` when a catalogue is present (``data=custom``: ``data.catalog_path``); predictors with
+``item_features=true`` (or ``auto``: on when a catalogue is attached) read it there (:class:`~dprec_torch.predictors.noisy_gram.NoisyGram`).
 """
 
 from __future__ import annotations
@@ -96,10 +94,9 @@ _INTEGER = re.compile(r"[+-]?\d+")
 #: catalogue formats: name -> (field separator, record parser); MovieLens's two formats are named after their files
 CATALOG_FORMATS = {"movies.dat": ("::", _movies_dat_record), "u.item": ("|", _u_item_record), "csv": (",", _csv_record)}
 #: what one line of each format describes, and how to repair a malformed one
-_RECORD = {"movies.dat": "movie record", "u.item": "movie record", "csv": "catalogue record"}
-_FIX = {"movies.dat": "replace the file with the original from the dataset's zip",
-        "u.item": "replace the file with the original from the dataset's zip",
-        "csv": "each line after the header is item_id,title,genres,year (genres |-separated; docs/usage.md)"}
+_MOVIELENS_RECORD = ("movie record", "replace the file with the original from the dataset's zip")
+_RECORD = {"movies.dat": _MOVIELENS_RECORD, "u.item": _MOVIELENS_RECORD,
+           "csv": ("catalogue record", "each line after the header is item_id,title,genres,year (genres |-separated; docs/usage.md)")}
 
 
 @dataclass(frozen=True)
@@ -176,27 +173,19 @@ def read_catalog(path: str | Path, fmt: str | None = None) -> Catalog:
     fmt = catalog_format(path, fmt)
     if not path.is_file():
         raise DataError(f"{path}: catalogue file not found")
-    parse = CATALOG_FORMATS[fmt][1]
-    lines: list[int] = []
-    ids: list = []
-    titles: list[str] = []
-    genres: list[tuple[str, ...]] = []
-    years: list[int | None] = []
+    parse, (record, fix) = CATALOG_FORMATS[fmt][1], _RECORD[fmt]
+    rows: list[tuple] = []  # (line, raw id, title, genres, year)
     try:
         for no, fields in _records(path, fmt):
             try:
-                raw_id, title, gs, year = parse(fields)
+                rows.append((no, *parse(fields)))
             except (IndexError, ValueError) as err:
-                raise DataError(f"{path}, line {no}: not a {fmt} {_RECORD[fmt]} ({err}); {_FIX[fmt]}") from None
-            lines.append(no)
-            ids.append(raw_id)
-            titles.append(title)
-            genres.append(gs)
-            years.append(year)
+                raise DataError(f"{path}, line {no}: not a {fmt} {record} ({err}); {fix}") from None
     except UnicodeDecodeError as err:
         raise DataError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); save the catalogue as UTF-8") from None
-    if not ids:
+    if not rows:
         raise DataError(f"{path}: the catalogue lists no items")
+    lines, ids, titles, genres, years = (list(col) for col in zip(*rows))
     if fmt == "csv":  # integer ids when every id is one (as a ratings file's), else text
         ids = [int(i) for i in ids] if all(_INTEGER.fullmatch(i) for i in ids) else ids
     first_line: dict = {}
@@ -266,8 +255,7 @@ class MovieLensMetadata:
 
 @dataclass
 class CatalogFeatures:
-    """The features of a catalogue attached to a loaded dataset (``data=custom data.catalog_path=...``); the matrix
-    is built on first use (a run that never asks for item features never builds it)."""
+    """The features of a catalogue attached to a loaded dataset (``data=custom data.catalog_path=...``), built on first use."""
 
     catalog: Catalog
     item_ids: list

@@ -1,27 +1,22 @@
 """MovieLens ML-100K and ML-1M (Wang & Tang, Sec. 5.1), found locally or downloaded once.
 
-Lookup order for ``<name>``: ``data_dir`` (argument, ``data.data_dir``) or
-``$DPREC_DATA``, then the cache ``$DPREC_CACHE`` (default ``~/.cache/dprec``).
-A folder is accepted when it holds the dataset's ratings file, either as
-``<dir>/<name>/`` or as ``<dir>`` itself. Otherwise the GroupLens zip is
-downloaded (urllib, with a timeout), extracted into a temporary folder inside the
-cache, validated, and only then renamed into place, so a killed download never
-leaves a half-written dataset behind.
+Lookup order for ``<name>``: ``data_dir`` (argument, ``data.data_dir``) or ``$DPREC_DATA``, then the cache
+``$DPREC_CACHE`` (default ``~/.cache/dprec``). A folder is accepted when it holds the dataset's ratings file, either
+as ``<dir>/<name>/`` or as ``<dir>`` itself. Otherwise the GroupLens zip is downloaded (urllib, with a timeout),
+extracted into a temporary folder inside the cache, validated, and only then renamed into place, so a killed
+download never leaves a half-written dataset behind.
 
-Every load validates the documented counts (ML-100K: 100,000 ratings, 943 users,
-1,682 items, all rated; ML-1M: 1,000,209 ratings, 6,040 users, 3,706 rated of
-3,883 catalogued movies), so a truncated or edited copy fails loudly instead of
-producing wrong numbers.
+Every load validates the documented counts (ML-100K: 100,000 ratings, 943 users, 1,682 items, all rated; ML-1M:
+1,000,209 ratings, 6,040 users, 3,706 rated of 3,883 catalogued movies), so a truncated or edited copy fails
+loudly instead of producing wrong numbers.
 
-Item universe (the index reads no rating): items are indexed by the public catalogue
-(``movies.dat``, ``u.item``; :func:`~dprec_torch.data.item_features.read_catalog`):
-every catalogued movie gets an index, rated or not, in catalogue order, so the
-index reads no rating (an index of the rated items would reveal which movies
-someone rated, test split included). A rating of a movie the catalogue does not
-list is an error. Without the catalogue file beside the ratings the index falls
-back to the rated items, with a warning, and the dataset record and privacy scope
-say that this universe is treated as public. ML-100K rates all 1,682 catalogued
-items and its ids are 1..1682 in both orders, so its index is unchanged.
+Item universe: items are indexed by the public catalogue (``movies.dat``, ``u.item``;
+:func:`~dprec_torch.data.item_features.read_catalog`): every catalogued movie gets an index, rated or
+not, in catalogue order, so the index reads no rating (an index of the rated items would reveal which
+movies someone rated, test split included). A rating of a movie the catalogue does not list is an error.
+Without the catalogue file beside the ratings the index falls back to the rated items, with a warning,
+and the dataset record and privacy scope say that this universe is treated as public. ML-100K rates all
+1,682 catalogued items and its ids are 1..1682 in both orders, so its index is unchanged.
 
 Folds: ML-100K uses the official ``u1..u5`` ``.base``/``.test`` files; ML-1M a
 seeded 90/10 hold-out repeated ``n_folds`` times (:mod:`splits`). Both share one
@@ -79,13 +74,9 @@ class MovieLensSpec:
 
 
 SPECS: dict[str, MovieLensSpec] = {
-    "ml-100k": MovieLensSpec(
-        "ml-100k", "https://files.grouplens.org/datasets/movielens/ml-100k.zip", "u.data", "\t", 100_000, 943, 1_682
-    ),
-    "ml-1m": MovieLensSpec(
-        "ml-1m", "https://files.grouplens.org/datasets/movielens/ml-1m.zip", "ratings.dat", "::", 1_000_209, 6_040, 3_883,
-        3_706,
-    ),
+    "ml-100k": MovieLensSpec("ml-100k", "https://files.grouplens.org/datasets/movielens/ml-100k.zip", "u.data", "\t", 100_000, 943, 1_682),
+    "ml-1m": MovieLensSpec("ml-1m", "https://files.grouplens.org/datasets/movielens/ml-1m.zip", "ratings.dat", "::", 1_000_209, 6_040,
+                           3_883, 3_706),
 }
 
 
@@ -139,11 +130,8 @@ def download_movielens(name: str, searched: list[str] | None = None) -> Path:
         with urlopen(spec.url, timeout=DOWNLOAD_TIMEOUT_S) as resp:
             payload = resp.read()
     except (URLError, OSError, ValueError, HTTPException) as err:
-        reason = getattr(err, "reason", err)
-        raise DataError(
-            f"{name} not found (searched {where}) and the download from {spec.url} failed ({reason}); "
-            f"download and unzip it yourself, then set DPREC_DATA to the folder that contains {name}/"
-        ) from None
+        raise DataError(f"{name} not found (searched {where}) and the download from {spec.url} failed ({getattr(err, 'reason', err)}); "
+                        f"download and unzip it yourself, then set DPREC_DATA to the folder that contains {name}/") from None
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{name}.", suffix=".tmp"))
     try:
@@ -184,14 +172,9 @@ def validate_counts(
     return user_ids, item_ids
 
 
-def catalog_file(name: str) -> str:
-    """The file name of ``name``'s public catalogue (``movies.dat``, ``u.item``)."""
-    return METADATA_FILES[name][0]
-
-
 def read_movielens_catalog(folder: Path, spec: MovieLensSpec) -> Catalog | None:
     """``folder``'s catalogue, checked against the documented count, or None (with a warning) when absent."""
-    path = folder / catalog_file(spec.name)
+    path = folder / METADATA_FILES[spec.name][0]  # the public catalogue (movies.dat, u.item)
     if not path.is_file():
         log.warning("%s: no %s beside %s, so items are indexed by the rated items (treated as public); copy %s "
                     "from the %s zip to index them by the public catalogue", folder, path.name, spec.ratings_file,
@@ -204,46 +187,34 @@ def read_movielens_catalog(folder: Path, spec: MovieLensSpec) -> Catalog | None:
     return catalog
 
 
-def load_movielens(
-    name: str = "ml-100k",
-    fold: int | str = 1,
-    min_user_ratings: int = 0,
-    max_user_ratings: int | None = None,
-    n_folds: int = 5,
-    test_fraction: float = 0.1,
-    seed: int = 0,
-    data_dir: str | None = None,
-) -> RatingDataset:
+def load_movielens(name: str = "ml-100k", fold: int | str = 1, min_user_ratings: int = 0, max_user_ratings: int | None = None,
+                   n_folds: int = 5, test_fraction: float = 0.1, seed: int = 0, data_dir: str | None = None) -> RatingDataset:
     """Load ML-100K (official folds u1..u5) or ML-1M (seeded hold-outs) with train-side preprocessing."""
     spec = _spec(name)
     if name == "ml-100k" and n_folds != 5:
         raise ConfigError(f"ml-100k has exactly 5 official folds (u1..u5): data.n_folds must be 5, got {n_folds!r}")
     wanted = select_folds(fold, n_folds)
     folder = locate_movielens(name, data_dir)
-    raw = read_ratings(folder / spec.ratings_file, sep=spec.sep, header=False, rating_scale=MOVIELENS_SCALE, duplicates="error")
+    opts = dict(header=False, rating_scale=MOVIELENS_SCALE, duplicates="error")
+    raw = read_ratings(folder / spec.ratings_file, sep=spec.sep, **opts)
     user_ids, item_ids = validate_counts(raw, spec)
     catalog = read_movielens_catalog(folder, spec)
     if catalog is not None:
         user_ids, item_ids = catalog_id_space(catalog.item_ids, raw, catalog=str(catalog.path))
     universe = ItemUniverse(int(item_ids.shape[0])) if catalog is None else catalog.universe()
     if name == "ml-100k":
-        ref = f"{folder / spec.ratings_file}" if catalog is None else \
-            f"{folder / spec.ratings_file} (users) / the catalogue {catalog.path} (items)"
+        ref = f"{folder / spec.ratings_file}" + ("" if catalog is None else f" (users) / the catalogue {catalog.path} (items)")
         folds = []
         for k in wanted:  # at most 5 official folds
-            parts = [
-                read_ratings(folder / f"u{k}.{ext}", sep="\t", header=False, rating_scale=MOVIELENS_SCALE, duplicates="error")
-                for ext in ("base", "test")
-            ]
+            parts = [read_ratings(folder / f"u{k}.{ext}", sep="\t", **opts) for ext in ("base", "test")]
             train, test = (encode(p, user_ids, item_ids, MOVIELENS_SCALE, ref) for p in parts)
             folds.append(Fold(k, train, test, name=f"u{k}"))
     else:
         whole = encode(raw, user_ids, item_ids, MOVIELENS_SCALE)
         folds = holdout_folds(whole, wanted, test_fraction, seed, user_ids, item_ids)  # keyed by raw ids
     report = {"source": str(folder), "n_ratings": len(raw), "duplicates_dropped": 0, ITEM_UNIVERSE: universe.describe()}
-    dataset = build_dataset(
-        name, folds, user_ids.tolist(), item_ids.tolist(), MOVIELENS_SCALE, min_user_ratings, max_user_ratings, seed, report
-    )
+    dataset = build_dataset(name, folds, user_ids.tolist(), item_ids.tolist(), MOVIELENS_SCALE, min_user_ratings, max_user_ratings, seed,
+                            report)
     for f in dataset.folds:  # what the privacy scope reads (privacy.scope.privacy_scope)
         f.train.meta[ITEM_UNIVERSE] = f.test.meta[ITEM_UNIVERSE] = universe
     if catalog is not None:  # public catalogue metadata: features built only if a model asks for them

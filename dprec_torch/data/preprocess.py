@@ -1,18 +1,16 @@
 """Wang & Tang's preprocessing: a minimum number of ratings per user and a per-user cap tau.
 
-* Sec. 3 ("Preprocessing"): "we only put users who have more than 20 ratings in
-  the training data" -> :func:`filter_min_user_ratings` (``data.min_user_ratings``
-  is an *at least* count: the paper's "more than 20" is ``min_user_ratings=21``).
-* Sec. 4.3: "To those users who rated more than tau items, we randomly remove
-  some ratings thus to ensure that each user at most has tau ratings" (tau = 200)
-  -> :func:`cap_user_ratings` (``data.max_user_ratings``). The cap bounds one
-  user's contribution, which the user-level privacy accounting relies on.
+* Sec. 3 ("Preprocessing"): "we only put users who have more than 20 ratings in the training data" ->
+  :func:`filter_min_user_ratings` (``data.min_user_ratings`` is an *at least* count: the paper's "more than 20"
+  is ``min_user_ratings=21``).
+* Sec. 4.3: "To those users who rated more than tau items, we randomly remove some ratings thus to ensure that
+  each user at most has tau ratings" (tau = 200) -> :func:`cap_user_ratings` (``data.max_user_ratings``). The cap
+  bounds one user's contribution, which the user-level privacy accounting relies on.
 
-The loaders apply both to the TRAIN side of each fold only, min-filter first,
-then the cap; test sets are never touched, so every configuration is scored on
-the same ratings (a filtered-out user becomes an unknown user at test time).
-Both functions are vectorised (sort + rank within user, no loop over users) and
-keep the id space (``n_users``, ``n_items``) unchanged.
+The loaders apply both to the TRAIN side of each fold only, min-filter first, then the cap; test sets are never
+touched, so every configuration is scored on the same ratings (a filtered-out user becomes an unknown user at test
+time). Both functions are vectorised (sort + rank within user, no loop over users) and keep the id space
+(``n_users``, ``n_items``) unchanged.
 
 The cap is a PER-USER function: which of u's ratings survive depends on (seed, fold, u's raw id,
 u's own ratings) only, through a hash of (seed, raw user id, raw item id) per rating. Neighbouring
@@ -142,15 +140,19 @@ def per_user_sample(ratings: Ratings, max_per_user: int | None, seed: int, *, ha
     item_keys = ratings.meta.get(ITEM_KEYS) if item_keys is None else item_keys
     uk = torch.arange(ratings.n_users, device=dev) if user_keys is None else user_keys.to(dev)
     ik = torch.arange(ratings.n_items, device=dev) if item_keys is None else item_keys.to(dev)
-    keys = rating_keys(seed, uk, ik, ratings.users, ratings.items, hash)
-    order = torch.argsort(ik[ratings.items], stable=True)  # ties in the key: by item key
+    return rank_within_user(ratings, rating_keys(seed, uk, ik, ratings.users, ratings.items, hash), ik) < int(max_per_user)
+
+
+def rank_within_user(ratings: Ratings, keys: torch.Tensor, item_keys: torch.Tensor) -> torch.Tensor:
+    """Each rating's rank (0 = first) among its user's ratings ordered by (``keys``, item key), in the ratings' order."""
+    n, dev = len(ratings), ratings.device
+    order = torch.argsort(item_keys[ratings.items], stable=True)  # ties in the key: by item key
     order = order[torch.argsort(((ratings.users << 32) | keys)[order], stable=True)]  # by (user, key, item key)
     counts = ratings.user_counts()
     first = torch.cumsum(counts, 0) - counts  # position of each user's first rating in `order`
-    rank = torch.arange(n, device=dev) - first[ratings.users[order]]
-    keep = torch.zeros(n, dtype=torch.bool, device=dev)
-    keep[order] = rank < int(max_per_user)
-    return keep
+    rank = torch.empty(n, dtype=torch.long, device=dev)
+    rank[order] = torch.arange(n, device=dev) - first[ratings.users[order]]
+    return rank
 
 
 def _as_seed(seed: int | torch.Generator) -> int:
@@ -161,31 +163,22 @@ def _as_seed(seed: int | torch.Generator) -> int:
     return int(seed) % 2**63
 
 
-def cap_user_ratings(
-    ratings: Ratings,
-    tau: int,
-    seed: int | torch.Generator,
-    user_keys: torch.Tensor | None = None,
-    item_keys: torch.Tensor | None = None,
-) -> tuple[Ratings, int]:
+def cap_user_ratings(ratings: Ratings, tau: int, seed: int | torch.Generator, user_keys: torch.Tensor | None = None,
+                     item_keys: torch.Tensor | None = None) -> tuple[Ratings, int]:
     """Keep at most ``tau`` ratings per user, chosen at random PER USER (Sec. 4.3).
 
-    :func:`per_user_sample` with ``hash="mix32"``: each rating (u, i) gets the 32-bit key
-    ``rating_keys(seed, key(u), key(i))``; user u keeps its ``tau`` ratings of smallest key (ties by item
-    key). So u's capped profile is a function of (seed, u's raw id, u's own ratings) only: removing or adding another user never changes it,
-    which every user-level bound that assumes a capped profile (B = phi^2 tau, capped dpsgd_l1 /
-    gaussian) needs. The neighbouring relation is add/remove one user's whole (uncapped) profile;
-    the keys come from RAW ids (``stable_id_keys``: the arguments, else ``ratings.meta`` where the
-    loaders store them, else the contiguous ids -- stable only while the id map is).
-    Each user keeps exactly ``min(|R_u|, tau)`` ratings, uniformly chosen over seeds. Returns
-    ``(capped ratings in their original order, number dropped)``. Vectorised; any device.
+    :func:`per_user_sample` with ``hash="mix32"`` (keys from RAW ids, as there): user u keeps its ``tau`` ratings of
+    smallest 32-bit key ``rating_keys(seed, key(u), key(i))`` (ties by item key). So u's capped profile is a function of
+    (seed, u's raw id, u's own ratings) only: removing or adding another user never changes it, which every user-level
+    bound that assumes a capped profile (B = phi^2 tau, capped dpsgd_l1 / gaussian) needs. The neighbouring relation is
+    add/remove one user's whole (uncapped) profile. Each user keeps exactly ``min(|R_u|, tau)`` ratings, uniformly
+    chosen over seeds. Returns ``(capped ratings in their original order, number dropped)``. Vectorised; any device.
     """
     tau = _check_count(tau, "data.max_user_ratings (tau)", 1)
     n = len(ratings)
     if n == 0:
         return ratings.select(torch.zeros(0, dtype=torch.long, device=ratings.device)), 0
-    keep = per_user_sample(ratings, tau, _as_seed(seed), hash="mix32", user_keys=user_keys, item_keys=item_keys)
-    kept = ratings.select(keep)
+    kept = ratings.select(per_user_sample(ratings, tau, _as_seed(seed), hash="mix32", user_keys=user_keys, item_keys=item_keys))
     return kept, n - len(kept)
 
 
@@ -196,15 +189,12 @@ def cap_seed(seed: int, fold_index: int) -> int:
 
 
 def filter_min_user_ratings(ratings: Ratings, min_count: int) -> tuple[Ratings, int]:
-    """Drop every rating of users with fewer than ``min_count`` ratings (Sec. 3).
-
-    Returns ``(filtered ratings, number of ratings dropped)``; ``min_count=0`` keeps all.
-    """
+    """Drop every rating of users with fewer than ``min_count`` ratings (Sec. 3); ``min_count=0`` keeps all.
+    Returns ``(filtered ratings, number of ratings dropped)``."""
     min_count = _check_count(min_count, "data.min_user_ratings", 0)
     if min_count <= 1:  # every present user has >= 1 rating: a no-op (a shallow copy, no tensor copies)
         return replace(ratings, meta=dict(ratings.meta)), 0
-    keep = ratings.user_counts()[ratings.users] >= min_count
-    kept = ratings.select(keep)
+    kept = ratings.select(ratings.user_counts()[ratings.users] >= min_count)
     return kept, len(ratings) - len(kept)
 
 
@@ -212,58 +202,35 @@ def _n_users(r: Ratings) -> int:
     return int((r.user_counts() > 0).sum())
 
 
-def preprocess_fold(
-    fold: Fold, min_user_ratings: int = 0, max_user_ratings: int | None = None, seed: int = 0
-) -> tuple[Fold, dict[str, int]]:
+def preprocess_fold(fold: Fold, min_user_ratings: int = 0, max_user_ratings: int | None = None,
+                    seed: int = 0) -> tuple[Fold, dict[str, int]]:
     """Min-filter then cap the TRAIN side of one fold; the test side is returned untouched."""
-    train = fold.train
-    stats = {"train_before": len(train)}
-    train, dropped = filter_min_user_ratings(train, min_user_ratings)
-    users_before = _n_users(fold.train)
-    stats["min_filter_dropped_ratings"] = dropped
-    stats["min_filter_dropped_users"] = users_before - _n_users(train)
+    train, min_dropped = filter_min_user_ratings(fold.train, min_user_ratings)
+    stats = {"train_before": len(fold.train), "min_filter_dropped_ratings": min_dropped,
+             "min_filter_dropped_users": _n_users(fold.train) - _n_users(train)}
+    capped_users, dropped = 0, 0
     if max_user_ratings is not None:
         capped_users = int((train.user_counts() > max_user_ratings).sum())
         train, dropped = cap_user_ratings(train, max_user_ratings, cap_seed(seed, fold.index))
-    else:
-        capped_users, dropped = 0, 0
-    stats["cap_dropped_ratings"] = dropped
-    stats["capped_users"] = capped_users
-    stats["train"] = len(train)
-    stats["test"] = len(fold.test)
+    stats.update(cap_dropped_ratings=dropped, capped_users=capped_users, train=len(train), test=len(fold.test))
     return Fold(fold.index, train, fold.test, fold.name), stats
 
 
-def build_dataset(
-    name: str,
-    folds: list[Fold],
-    user_ids: list,
-    item_ids: list,
-    scale: RatingScale,
-    min_user_ratings: int = 0,
-    max_user_ratings: int | None = None,
-    seed: int = 0,
-    report: dict[str, Any] | None = None,
-) -> RatingDataset:
+def build_dataset(name: str, folds: list[Fold], user_ids: list, item_ids: list, scale: RatingScale, min_user_ratings: int = 0,
+                  max_user_ratings: int | None = None, seed: int = 0, report: dict[str, Any] | None = None) -> RatingDataset:
     """Preprocess every selected fold's train side, reject empty splits, log and report the drops."""
     _check_count(min_user_ratings, "data.min_user_ratings", 0)
     if max_user_ratings is not None:
         _check_count(max_user_ratings, "data.max_user_ratings", 1)
     report = dict(report or {})
-    report.update(
-        dataset=name,
-        n_users=len(user_ids),
-        n_items=len(item_ids),
-        scale=[scale.lo, scale.hi],
-        preprocessing={"min_user_ratings": min_user_ratings, "max_user_ratings": max_user_ratings, "applied_to": "train"},
-        folds={},
-    )
+    report.update(dataset=name, n_users=len(user_ids), n_items=len(item_ids), scale=[scale.lo, scale.hi],
+                  preprocessing={"min_user_ratings": min_user_ratings, "max_user_ratings": max_user_ratings, "applied_to": "train"},
+                  folds={})
     out = []
     keys = {USER_KEYS: stable_id_keys(user_ids), ITEM_KEYS: stable_id_keys(item_ids)}  # what the cap keys by
     for fold in folds:  # a handful of folds
-        fold.train.meta.update(keys)
-        fold.test.meta.update(keys)
         for side, part in (("train", fold.train), ("test", fold.test)):
+            part.meta.update(keys)
             if len(part) == 0:
                 raise DataError(f"{name} fold {fold.name}: the {side} set has no ratings; check the split files or data.test_fraction")
         fold, stats = preprocess_fold(fold, min_user_ratings, max_user_ratings, seed)

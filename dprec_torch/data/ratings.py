@@ -104,9 +104,7 @@ class Ratings:
 
     def sorted_by_user(self) -> "Ratings":
         """Ratings ordered by (user, item): the row order a CSR matrix needs."""
-        key = self.users * self.n_items + self.items
-        order = torch.argsort(key)
-        return self.select(order)
+        return self.select(torch.argsort(self.users * self.n_items + self.items))
 
     # ------------------------------------------------------------- statistics
     @property
@@ -126,14 +124,14 @@ class Ratings:
 
     def item_means(self) -> torch.Tensor:
         """r_bar_i; items without ratings get the global mean."""
-        counts = self.item_counts().to(self.values.dtype)
-        means = self.item_sums() / counts.clamp_min(1)
-        return torch.where(counts > 0, means, torch.full_like(means, self.global_mean))
+        return self._means(self.item_counts(), self.item_sums())
 
     def user_means(self) -> torch.Tensor:
         """r_bar_u; users without ratings get the global mean."""
-        counts = self.user_counts().to(self.values.dtype)
-        sums = torch.zeros(self.n_users, device=self.device).index_add_(0, self.users, self.values)
+        return self._means(self.user_counts(), torch.zeros(self.n_users, device=self.device).index_add_(0, self.users, self.values))
+
+    def _means(self, counts: torch.Tensor, sums: torch.Tensor) -> torch.Tensor:
+        counts = counts.to(self.values.dtype)
         means = sums / counts.clamp_min(1)
         return torch.where(counts > 0, means, torch.full_like(means, self.global_mean))
 

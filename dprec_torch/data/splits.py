@@ -15,9 +15,7 @@ u's ratings are held out depends on (seed, fold, u's raw id, u's own ratings) on
 epsilon needs holds: *other users' ratings stay put when one user is added or removed* (even when the contiguous id
 map is rebuilt without that user). The price: the test set holds ``test_fraction`` of the ratings only approximately
 (binomial: standard deviation ``sqrt(n f (1 - f))``, ~300 ratings of ML-1M at f = 0.1), and a tiny dataset can
-draw an empty side (``build_dataset`` then says so). The earlier positional splits (one ``randperm`` over rating
-positions) moved ~18k other ratings of ML-100K's ``u.data`` when one user was removed; every seeded split (ML-1M,
-custom ``data.path``, synthetic) changed with this fix, ML-100K's official u1..u5 did not.
+draw an empty side (``build_dataset`` then says so).
 """
 
 from __future__ import annotations
@@ -116,14 +114,13 @@ def holdout_folds(ratings: Ratings, folds: list[int], test_fraction: float, seed
     """
     user_keys = stable_id_keys(list(user_ids)) if user_ids is not None else None
     item_keys = stable_id_keys(list(item_ids)) if item_ids is not None else None
+    # what the split was keyed by (build_dataset stores the same keys)
+    keys = {name: k for name, k in ((USER_KEYS, user_keys), (ITEM_KEYS, item_keys)) if k is not None}
     out = []
     for k in folds:  # a handful of folds
         train, test = holdout_indices(ratings, k, test_fraction, seed, user_keys, item_keys)
         fold = Fold(k, ratings.select(train), ratings.select(test), name=f"holdout-{k}")
-        for side in (fold.train, fold.test):  # what the split was keyed by (build_dataset stores the same keys)
-            if user_keys is not None:
-                side.meta[USER_KEYS] = user_keys
-            if item_keys is not None:
-                side.meta[ITEM_KEYS] = item_keys
+        fold.train.meta.update(keys)
+        fold.test.meta.update(keys)
         out.append(fold)
     return out

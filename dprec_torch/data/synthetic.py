@@ -149,9 +149,8 @@ def _sample_pairs(
     return keys
 
 
-def _rate(
-    users: np.ndarray, items: np.ndarray, n_users: int, n_items: int, rank: int, noise: float, rng: np.random.Generator
-) -> np.ndarray:
+def _rate(users: np.ndarray, items: np.ndarray, n_users: int, n_items: int, rank: int, noise: float,
+          rng: np.random.Generator) -> np.ndarray:
     """Integer ratings 1..5 from biases + a rank-``rank`` interaction + Gaussian noise, in chunks."""
     mu = 3.6
     b_u = rng.normal(0.0, 0.4, n_users).astype(np.float32)
@@ -167,19 +166,9 @@ def _rate(
     return out
 
 
-def generate_synthetic(
-    n_users: int,
-    n_items: int,
-    n_ratings: int,
-    seed: int = 0,
-    rank: int = 8,
-    user_exponent: float = 1.5,
-    item_exponent: float = 1.5,
-    user_offset: float = 0.1,
-    item_offset: float = 0.05,
-    min_user_degree: int = 5,
-    noise: float = 0.5,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def generate_synthetic(n_users: int, n_items: int, n_ratings: int, seed: int = 0, rank: int = 8, user_exponent: float = 1.5,
+                       item_exponent: float = 1.5, user_offset: float = 0.1, item_offset: float = 0.05, min_user_degree: int = 5,
+                       noise: float = 0.5) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(users, items, ratings)`` numpy arrays, sorted by (user, item), no duplicate pairs.
 
     Deterministic under ``seed``. Ids are ``0..n_users-1`` and ``0..n_items-1``;
@@ -193,44 +182,27 @@ def generate_synthetic(
     if min(user_exponent, item_exponent, user_offset, item_offset, noise, min_user_degree) < 0:
         raise ConfigError("synthetic exponents, offsets, noise and min_user_degree must be >= 0")
     rng = np.random.default_rng(seed)
-    keys = _sample_pairs(
-        n_users, n_items, n_ratings, (user_exponent, item_exponent), (user_offset, item_offset), min_user_degree, rng
-    )
+    keys = _sample_pairs(n_users, n_items, n_ratings, (user_exponent, item_exponent), (user_offset, item_offset), min_user_degree, rng)
     users, items = keys // n_items, keys % n_items
     return users, items, _rate(users, items, n_users, n_items, rank, noise, rng)
 
 
-def load_synthetic(
-    preset: str = "tiny",
-    n_users: int | None = None,
-    n_items: int | None = None,
-    n_ratings: int | None = None,
-    fold: int | str = 1,
-    n_folds: int = 5,
-    test_fraction: float = 0.1,
-    min_user_ratings: int = 0,
-    max_user_ratings: int | None = None,
-    seed: int = 0,
-    name: str = "synthetic",
-    rank: int = 8,
-) -> RatingDataset:
+def load_synthetic(preset: str = "tiny", n_users: int | None = None, n_items: int | None = None, n_ratings: int | None = None,
+                   fold: int | str = 1, n_folds: int = 5, test_fraction: float = 0.1, min_user_ratings: int = 0,
+                   max_user_ratings: int | None = None, seed: int = 0, name: str = "synthetic", rank: int = 8) -> RatingDataset:
     """A synthetic dataset (``preset`` sizes, overridable) split into seeded 90/10 hold-outs."""
     if preset not in PRESETS:
         raise ConfigError(f"unknown synthetic preset {preset!r}: valid presets are {', '.join(PRESETS)}")
     wanted = select_folds(fold, n_folds)
     check_test_fraction(test_fraction)
-    pu, pi, pr = PRESETS[preset]
-    n_users = pu if n_users is None else n_users
-    n_items = pi if n_items is None else n_items
-    n_ratings = pr if n_ratings is None else n_ratings
+    n_users, n_items, n_ratings = (p if v is None else v for p, v in zip(PRESETS[preset], (n_users, n_items, n_ratings)))
     users, items, values = generate_synthetic(n_users, n_items, n_ratings, seed=seed, rank=rank)
     log.info("synthetic preset=%s: %d users x %d items, %d ratings (seed %d)", preset, n_users, n_items, n_ratings, seed)
     whole = Ratings(torch.from_numpy(users), torch.from_numpy(items), torch.from_numpy(values), n_users, n_items, SYNTHETIC_SCALE)
     folds = holdout_folds(whole, wanted, test_fraction, seed)
     report = {"source": f"synthetic preset={preset} seed={seed}", "n_ratings": n_ratings, "duplicates_dropped": 0}
-    dataset = build_dataset(
-        name, folds, list(range(n_users)), list(range(n_items)), SYNTHETIC_SCALE, min_user_ratings, max_user_ratings, seed, report
-    )
+    dataset = build_dataset(name, folds, list(range(n_users)), list(range(n_items)), SYNTHETIC_SCALE, min_user_ratings, max_user_ratings,
+                            seed, report)
     # a synthetic catalogue: random public genres (their own seed, no rating enters them) for item_features=true
     attach_item_features(dataset, random_item_features(dataset.n_items, seed=seed))
     return dataset

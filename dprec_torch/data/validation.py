@@ -15,8 +15,7 @@ Keyed by raw ids: u's held-out ratings are the ones of smallest
 :func:`~dprec_torch.data.preprocess.rating_keys` hash of (``derive_seed(seed, fold, VALIDATION_STREAM)``, u's raw id
 key, the item's raw id key) -- ties by item key --, the keys the loaders store in ``Ratings.meta``. So u's validation
 ratings depend on (seed, fold, u's raw id, u's own training ratings) only: *other users' ratings stay put when one
-user is added or removed*, even when the id map is rebuilt without that user (an earlier split ranked by a
-``torch.rand`` drawn per rating POSITION, which moved everyone's ratings). Vectorised; any device.
+user is added or removed*, even when the id map is rebuilt without that user. Vectorised; any device.
 
 ``python train.py data=ml-100k-val`` (conf/data/ml-100k-val.yaml) selects this split through
 :func:`with_validation`, which wraps any dataset loader.
@@ -24,11 +23,9 @@ user is added or removed*, even when the id map is rebuilt without that user (an
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-from dprec_torch.data.preprocess import rating_keys
+from dprec_torch.data.preprocess import rank_within_user, rating_keys
 from dprec_torch.data.ratings import Fold, RatingDataset
 from dprec_torch.data.splits import id_keys
 from dprec_torch.data.streams import VALIDATION_STREAM, derive_seed
@@ -42,15 +39,10 @@ def validation_fold(fold: Fold, fraction: float = 0.1, seed: int = 0) -> Fold:
     if not 0 < float(fraction) < 1:
         raise ConfigError(f"validation fraction must be strictly between 0 and 1, got {fraction}")
     train = fold.train
-    n, dev = len(train), train.device
     uk, ik = id_keys(train)  # raw-id keys from train.meta (build_dataset stores them), else the contiguous ids
     key = rating_keys(derive_seed(int(seed), int(fold.index), VALIDATION_STREAM), uk, ik, train.users, train.items)
-    order = torch.argsort(ik[train.items], stable=True)  # ties in the key: by item key
-    order = order[torch.argsort(((train.users << 32) | key)[order], stable=True)]  # by (user, key, item key)
-    counts = torch.bincount(train.users, minlength=train.n_users)
-    starts = torch.cumsum(counts, 0) - counts
-    rank = torch.empty(n, dtype=torch.long, device=dev)
-    rank[order] = torch.arange(n, device=dev) - starts[train.users[order]]
+    rank = rank_within_user(train, key, ik)  # by (user, key, item key)
+    counts = train.user_counts()
     take = torch.round(counts.double() * float(fraction)).long().clamp_min(1)
     take = torch.where(counts >= 2, torch.minimum(take, counts - 1), torch.zeros_like(take))
     is_val = rank < take[train.users]
@@ -60,6 +52,5 @@ def validation_fold(fold: Fold, fraction: float = 0.1, seed: int = 0) -> Fold:
 def with_validation(dataset: RatingDataset, fraction: float = 0.1, seed: int = 0) -> RatingDataset:
     """The same dataset with every fold replaced by its validation fold (name gets ``+validation``)."""
     folds = [validation_fold(f, fraction, seed) for f in dataset.folds]
-    report: dict[str, Any] = dict(dataset.report)
-    report["validation"] = {"fraction": float(fraction), "seed": int(seed)}
+    report = {**dataset.report, "validation": {"fraction": float(fraction), "seed": int(seed)}}
     return RatingDataset(dataset.name + VALIDATION_SUFFIX, folds, dataset.user_ids, dataset.item_ids, dataset.scale, report)

@@ -1,23 +1,23 @@
 """Reference figures every rating run reports beside its own model, on the same fold.
 
-* **PCC** and **COS**: item-kNN (Pearson / cosine, the same k as the paper's baselines) fitted on the
-  exact training split: NON-PRIVATE references, cached per fold so that sweeps do not refit them.
-* **DP means + offset** (runs with a finite epsilon under a user- or rating-level relation): the
-  simplest private recommender at the run's epsilon, so a reader sees what the learned model adds,
+* **PCC** and **COS**: item-kNN (Pearson / cosine, the same k as the paper's baselines) fitted on the exact training
+  split: NON-PRIVATE references, cached per fold so that sweeps do not refit them.
+* **DP means + offset** (runs with a finite epsilon under a user- or rating-level relation): the simplest private
+  recommender at the run's epsilon, so a reader sees what the learned model adds,
 
       r^_ui = clip(r~_i + b_u),   b_u = sum_{i in R_u} (r_ui - r~_i) / (|R_u| + beta),
 
   with r~ the item means released ONCE by the Laplace mechanism at pure epsilon (the whole budget, delta = 0;
-  :func:`dprec_torch.privacy.item_means.release_item_means`, the one release of DP item means, posterior
-  estimator) under the run's relation, and b_u read from u's own training ratings only (joint DP, as
-  noisy_gram's offset). It is a SEPARATE, hypothetical release drawn only to score it: it is not part of
-  the run's epsilon (publishing it beside the model would spend both by basic composition), its noise is
-  secret like the run's own (``seeding.noise_generator``; reproducible only under an explicit ``noise_seed``, so
-  ``evaluate.py`` draws a fresh one otherwise), and only its test metrics are written.
+  :func:`dprec_torch.privacy.item_means.release_item_means`, the one release of DP item means, posterior estimator)
+  under the run's relation, and b_u read from u's own training ratings only (joint DP, as noisy_gram's offset). It is a
+  SEPARATE, hypothetical release drawn only to score it: it is not part of the run's epsilon (publishing it beside the
+  model would spend both by basic composition), its noise is secret like the run's own (``seeding.noise_generator``;
+  reproducible only under an explicit ``noise_seed``, so ``evaluate.py`` draws a fresh one otherwise), and only its test
+  metrics are written.
 
-Only test metrics of the references are ever published (``metrics.json["baselines"]``); what each one
-is, and that epsilon does not cover it, is written beside them (:func:`reference_info`) and in the
-run's privacy scope (:func:`dprec_torch.privacy.scope.reference_scope`).
+Only test metrics of the references are ever published (``metrics.json["baselines"]``); what each one is, and that
+epsilon does not cover it, is written beside them (:func:`reference_info`) and in the run's privacy scope
+(:func:`dprec_torch.privacy.scope.reference_scope`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import torch
 from dprec_torch.data.ratings import Fold, Ratings
 from dprec_torch.evaluation.cross_validate import score_predictor
 from dprec_torch.io import atomic_write_json
-from dprec_torch.predictors.base import BasePredictor, query_pairs
+from dprec_torch.predictors.base import BasePredictor, query_pairs, user_offsets
 from dprec_torch.predictors.knn import ItemKNN
 from dprec_torch.privacy.item_means import ItemMeansSpec, release_item_means
 from dprec_torch.seeding import noise_generator
@@ -69,9 +69,9 @@ def fold_fingerprint(fold: Fold) -> str:
 
 
 def baseline_metrics(fold: Fold, k: int = 900, use_cache: bool = True) -> dict[str, dict[str, float]]:
-    """Test RMSE/MAE (and the share of pairs answered by the item-mean fallback) of PCC and COS item-kNN
-    (k neighbours: the paper's 900 on ML-100K, 1300 on ML-1M, see ``dprec_torch.data.defaults.paper_knn_k``)
-    fitted on ``fold.train``."""
+    """Test RMSE/MAE (and the share of pairs answered by the item-mean fallback) of PCC and COS item-kNN (k neighbours:
+    the paper's 900 on ML-100K, 1300 on ML-1M, see ``dprec_torch.data.defaults.paper_knn_k``) fitted on
+    ``fold.train``."""
     path = cache_dir() / f"{fold_fingerprint(fold)}-k{k}-{CACHE_VERSION}.json"
     if use_cache and path.exists():
         return json.loads(path.read_text())
@@ -88,8 +88,8 @@ def baseline_metrics(fold: Fold, k: int = 900, use_cache: bool = True) -> dict[s
 class DPMeansOffset(BasePredictor):
     """DP item means (Laplace, pure ``epsilon``, under ``relation``) plus each user's own damped offset (module doc).
 
-    Unknown users get r~_i, unknown items the released global mean g. ``seed`` is the noise seed (None: secret,
-    from the OS entropy source): this is a reference figure, never a release.
+    Unknown users get r~_i, unknown items the released global mean g. ``seed`` is the noise seed (None: secret, from
+    the OS entropy source): this is a reference figure, never a release.
     """
 
     name = DP_MEANS
@@ -111,26 +111,22 @@ class DPMeansOffset(BasePredictor):
         release = release_item_means(train, spec, gen, epsilon=self.epsilon)
         self.item_avg_, self.global_avg_ = release.means.to(train.device), release.global_mean
         self.noise_std_ = release.noise_std
-        e = train.values - self.item_avg_[train.items]
-        n = train.user_counts().float()
-        self.user_offset_ = torch.zeros(train.n_users, device=e.device).index_add_(0, train.users, e) / (n + self.beta).clamp_min(1e-6)
+        self.user_offset_ = user_offsets(train, self.item_avg_, self.beta)
         self.user_counts_, self.train_ = train.user_counts(), train
         return self
 
     def predict(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
-        uc, ic, ok_i, known = query_pairs(users, items, self.train_, self.user_counts_, self.device, self.name)
-        base = torch.where(ok_i, self.item_avg_[ic], torch.full_like(self.item_avg_[ic], self.global_avg_))
-        return self.train_.scale.clip(torch.where(known, base + self.user_offset_[uc], base))
+        return self._offset_predict(*query_pairs(users, items, self.train_, self.user_counts_, self.device, self.name))
 
 
 def dp_reference_target(report: dict[str, Any], configured_epsilon: Any) -> tuple[float, str] | None:
     """(epsilon, relation) of the DP reference for a run with privacy report ``report``, or None.
 
-    epsilon: the one the report defends, else the configured one (a paper-faithful form or SGLD that defends
-    none is still compared with an honest release at the epsilon typed); relation: ``user`` or ``rating`` from
-    the report (dpsgd_mf's value-change relation is weaker than the reference's rating-level one, so it reads
-    as ``rating``). None without a finite epsilon, or for a relation the reference has no release for (events,
-    score entries, a non-private run's None)."""
+    epsilon: the one the report defends, else the configured one (a paper-faithful form or SGLD that defends none is
+    still compared with an honest release at the epsilon typed); relation: ``user`` or ``rating`` from the report
+    (dpsgd_mf's value-change relation is weaker than the reference's rating-level one, so it reads as ``rating``).
+    None without a finite epsilon, or for a relation the reference has no release for (events, score entries, a
+    non-private run's None)."""
     relation = str(report.get("relation") or "")
     rel = next((r for r in ("user", "rating") if relation == r or relation.startswith(r + " ")), None)
     # a run-level report of several fold models: the reference stands beside ONE model, at one model's epsilon
@@ -159,8 +155,8 @@ def reference_metrics(fold: Fold, k: int, target: tuple[float, str] | None, nois
 
 
 def reference_info(k: int, target: tuple[float, str] | None) -> dict[str, dict[str, Any]]:
-    """What each reference in ``metrics.json["baselines"]`` is: ``label`` (what tables print), ``private`` and,
-    for the DP one, its ``epsilon`` and ``relation``. Written as ``metrics.json["baseline_info"]``."""
+    """What each reference in ``metrics.json["baselines"]`` is: ``label`` (what tables print), ``private`` and, for the
+    DP one, its ``epsilon`` and ``relation``. Written as ``metrics.json["baseline_info"]``."""
     info: dict[str, dict[str, Any]] = {
         name: {"label": f"{name} (non-private reference)", "private": False, "k": int(k),
                "what": f"item-kNN ({'Pearson' if name == 'PCC' else 'cosine'}, k={int(k)}) fitted on the exact training "
@@ -198,7 +194,7 @@ def tag_name(name: str) -> str:
 
 
 def reference_hparams(refs: dict[str, dict[str, float]]) -> dict[str, float]:
-    """The references as TensorBoard hparams metrics (``hparam/<tag_name>_test_rmse``), for ``add_hparams``'s
-    metric dict beside ``hparam/test_rmse``."""
+    """The references as TensorBoard hparams metrics (``hparam/<tag_name>_test_rmse``), for ``add_hparams``'s metric
+    dict beside ``hparam/test_rmse``."""
     return {f"hparam/{tag_name(name)}_test_{key}": float(m[key]) for name, m in refs.items() for key in ("rmse", "mae")
             if key in m}

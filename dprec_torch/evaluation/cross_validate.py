@@ -45,8 +45,8 @@ class CVResult:
 
 
 def score_predictor(predictor: object, fold: Fold, topn: int = 10, relevance_threshold: float = 4.0) -> dict[str, float]:
-    """RMSE/MAE if the predictor predicts ratings (plus ``fallback_rate`` for a predictor that counts its fallback
-    pairs in ``fallback_rate_``: kNN, PNCF, McSherry-Mironov); Precision/Recall/F1@N and coverage if it recommends."""
+    """RMSE/MAE if the predictor predicts ratings (plus ``fallback_rate`` for a predictor that counts its fallback pairs
+    in ``fallback_rate_``: kNN, PNCF, McSherry-Mironov); Precision/Recall/F1@N and coverage if it recommends."""
     test = fold.test
     out: dict[str, float] = {}
     task = predictor.task  # every TrainableModel and FittedPredictor declares it (dprec_torch/interfaces.py)
@@ -65,9 +65,8 @@ def score_predictor(predictor: object, fold: Fold, topn: int = 10, relevance_thr
     return out
 
 
-def cross_validate(
-    make_predictor: Callable[[], Predictor], folds: list[Fold], topn: int = 10, relevance_threshold: float = 4.0
-) -> CVResult:
+def cross_validate(make_predictor: Callable[[], Predictor], folds: list[Fold], topn: int = 10,
+                   relevance_threshold: float = 4.0) -> CVResult:
     """Fit a fresh predictor per fold; return per-fold metrics and fit/predict times."""
     result = CVResult()
     for fold in folds:

@@ -1,7 +1,7 @@
 """Top-N metrics: Precision@N, Recall@N, F1@N against a relevance threshold, and catalog coverage.
 
-Relevant items of a user are their *test* ratings ``>= threshold``. All
-computations are batched: recommendations arrive as a ``[U, N]`` index tensor.
+Relevant items of a user are their *test* ratings ``>= threshold``. All computations are batched: recommendations
+arrive as a ``[U, N]`` index tensor.
 """
 
 from __future__ import annotations
@@ -31,9 +31,8 @@ def relevance_mask(recommended: torch.Tensor, users: torch.Tensor, test: Ratings
 def topn_metrics(recommended: torch.Tensor, users: torch.Tensor, test: Ratings, threshold: float) -> dict[str, float]:
     """Precision@N, Recall@N and F1@N averaged over users with >= 1 relevant test item, plus coverage.
 
-    precision_u = |hits_u| / N;  recall_u = |hits_u| / |relevant_u|;
-    F1 = 2PR/(P+R) of the averaged P and R; coverage = |distinct recommended items| / M.
-    Padding entries (index -1) in ``recommended`` count as misses.
+    precision_u = |hits_u| / N;  recall_u = |hits_u| / |relevant_u|;  F1 = 2PR/(P+R) of the averaged P and R;
+    coverage = |distinct recommended items| / M. Padding entries (index -1) in ``recommended`` count as misses.
     """
     n = recommended.shape[1]
     hits, n_rel = relevance_mask(recommended, users, test, threshold)

@@ -1,16 +1,13 @@
 """The Opacus-style optimizer template shared by every training mechanism.
 
-``step()`` is a short fixed sequence -- ``add_noise()``, ``scale_grad()``,
-``apply_update()``, then ``account()`` -- and a mechanism overrides only
-the pieces that differ. Per-example clipping happens one stage earlier, on the
-residuals, through ``clip_residuals()`` (Alg. 1 line 5), because for PNBM and
-MF every example's gradient is ``e_ui * d r_hat_ui / d theta``.
+``step()`` is a short fixed sequence -- ``add_noise()``, ``scale_grad()``, ``apply_update()``, then ``account()`` --
+and a mechanism overrides only the pieces that differ. Per-example clipping happens one stage earlier, on the
+residuals, through ``clip_residuals()`` (Alg. 1 line 5), because for PNBM and MF every example's gradient is
+``e_ui * d r_hat_ui / d theta``.
 
-Optimizer state (step counter, noise generator state, last noise scale) lives in
-``self.state`` so it round-trips through ``state_dict()`` into checkpoints; so does the
-mechanism's accountant, which lives in ONE attribute, ``self.accountant`` (an
-:class:`~dprec_torch.privacy.accountants.Accountant`, None for a mechanism without one):
-this base class saves and restores it, so no mechanism can forget to.
+Optimizer state (step counter, noise generator state, last noise scale) lives in ``self.state`` so it round-trips
+through ``state_dict()`` into checkpoints; so does the mechanism's accountant, which lives in ONE attribute,
+``self.accountant`` (None for a mechanism without one): this base class saves and restores it.
 
 Two set-up steps, one job each. The constructor CALIBRATES (noise scales, budget split, accountant; no data,
 no noise drawn). :meth:`prepare` then touches the model once, after it is attached to its training data and
@@ -18,21 +15,16 @@ before any batch is built: the releases that come first (PNBM's DP item means, i
 fallback, kept as ``mean_release``) and the parameters' start (PNBM's S = s0 (1 - I)). A resumed run skips
 ``prepare``: its checkpoint restores the model, and ``load_state_dict`` the release record and the accountant.
 
-One key, one class per model family. A ``conf/mechanism/X.yaml`` names its key's class; where the key trains a model
-family by another class (``mechanism=gaussian`` trains PNBM, full and low-rank, by
-:class:`~dprec_torch.mechanisms.gaussian.GaussianPNBM`; ``mechanism=sgld`` the low-rank PNBM by
-:class:`~dprec_torch.mechanisms.clipped_sgld.ClippedSGLD`; ``mechanism=dpsgd_paper`` MF by
-:class:`~dprec_torch.mechanisms.dpsgd_mf.DPSGDMF`), one table says so, :data:`dprec_torch.forms.FORMS`, read by the
-runner, the config check (the form's signature is the one checked) and the privacy rules. No class builds another.
+One key, one class per model family: where a key trains a model family by another class (e.g. ``mechanism=gaussian``
+PNBM by :class:`~dprec_torch.mechanisms.gaussian.GaussianPNBM`), the table :data:`dprec_torch.forms.FORMS` says so.
+No class builds another.
 
-Gradient reduction (``TrainingContext.gradient_reduction``, declared by the model). Under ``sum``
-(PNBM) ``lr`` applies to the summed, clipped, noised gradient G, as in the paper. Under ``mean`` (MF)
-``scale_grad()`` divides G -- signal AND noise -- by the expected batch size B = q x #units (Opacus's
-``scale_grad``) and the dense decay becomes lambda / #units, so each step is lr x an unbiased estimate
-of the gradient of the mean objective (1/n)(sum_x l_x + lambda |theta|^2 / 2): the same ``lr`` and
-``weight_decay`` mean the same thing at any sampling ratio and any dataset size (duplicating every
-example leaves the expected step unchanged). Both divisors are public counts, so privacy is unaffected
-(post-processing of the noised sum).
+Gradient reduction (``TrainingContext.gradient_reduction``, declared by the model). Under ``sum`` (PNBM) ``lr`` applies
+to the summed, clipped, noised gradient G, as in the paper. Under ``mean`` (MF) ``scale_grad()`` divides G -- signal
+AND noise -- by the expected batch size B = q x #units (Opacus's ``scale_grad``) and the dense decay becomes
+lambda / #units, so each step is lr x an unbiased estimate of the gradient of the mean objective
+(1/n)(sum_x l_x + lambda |theta|^2 / 2): the same ``lr`` and ``weight_decay`` mean the same thing at any sampling ratio
+and any dataset size. Both divisors are public counts, so privacy is unaffected (post-processing of the noised sum).
 """
 
 from __future__ import annotations
@@ -43,6 +35,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch.optim import Optimizer
 
+from dprec_torch.errors import ConfigError
 from dprec_torch.mechanisms.context import TrainingContext
 from dprec_torch.privacy.accountants import Accountant
 from dprec_torch.privacy.pnbm_clipping import clip_factors
@@ -82,10 +75,9 @@ class MechanismOptimizer(Optimizer):
 
     # ------------------------------------------------------------------ set-up
     def prepare(self, model: Any) -> None:
-        """The mechanism's data-dependent set-up, run once by whoever trains with it (``setup_training``, the
-        harness, the tests): after ``model`` is attached to its training data, before any batch is built (a batch
-        centres the history by the item means installed here). Draws from ``self.generator`` before any step.
-        Nothing to do by default; an override calls ``super().prepare(model)`` first. Not called on resume."""
+        """The data-dependent set-up (module docstring), run once by whoever trains with it after ``model`` is attached to
+        its training data, before any batch is built (a batch centres the history by the item means installed here).
+        Draws from ``self.generator``. Nothing by default; an override calls ``super().prepare(model)`` first."""
         if self.prepared:
             raise RuntimeError(f"{type(self).__name__}.prepare() ran already (or the state was restored): "
                                "a second call would release the item means again")
@@ -98,12 +90,8 @@ class MechanismOptimizer(Optimizer):
         return int(self.state["mechanism"]["t"]) + 1
 
     def clip_residuals(self, residuals: torch.Tensor, batch: Any = None, model: Any = None) -> torch.Tensor:
-        """Per-example clipping, expressed on the residuals e_ui (identity by default).
-
-        Every example's gradient is e_ui * d r_hat_ui / d theta, so clamping e_ui (Alg. 1) or
-        scaling it by min(1, c / ||per-example gradient||) (Gaussian DP-SGD) clips the example.
-        ``batch`` and ``model`` let a mechanism compute per-example gradient norms.
-        """
+        """Per-example clipping, expressed on the residuals e_ui (identity by default): clamping e_ui (Alg. 1) or scaling
+        it by min(1, c / ||per-example gradient||) (Gaussian DP-SGD; ``batch`` and ``model`` give the norms)."""
         return residuals
 
     def elementwise_residual_clip(self) -> float | None:
@@ -112,11 +100,8 @@ class MechanismOptimizer(Optimizer):
         return None
 
     def clip_by_norm(self, residuals: torch.Tensor, norms: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """Per-example clipping as residual scaling: e_ui min(1, c / ||g||), c = ``self.clip_norm``.
-
-        ``norms`` are the per-example gradient norms (per target, or per user with ``rows`` mapping
-        each target to its user's norm). Records the clipped fraction and the largest clipped norm.
-        """
+        """Per-example clipping as residual scaling: e_ui min(1, c / ||g||), c = ``self.clip_norm``. ``norms``: per target,
+        or per user with ``rows`` mapping each target to its user's norm. Records the clipped fraction and largest norm."""
         norms = norms.double()
         factor = clip_factors(norms, self.clip_norm)
         st = self.state["mechanism"]
@@ -126,6 +111,10 @@ class MechanismOptimizer(Optimizer):
         if rows is not None:
             factor = factor[rows]
         return (residuals.double() * factor).to(residuals.dtype)
+
+    def grads(self) -> list[torch.Tensor]:
+        """Every parameter's gradient that exists (``p.grad`` is not None), group by group."""
+        return [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
 
     def add_noise(self) -> None:
         """Perturb ``p.grad`` in place; no noise by default."""
@@ -153,12 +142,9 @@ class MechanismOptimizer(Optimizer):
     def scale_grad(self) -> None:
         """G <- G / B (Opacus's ``scale_grad``; B = 1 under summed semantics, which is left untouched)."""
         b = self.grad_divisor
-        if b == 1.0:
-            return
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    p.grad.div_(b)
+        if b != 1.0:
+            for g in self.grads():
+                g.div_(b)
 
     def account(self) -> None:
         """Record the step just taken in ``self.accountant`` (no-op by default; Opacus's step hook)."""
@@ -179,9 +165,8 @@ class MechanismOptimizer(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self.state["mechanism"]["grad_norm"] = float(torch.linalg.vector_norm(torch.stack([
-            torch.linalg.vector_norm(p.grad).double()  # a logged diagnostic: float32 accumulation suffices
-            for g in self.param_groups for p in g["params"] if p.grad is not None] or [torch.zeros((), dtype=torch.float64)])))
+        norms = [torch.linalg.vector_norm(g).double() for g in self.grads()]  # a logged diagnostic: float32 accumulation suffices
+        self.state["mechanism"]["grad_norm"] = float(torch.linalg.vector_norm(torch.stack(norms or [torch.zeros((), dtype=torch.float64)])))
         self.add_noise()
         self.scale_grad()
         self.apply_update()
@@ -224,9 +209,7 @@ class MechanismOptimizer(Optimizer):
         """Restore :meth:`state_dict`; the mechanism is then prepared (the model's r_bar, fallback and S come from the
         model's own state: nothing is released again)."""
         state_dict = dict(state_dict)
-        gen = state_dict.pop("generator_state", None)
-        acc = state_dict.pop("accountant", None)
-        release = state_dict.pop("mean_release", None)
+        gen, acc, release = (state_dict.pop(key, None) for key in ("generator_state", "accountant", "mean_release"))
         super().load_state_dict(state_dict)
         if gen is not None:
             self.generator.set_state(gen)
@@ -235,6 +218,13 @@ class MechanismOptimizer(Optimizer):
         if release is not None:
             self.mean_release = release
         self.prepared = True
+
+
+def check_choices(*checks: tuple[str, Any, tuple[str, ...]]) -> None:
+    """ConfigError for the first ``(key, value, allowed)`` whose value is not one of ``allowed`` (``mechanism.key``)."""
+    for key, value, allowed in checks:
+        if value not in allowed:
+            raise ConfigError(f"mechanism.{key} must be one of {allowed}, got '{value}'")
 
 
 def laplace_noise(shape: torch.Size, scale: float, generator: SecretGenerator, device: torch.device) -> torch.Tensor:

@@ -29,7 +29,7 @@ from typing import Any, Iterable
 import torch
 
 from dprec_torch.errors import ConfigError
-from dprec_torch.mechanisms.base import MechanismOptimizer
+from dprec_torch.mechanisms.base import MechanismOptimizer, check_choices
 from dprec_torch.mechanisms.context import TrainingContext, bound_model
 from dprec_torch.mechanisms.lowrank_pnbm import clip_lowrank, gaussian_mean_multiplier, is_lowrank, release_means
 from dprec_torch.privacy.budget import check_epsilon
@@ -63,8 +63,7 @@ class ClippedSGLD(MechanismOptimizer):
             raise ConfigError(f"mechanism.clip_norm (C) must be a finite number > 0, got {clip_norm}")
         if not 0 < q <= 1:
             raise ConfigError(f"mechanism.sampling_ratio (q) must be in (0, 1], got {q}")
-        if accountant not in ACCOUNTANTS:
-            raise ConfigError(f"mechanism.accountant must be one of {ACCOUNTANTS}, got '{accountant}'")
+        check_choices(("accountant", accountant, ACCOUNTANTS))
         private = math.isfinite(epsilon)
         if private and not 0 < delta < 1:
             raise ConfigError(f"mechanism=sgld (clipped chain) needs delta in (0, 1), got {delta}")
@@ -109,9 +108,7 @@ class ClippedSGLD(MechanismOptimizer):
     # --------------------------------------------------------------- reporting
     def epsilon_spent(self) -> float:
         """The accountant's epsilon at ``delta`` for the steps so far."""
-        if self.noise_multiplier <= 0:
-            return math.inf
-        return gaussian_epsilon(self.accountant.history, self.delta, self.accountant_name)
+        return math.inf if self.noise_multiplier <= 0 else self.accountant.get_epsilon(self.delta)
 
     def planned_epsilon(self) -> float:
         """The accountant's epsilon after the item means and all T = context.total_steps steps."""

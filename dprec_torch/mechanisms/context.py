@@ -20,7 +20,6 @@ class TrainingContext:
     n_ratings: |R^{>0}| (the paper's script-L). max_user_ratings: tau, the per-user cap.
     entry_bound: callable e_max -> bound on |G_ij(u)| for one example (model-specific).
     prior_precision: per-parameter H (SGLD's prior correction, Eq. (11)), or None.
-    model: the module being trained.
     n_units: how many sampling units the data holds (ratings, or users for user-level sampling).
     expected_batch_size: E|batch| = sampling_ratio x n_units (Opacus's expected batch size).
     gradient_reduction: what the model's ``lr`` is a step on -- ``sum`` (PNBM: the paper's summed G, with
@@ -54,13 +53,8 @@ class TrainingContext:
 
     @property
     def decay_divisor(self) -> float:
-        """n_units under ``mean``, 1 under ``sum``.
-
-        The step is lr x the gradient of the MEAN objective (1/n)(sum_x l_x + lambda |theta|^2 / 2): a Poisson
-        batch estimates it by (1/B)(sum_batch grad l_x + q lambda theta), so the dense decay is lambda / n (n = B / q).
-        ``weight_decay`` = lambda is then the precision of a Gaussian prior in the SUMMED objective (PMF's lambda),
-        whatever the batch or dataset size.
-        """
+        """n_units under ``mean``, 1 under ``sum``: a Poisson batch estimates the MEAN objective's gradient by
+        (1/B)(sum_batch grad l_x + q lambda theta), so the dense decay is lambda / n (n = B / q; base.py's module doc)."""
         return float(self.n_units or 1) if self.gradient_reduction == "mean" else 1.0
 
 
@@ -73,14 +67,8 @@ def gradient_reduction_of(model: Any) -> str:
 
 
 def prior_precision_for(mechanism_cls: type, model: Any, train: Any, batch_ratings: float) -> list[torch.Tensor | None]:
-    """The model's SGLD prior correction H (Eq. (11)) when ``mechanism_cls`` uses it, else [].
-
-    H is M x M for dense PNBM (2.9 GB at 27K items), so only the mechanisms that read it
-    (``uses_prior_precision``) pay for it. ``mechanism_cls`` is a training mechanism's class: the attribute is one
-    :class:`~dprec_torch.interfaces.TrainingMechanism` declares, read off the class, so this module needs no import
-    of ``base`` (which imports this one).
-    """
-    # BaseModel's default H is [] (no correction), as for a mechanism that reads none
+    """The model's SGLD prior correction H (Eq. (11)) when ``mechanism_cls`` declares ``uses_prior_precision``, else []
+    (H is M x M for dense PNBM, 2.9 GB at 27K items; BaseModel's default is [], no correction)."""
     return model.sgld_prior_precision(train, batch_ratings) if mechanism_cls.uses_prior_precision is True else []
 
 

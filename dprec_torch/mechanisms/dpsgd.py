@@ -1,7 +1,7 @@
 """``mechanism=dpsgd_l1``: clipped-Laplace DP-SGD whose noise is calibrated to the WHOLE update.
 
-Wang & Tang's Alg. 1 calibrates Laplace noise to one gradient entry (see ``dpsgd_paper.py``). Here each
-unit's whole gradient contribution is clipped in L1 and the noise is calibrated to that bound:
+Wang & Tang's Alg. 1 calibrates Laplace noise to one gradient entry (see ``dpsgd_paper.py``). Here each unit's whole
+gradient contribution is clipped in L1 and the noise is calibrated to that bound:
 
     1. G_x   = sum_{(u,i) in x} e_ui d r_hat_ui / d theta          unit x = a user (PNBM: rows and
                                                                    columns R_u of S) or a rating (MF)
@@ -9,27 +9,25 @@ unit's whole gradient contribution is clipped in L1 and the noise is calibrated 
     3. G     = sum_{x in batch} G_x + Lap(c / eps_s) on every entry (PNBM: diag(G) := 0 first)
     4. theta <- theta - lr (beta G + lambda theta)                 (MapSGD, Alg. 1 line 7)
 
-Privacy (:func:`dprec_torch.privacy.analysis.analyse_dpsgd_l1`). Adding or removing one unit moves
-sum_x G_x by at most c in L1, so step 3 is eps_s-DP on its sample; Poisson(q) sampling of units
-amplifies it to ln(1 + q(e^{eps_s} - 1)); T steps compose. For PNBM the item means r_bar that centre
-every gradient and form the prediction baseline are released first by the Laplace mechanism
-(:mod:`dprec_torch.privacy.item_means`, eps_0 = ``mean_fraction`` x eps). In total
+Privacy (:func:`dprec_torch.privacy.analysis.analyse_dpsgd_l1`). Adding or removing one unit moves sum_x G_x by at
+most c in L1, so step 3 is eps_s-DP on its sample; Poisson(q) sampling of units amplifies it to
+ln(1 + q(e^{eps_s} - 1)); T steps compose. For PNBM the item means r_bar that centre every gradient and form the
+prediction baseline are released first by the Laplace mechanism (:mod:`dprec_torch.privacy.item_means`,
+eps_0 = ``mean_fraction`` x eps). In total
 
     eps = eps_0 + g T ln(1 + q (e^{eps_s} - 1)),      g = 2 if relation=rating, else 1,
 
-and eps_s is solved from the configured eps. ``relation=user`` defends add/remove of one user's
-profile (g = 1); ``relation=rating`` defends add/remove/change of one rating, g = 2 for either unit:
-changing a rating's value replaces one clipped contribution (the rating's own with unit=rating, its
-user's G_u with unit=user) by another, which moves the clipped sum by up to 2c, not c
-(:func:`~dprec_torch.privacy.analysis.dpsgd_l1_group_factor`; the item means then use rating-level
-sensitivity). ``epsilon`` in ``privacy_report()`` is the defended figure.
+and eps_s is solved from the configured eps. ``relation=user`` defends add/remove of one user's profile (g = 1);
+``relation=rating`` defends add/remove/change of one rating, g = 2 for either unit: changing a rating's value replaces
+one clipped contribution (the rating's own with unit=rating, its user's G_u with unit=user) by another, which moves
+the clipped sum by up to 2c, not c (:func:`~dprec_torch.privacy.analysis.dpsgd_l1_group_factor`; the item means then
+use rating-level sensitivity). ``epsilon`` in ``privacy_report()`` is the defended figure.
 
-PNBM-specific choices: ``init=constant`` starts from S = s0 (1 - I) (data-independent): Eq. (2) is then
-r_bar_i + the user's mean centred rating (shrunk by the floor C), a strong baseline that a noisy
-update must not destroy. Gradient norms come from :mod:`dprec_torch.privacy.pnbm_clipping`
-(per-user pair enumeration, never an M x M matrix per user). Prediction for user u also reads u's
-own training ratings: the guarantee protects u against anyone who sees the model (S, r_bar) and
-other users' predictions, not against someone who sees u's own predictions (joint DP).
+PNBM-specific choices: ``init=constant`` starts from S = s0 (1 - I) (data-independent): Eq. (2) is then r_bar_i + the
+user's mean centred rating (shrunk by the floor C), a strong baseline that a noisy update must not destroy. Gradient
+norms come from :mod:`dprec_torch.privacy.pnbm_clipping` (per-user pair enumeration, never an M x M matrix per user).
+Prediction for user u also reads u's own training ratings: the guarantee protects u against anyone who sees the model
+(S, r_bar) and other users' predictions, not against someone who sees u's own predictions (joint DP).
 
 The low-rank PNBM (``model.similarity=lowrank``, S = U U^T): step 2 clips each sampled user's whole gradient of U to
 L1 norm c (the explicit per-user rows of :mod:`dprec_torch.models.pnbm_lowrank`), step 3 puts Lap(c/eps_s) on each of
@@ -47,7 +45,7 @@ from typing import Any, Iterable
 import torch
 
 from dprec_torch.errors import ConfigError
-from dprec_torch.mechanisms.base import add_laplace_noise_
+from dprec_torch.mechanisms.base import add_laplace_noise_, check_choices
 from dprec_torch.mechanisms.context import TrainingContext, bound_model
 from dprec_torch.mechanisms.lowrank_pnbm import clip_lowrank, is_lowrank, release_means
 from dprec_torch.mechanisms.sgd import MapSGD
@@ -68,12 +66,19 @@ def is_pnbm(model: Any) -> bool:
     return isinstance(model, PNBM)
 
 
+def release_pnbm_means(mechanism: Any, model: Any, relation: str, noise: str, **budget: float) -> None:
+    """PNBM's centred DP item means (:func:`release_item_means`, the mechanism's ``mean_global_fraction`` and
+    ``mean_shrinkage``, from its generator) into the model and its fallback, kept as ``mechanism.mean_release``."""
+    spec = ItemMeansSpec("centred", relation, noise, global_fraction=mechanism.mean_global_fraction, shrinkage=mechanism.mean_shrinkage)
+    mechanism.mean_release = release_item_means(model.history, spec, mechanism.generator, **budget)
+    install_item_means(model, mechanism.mean_release)
+
+
 class ClippedLaplaceDPSGD(MapSGD):
     """Whole-update clipped-Laplace DP-SGD (see the module docstring).
 
-    ``relation`` is the neighbouring relation: the class attribute is the default (``user``: the runner
-    caps users at tau), the instance's ``relation`` (= ``defended_relation``) the configured one. The
-    sampling and clipping unit is ``unit``.
+    ``relation`` is the neighbouring relation: the class attribute is the default (``user``: the runner caps users at
+    tau), the instance's ``relation`` (= ``defended_relation``) the configured one; ``unit`` samples and clips.
     """
 
     private = True  # draws noise (MapSGD's subclass, not its non-private default)
@@ -109,12 +114,7 @@ class ClippedLaplaceDPSGD(MapSGD):
             raise ConfigError(f"mechanism.clip_norm (c, L1) must be a finite number > 0, got {clip_norm}")
         if not 0 < q <= 1:
             raise ConfigError(f"mechanism.sampling_ratio (q) must be in (0, 1], got {sampling_ratio}")
-        if unit not in UNITS:
-            raise ConfigError(f"mechanism.unit must be one of {UNITS}, got '{unit}'")
-        if relation not in UNITS:
-            raise ConfigError(f"mechanism.relation must be one of {UNITS}, got '{relation}'")
-        if init not in INITS:
-            raise ConfigError(f"mechanism.init must be one of {INITS}, got '{init}'")
+        check_choices(("unit", unit, UNITS), ("relation", relation, UNITS), ("init", init, INITS))
         if not 0 <= float(mean_fraction) < 1:
             raise ConfigError(f"mechanism.mean_fraction must be in [0, 1), got {mean_fraction}")
         params = list(params)
@@ -131,47 +131,35 @@ class ClippedLaplaceDPSGD(MapSGD):
         if unit == "rating" and relation == "user":
             raise ConfigError("mechanism=dpsgd_l1 unit=rating clips per rating, which cannot defend relation=user")
         self.epsilon, self.clip_norm, self.sampling_ratio = epsilon, clip_norm, q
-        self.unit, self.defended_relation = unit, relation
-        self.relation = relation  # the configured neighbouring relation (the class value is the default)
+        self.unit, self.defended_relation, self.relation = unit, relation, relation  # the class's relation is the default
         self.chunk_pairs = None if chunk_pairs is None else int(chunk_pairs)
         self.group = dpsgd_l1_group_factor(relation, unit)  # 2 for relation=rating: a changed rating moves 2c
-        steps = int(context.total_steps)
-        self.mean_release = None
         self.mean_epsilon = 0.0
         self.init, self.init_value = init, float(init_value)
         self.mean_global_fraction, self.mean_shrinkage = float(mean_global_fraction), float(mean_shrinkage)
         self.mean_options = None
-        if self.pnbm:
-            if math.isfinite(epsilon) and float(mean_fraction) > 0:
-                self.mean_epsilon = float(mean_fraction) * epsilon
-            elif math.isfinite(epsilon):
-                raise ConfigError("mechanism.mean_fraction=0 would keep PNBM's exact (non-private) item means")
-        if self.lowrank:
-            if math.isfinite(epsilon) and not float(mean_fraction) > 0:
-                raise ConfigError("mechanism.mean_fraction=0 would keep the exact (non-private) item means")
-            if math.isfinite(epsilon):
-                self.mean_epsilon = float(mean_fraction) * epsilon
+        if (self.pnbm or self.lowrank) and math.isfinite(epsilon):
+            if not float(mean_fraction) > 0:
+                whose = "PNBM's" if self.pnbm else "the"
+                raise ConfigError(f"mechanism.mean_fraction=0 would keep {whose} exact (non-private) item means")
+            self.mean_epsilon = float(mean_fraction) * epsilon
+            if self.lowrank:
                 self.mean_options = ItemMeansSpec(prior_std=float(mean_prior_std),
                                                   count_weight=None if count_weight is None else float(count_weight))
         self.releases_item_means = self.mean_epsilon > 0  # by prepare(), at eps_0
         self.step_epsilon = (math.inf if math.isinf(epsilon)
-                             else laplace_step_epsilon(epsilon, steps, q, self.mean_epsilon, self.group))
+                             else laplace_step_epsilon(epsilon, int(context.total_steps), q, self.mean_epsilon, self.group))
         self.accountant = PureDPAccountant()
         self.state["mechanism"].update(clipped_fraction=0.0, max_clipped_norm=0.0)
 
     def prepare(self, model: Any) -> None:
-        """Step 0, before any batch: the DP item means at eps_0 (PNBM: :func:`release_item_means`, centred, Laplace, under the
-        configured relation; the low-rank PNBM: :func:`release_means`) from ``self.generator`` into the model and its
-        fallback, then PNBM's data-independent start S = s0 (1 - I) (``init=constant``)."""
+        """Step 0: the DP item means at eps_0 (PNBM: centred, Laplace, under the configured relation; the low-rank PNBM:
+        :func:`release_means`), then PNBM's data-independent start S = s0 (1 - I) (``init=constant``)."""
         super().prepare(model)
         if self.pnbm and self.releases_item_means:
             if model.history is None:
                 raise ConfigError("mechanism=dpsgd_l1 needs the PNBM attached to its training data before the mechanism")
-            self.mean_release = release_item_means(model.history, ItemMeansSpec("centred", self.defended_relation, "laplace",
-                                                                                global_fraction=self.mean_global_fraction,
-                                                                                shrinkage=self.mean_shrinkage),
-                                                   self.generator, epsilon=self.mean_epsilon)
-            install_item_means(model, self.mean_release)
+            release_pnbm_means(self, model, self.defended_relation, "laplace", epsilon=self.mean_epsilon)
         if self.pnbm and self.init == "constant":
             with torch.no_grad():
                 model.S.fill_(self.init_value)
@@ -185,18 +173,9 @@ class ClippedLaplaceDPSGD(MapSGD):
         """Laplace scale c / eps_s (0 without noise)."""
         return 0.0 if math.isinf(self.step_epsilon) else self.clip_norm / self.step_epsilon
 
-    def unit_norms(self, residuals: torch.Tensor, batch: Any, model: Any) -> torch.Tensor:
-        """||G_x||_1 per unit of the batch (per batch row for unit=user, per target for unit=rating)."""
-        if self.pnbm:
-            return per_user_grad_norms(model, batch, residuals, p=1, chunk_pairs=self.chunk_pairs)
-        if isinstance(model, MF):  # closed-form L1 norms of its factor tables
-            from dprec_torch.privacy.mf_clipping import mf_grad_norms_l1
-
-            return mf_grad_norms_l1(model, batch, residuals, self.unit)
-        raise ConfigError(f"mechanism=dpsgd_l1 has no per-example L1 norm for model {type(model).__name__}")
-
     def clip_residuals(self, residuals: torch.Tensor, batch: Any = None, model: Any = None) -> torch.Tensor:
-        """Step 2: e_ui <- e_ui min(1, c / ||G_x||_1) for the unit x holding (u, i)."""
+        """Step 2: e_ui <- e_ui min(1, c / ||G_x||_1) for the unit x holding (u, i) (||G_x||_1 per batch row for
+        unit=user, per target for unit=rating)."""
         if batch is None or model is None:
             raise ConfigError("mechanism=dpsgd_l1 needs the batch and the model to clip per unit")
         if self.unit == "user" and batch.n_targets != batch.ind.values().numel():
@@ -204,7 +183,14 @@ class ClippedLaplaceDPSGD(MapSGD):
                               "the runner must sample users (mechanism.unit=user)")
         if self.lowrank:
             return clip_lowrank(self, residuals, batch, model, p=1)
-        norms = self.unit_norms(residuals, batch, model)
+        if self.pnbm:
+            norms = per_user_grad_norms(model, batch, residuals, p=1, chunk_pairs=self.chunk_pairs)
+        elif isinstance(model, MF):  # closed-form L1 norms of its factor tables
+            from dprec_torch.privacy.mf_clipping import mf_grad_norms_l1
+
+            norms = mf_grad_norms_l1(model, batch, residuals, self.unit)
+        else:
+            raise ConfigError(f"mechanism=dpsgd_l1 has no per-example L1 norm for model {type(model).__name__}")
         return self.clip_by_norm(residuals, norms, batch.rows if self.unit == "user" else None)
 
     def add_noise(self) -> None:
@@ -225,14 +211,11 @@ class ClippedLaplaceDPSGD(MapSGD):
     # ---------------------------------------------------------- reporting
     def epsilon_spent(self) -> float:
         """eps_0 + g * sum_t ln(1 + q(e^{eps_s} - 1)) over the steps taken so far."""
-        if math.isinf(self.epsilon):
-            return math.inf
-        return self.mean_epsilon + self.group * self.accountant.get_epsilon()
+        return math.inf if math.isinf(self.epsilon) else self.mean_epsilon + self.group * self.accountant.get_epsilon()
 
     def planned_epsilon(self) -> float:
-        if math.isinf(self.epsilon):
-            return math.inf
-        return composed_epsilon(self.step_epsilon, self.sampling_ratio, self.context.total_steps, self.mean_epsilon, self.group)
+        return math.inf if math.isinf(self.epsilon) else composed_epsilon(self.step_epsilon, self.sampling_ratio,
+                                                                          self.context.total_steps, self.mean_epsilon, self.group)
 
     def privacy_report(self) -> dict[str, Any]:
         steps, q = self.context.total_steps, self.sampling_ratio
@@ -240,8 +223,7 @@ class ClippedLaplaceDPSGD(MapSGD):
             return {"mechanism": "dpsgd_l1 (clipping only, epsilon=inf)", "relation": None, "epsilon": math.inf,
                     "epsilon_nominal": math.inf, "delta": 0.0, "clip_norm": self.clip_norm, "steps": steps,
                     "sampling_ratio": q, "analysis": "no noise: not private"}
-        a = analyse_dpsgd_l1(self.epsilon, steps, q, self.clip_norm, self.mean_epsilon, self.defended_relation, self.unit)
-        report = a.as_dict()
+        report = analyse_dpsgd_l1(self.epsilon, steps, q, self.clip_norm, self.mean_epsilon, self.defended_relation, self.unit).as_dict()
         report.update(
             epsilon=self.planned_epsilon(),
             epsilon_nominal=self.epsilon,

@@ -1,21 +1,20 @@
 """``mechanism=dpsgd_mf``: DPSGD-MF, Berlioz et al. (RecSys 2015) "private SGD" for matrix factorisation.
 
-The baseline of Wang & Tang's Fig. 1. ``conf/mechanism/dpsgd_mf.yaml`` names :class:`DPSGDMF`; ``mechanism=dpsgd_paper
-model=mf`` trains by it too, as Alg. 1's MF form (:data:`dprec_torch.forms.FORMS`, with the same numbers in
-``conf/tuned/dpsgd_paper_mf.yaml``). The noise goes on each visited rating's prediction error, not
-on the gradient:
+The baseline of Wang & Tang's Fig. 1. ``conf/mechanism/dpsgd_mf.yaml`` names :class:`DPSGDMF`;
+``mechanism=dpsgd_paper model=mf`` trains by it too, as Alg. 1's MF form (:data:`dprec_torch.forms.FORMS`, with the
+same numbers in ``conf/tuned/dpsgd_paper_mf.yaml``). The noise goes on each visited rating's prediction error, not on
+the gradient:
     e'_ui = clamp(e_ui + Lap(K Delta r / eps), -e_max, e_max),   Delta r = r_max - r_min,
-then G = sum e'_ui d r_hat_ui / d theta, divided by the expected batch size q n (MF's mean
-reduction, base.py: ``lr`` = Berlioz's per-rating step x q n), and the MapSGD update. K bounds how often one
-rating is visited: K = the number of passes (steps) when sampling_ratio = 1 (Berlioz's K
-passes over the data), else the smallest K with P[Binomial(T, q) > K] <= delta.
+then G = sum e'_ui d r_hat_ui / d theta, divided by the expected batch size q n (MF's mean reduction, base.py:
+``lr`` = Berlioz's per-rating step x q n), and the MapSGD update. K bounds how often one rating is visited: K = the
+number of passes (steps) when sampling_ratio = 1 (Berlioz's K passes over the data), else the smallest K with
+P[Binomial(T, q) > K] <= delta.
 
-Relation: one rating's VALUE changes (who rated what is public). Changing r_ui moves
-e_ui by at most Delta r while r_hat_ui depends only on earlier noisy errors, so each visit
-is (eps/K)-DP for that rating and at most K visits compose to eps (delta = the chance of
-more than K visits; 0 for full passes). The model must declare ``dpsgd_perturb_residuals``
-(``BaseModel.dpsgd_perturb_residuals``; MF does): its residual is the whole
-per-rating release. PNBM's DPSGD is Wang & Tang's Alg. 1, :mod:`dprec_torch.mechanisms.dpsgd_paper`.
+Relation: one rating's VALUE changes (who rated what is public). Changing r_ui moves e_ui by at most Delta r while
+r_hat_ui depends only on earlier noisy errors, so each visit is (eps/K)-DP for that rating and at most K visits
+compose to eps (delta = the chance of more than K visits; 0 for full passes). The model must declare
+``dpsgd_perturb_residuals`` (``BaseModel.dpsgd_perturb_residuals``; MF does): its residual is the whole per-rating
+release. PNBM's DPSGD is Wang & Tang's Alg. 1, :mod:`dprec_torch.mechanisms.dpsgd_paper`.
 """
 
 from __future__ import annotations
@@ -60,8 +59,7 @@ class DPSGDMF(MapSGD):
         delta: float = 0.0,
     ) -> None:
         epsilon = check_epsilon(epsilon, "mechanism")
-        if context.model is not None:
-            self._check_model(context.model)
+        self._check_model(context.model)
         super().__init__(params, context, lr=lr, weight_decay=weight_decay, beta=beta, seed=seed)
         self.epsilon, self.sampling_ratio = epsilon, float(sampling_ratio)
         self.phi = context.scale.span
@@ -69,7 +67,7 @@ class DPSGDMF(MapSGD):
 
     @staticmethod
     def _check_model(model: Any) -> None:
-        if not perturbs_residuals(model):
+        if model is not None and not perturbs_residuals(model):
             raise ConfigError(f"mechanism=dpsgd_mf (DPSGD-MF) perturbs each rating's error and needs a model that "
                               f"declares dpsgd_perturb_residuals (MF); {type(model).__name__} does not: use "
                               "mechanism=dpsgd_paper")
@@ -107,8 +105,7 @@ class DPSGDMF(MapSGD):
 
     def clip_residuals(self, residuals: torch.Tensor, batch: Any = None, model: Any = None) -> torch.Tensor:
         """The noise goes here, on the errors; ``add_noise`` (on G) is the base's no-op."""
-        if model is not None:
-            self._check_model(model)
+        self._check_model(model)
         return self.perturb_residuals_(residuals)
 
     def epsilon_spent(self) -> float:
@@ -117,7 +114,6 @@ class DPSGDMF(MapSGD):
 
     def privacy_report(self) -> dict[str, Any]:
         k, steps, q = self.max_visits, self.context.total_steps, self.sampling_ratio
-        eps_visit = self.epsilon / k
         visits = (f"K = {k} full passes (sampling_ratio = 1)" if q >= 1 else
                   f"K = {k}: P[Binomial(T={steps}, q={q:g}) > K] = {self.visit_delta:.3g} <= delta")
         return {
@@ -131,7 +127,7 @@ class DPSGDMF(MapSGD):
             "steps": steps,
             "sampling_ratio": q,
             "max_visits_per_rating": k,
-            "epsilon_per_visit": eps_visit,
+            "epsilon_per_visit": self.epsilon / k,
             "epsilon_nominal": self.epsilon,
             "epsilon": self.epsilon,
             "delta": self.visit_delta,

@@ -6,21 +6,18 @@ Per step t (1-based):
   line 5: e_ui <- clamp(e_ui, -e_max(t), e_max(t))
   line 6: G <- sum e_ui d r_hat_ui/dS + Lap(gamma K Delta F(t) / eps)   (Laplace *scale*)
   line 7: S <- S - eta (beta G + lambda S)
-Theorem 1: each step is eps/(K gamma)-DP; subsampling with ratio gamma is taken to
-give gamma * eps/(K gamma) = eps/K per step; K steps compose to eps.
+Theorem 1: each step is eps/(K gamma)-DP; subsampling with ratio gamma is taken to give gamma * eps/(K gamma) = eps/K
+per step; K steps compose to eps.
 
-CAVEAT (stated in every log line and privacy report): Delta F bounds one gradient
-*entry* |G_ij(u)|. One rating r_ui moves row i of G (one entry per item u rated)
-and the row of every other item u rated, because r_ui enters their predictions.
-The L1 sensitivity of the whole released update is therefore far larger than
-Delta F, and the paper's eps is a per-entry figure, not a rating-level guarantee
-for the released S. The linear amplification gamma * eps is also looser than the
-exact ln(1 + gamma (e^eps - 1)) for large eps.
+CAVEAT (stated in every log line and privacy report): Delta F bounds one gradient *entry* |G_ij(u)|. One rating r_ui
+moves row i of G (one entry per item u rated) and the row of every other item u rated, because r_ui enters their
+predictions. The L1 sensitivity of the whole released update is therefore far larger than Delta F, and the paper's
+eps is a per-entry figure, not a rating-level guarantee for the released S. The linear amplification gamma * eps is
+also looser than the exact ln(1 + gamma (e^eps - 1)) for large eps.
 
-DPSGD-MF (Berlioz et al. 2015), the MF baseline of Fig. 1, is its own class, this key's MF form:
-``mechanism=dpsgd_paper model=mf`` is trained by :class:`dprec_torch.mechanisms.dpsgd_mf.DPSGDMF` (the table
-:data:`dprec_torch.forms.FORMS` says so). DPSGD-MF's numbers are plain values in ``conf/tuned/dpsgd_paper_mf.yaml``;
-its own keys (``e_max``, ``delta``) are its class's, so Alg. 1 refuses them. (``mechanism=dpsgd_mf``, ``conf/mechanism/dpsgd_mf.yaml``, names DPSGDMF directly.)
+This key's MF form, DPSGD-MF (Berlioz et al. 2015, the MF baseline of Fig. 1), is its own class,
+:class:`dprec_torch.mechanisms.dpsgd_mf.DPSGDMF` (:data:`dprec_torch.forms.FORMS`); Alg. 1 refuses its keys
+(``e_max``, ``delta``).
 """
 
 from __future__ import annotations
@@ -69,8 +66,7 @@ class DPSGDLaplace(MapSGD):
         epsilon = check_epsilon(epsilon, "mechanism")
         if context.entry_bound is None:
             raise ConfigError("mechanism=dpsgd needs a model that bounds its per-example gradient entries")
-        if context.model is not None:
-            self._check_model(context.model)
+        self._check_model(context.model)
         super().__init__(params, context, lr=lr, weight_decay=weight_decay, beta=beta, seed=seed)
         self.epsilon, self.sampling_ratio = epsilon, float(sampling_ratio)
         self.phi = context.scale.span
@@ -78,7 +74,7 @@ class DPSGDLaplace(MapSGD):
 
     @staticmethod
     def _check_model(model: Any) -> None:
-        if perturbs_residuals(model):
+        if model is not None and perturbs_residuals(model):
             raise ConfigError(f"{type(model).__name__} declares dpsgd_perturb_residuals: its DPSGD is DPSGD-MF, "
                               "mechanism=dpsgd_mf (mechanism=dpsgd_paper model=mf builds it)")
 
@@ -94,14 +90,11 @@ class DPSGDLaplace(MapSGD):
 
     def noise_scale(self, t: int | None = None) -> float:
         """Laplace scale gamma K Delta F(t) / eps (Alg. 1 line 6)."""
-        if math.isinf(self.epsilon):
-            return 0.0
-        return self.sampling_ratio * self.context.total_steps * self.sensitivity(t) / self.epsilon
+        return 0.0 if math.isinf(self.epsilon) else self.sampling_ratio * self.context.total_steps * self.sensitivity(t) / self.epsilon
 
     # Alg. 1 line 5
     def clip_residuals(self, residuals: torch.Tensor, batch: Any = None, model: Any = None) -> torch.Tensor:
-        if model is not None:
-            self._check_model(model)
+        self._check_model(model)
         bound = self.residual_bound()
         self.state["mechanism"]["residual_bound"] = bound
         return residuals.clamp(-bound, bound)
@@ -116,10 +109,8 @@ class DPSGDLaplace(MapSGD):
         self.state["mechanism"]["noise_scale"] = scale
         if scale == 0.0:
             return
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    add_laplace_noise_(p.grad, scale, self.generator)
+        for g in self.grads():
+            add_laplace_noise_(g, scale, self.generator)
 
     def account(self) -> None:
         """Theorem 1: eps_t = eps / (K gamma) per noisy step, subsampled with ratio gamma."""

@@ -2,58 +2,51 @@
 
 How the converted PDF was read
 ------------------------------
-* Eq. (28): ``P(S) = phi(C, S)^(eps/2) / sum_S' phi(C, S')^(eps/2)`` over all k-subsets S of
-  items for one user, where C is the completed score matrix.
-* Prop. 4.2: ``phi(C, S) = exp(f(C, S) / U_r)`` with ``f(C, S) = sum_{j in S} c_ij`` (the PDF's
-  "exp(1/U_r)f(S)" is read as ``exp(f/U_r)``). Hence ``P(S) ∝ exp(eps * f(S) / (2 * Delta))``
-  with ``Delta`` the largest change of one entry of C. Scores are clipped to the predictor's
-  range ``[lo, hi]`` first, so ``Delta = hi - lo`` is exact (4 on MovieLens); the paper's
-  ``U_r = 5`` is a looser bound (pass ``sensitivity=5`` to reproduce it). By Theorem 2.2
+* Eq. (28): ``P(S) = phi(C, S)^(eps/2) / sum_S' phi(C, S')^(eps/2)`` over all k-subsets S of items for one user, where
+  C is the completed score matrix.
+* Prop. 4.2: ``phi(C, S) = exp(f(C, S) / U_r)`` with ``f(C, S) = sum_{j in S} c_ij`` (the PDF's "exp(1/U_r)f(S)" is
+  read as ``exp(f/U_r)``). Hence ``P(S) ∝ exp(eps * f(S) / (2 * Delta))`` with ``Delta`` the largest change of one
+  entry of C. Scores are clipped to the predictor's range ``[lo, hi]`` first, so ``Delta = hi - lo`` is exact (4 on
+  MovieLens); the paper's ``U_r = 5`` is a looser bound (pass ``sensitivity=5`` to reproduce it). By Theorem 2.2
   (``phi^eps`` is 2eps-DP) the exponent ``eps/2`` gives eps-DP.
-* Sec. 4.2, birth-death chain over candidate sets ``S_0, S_1, ...``: DTMC with
-  ``p_{j,j+1} = lambda_j dt``, ``p_{j,j-1} = mu_j dt`` (Eq. (34)), needing
-  ``(lambda_j + mu_j) dt <= 1`` (Eq. (36)); Prop. 4.1 gives ``dt <= 1/U_s``.
-  **Correction:** with the rates of Eq. (31) (exponent eps/2) detailed balance gives
-  ``pi ∝ phi^eps`` (Eq. (32)), not Eq. (28); that is 2eps-DP. We use
-  ``lambda_j = sqrt(w_{j+1}/w_j)``, ``mu_{j+1} = sqrt(w_j/w_{j+1})`` with ``w = phi^(eps/2)``,
-  so ``lambda_j / mu_{j+1} = w_{j+1}/w_j`` and the stationary law is exactly Eq. (28)
-  restricted to the candidates. ``dt = 1/U_s`` with ``U_s = max_j (lambda_j + mu_j)``
-  computed per user, which satisfies Eq. (36) by construction.
-* Sec. 4.4, window candidates: sort the user's scores, ``S_0`` = the top k; ``S_j`` drops one
-  of the last ``N1`` items of ``S_0`` and adds one item from a window of ``N2`` items right of
-  position k; the window slides by ``N2`` after every ``N1*N2`` sets. Reconstructed indices
-  (0-based sorted positions, ``j >= 1``): ``b = (j-1) // (N1 N2)``, ``r = (j-1) % (N1 N2)``,
-  drop ``k-1 - r // N2``, add ``k + b N2 + r % N2`` (kept while the added position exists).
-  Prop. 4.1 assumes ``phi(S_j) >= phi(S_{j+1})``; the window order only approximates it, so
-  the generated candidates are sorted by f (``O(J log J)``, J ~ N1 (M-k)).
+* Sec. 4.2, birth-death chain over candidate sets ``S_0, S_1, ...``: DTMC with ``p_{j,j+1} = lambda_j dt``,
+  ``p_{j,j-1} = mu_j dt`` (Eq. (34)), needing ``(lambda_j + mu_j) dt <= 1`` (Eq. (36)); Prop. 4.1 gives
+  ``dt <= 1/U_s``. **Correction:** with the rates of Eq. (31) (exponent eps/2) detailed balance gives ``pi ∝ phi^eps``
+  (Eq. (32)), not Eq. (28); that is 2eps-DP. We use ``lambda_j = sqrt(w_{j+1}/w_j)``, ``mu_{j+1} = sqrt(w_j/w_{j+1})``
+  with ``w = phi^(eps/2)``, so ``lambda_j / mu_{j+1} = w_{j+1}/w_j`` and the stationary law is exactly Eq. (28)
+  restricted to the candidates. ``dt = 1/U_s`` with ``U_s = max_j (lambda_j + mu_j)`` computed per user, which
+  satisfies Eq. (36) by construction.
+* Sec. 4.4, window candidates: sort the user's scores, ``S_0`` = the top k; ``S_j`` drops one of the last ``N1`` items
+  of ``S_0`` and adds one item from a window of ``N2`` items right of position k; the window slides by ``N2`` after
+  every ``N1*N2`` sets. Reconstructed indices (0-based sorted positions, ``j >= 1``): ``b = (j-1) // (N1 N2)``,
+  ``r = (j-1) % (N1 N2)``, drop ``k-1 - r // N2``, add ``k + b N2 + r % N2`` (kept while the added position exists).
+  Prop. 4.1 assumes ``phi(S_j) >= phi(S_{j+1})``; the window order only approximates it, so the generated candidates
+  are sorted by f (``O(J log J)``, J ~ N1 (M-k)).
 
 Beyond the paper: exact sampling
 --------------------------------
-f is additive, so ``P(S) ∝ prod_{j in S} w_j`` with ``w_j = exp(eps c_ij / (2 Delta))``. The
-normaliser is the elementary symmetric polynomial ``e_k(w)``, and
-``E[i, r] = log e_r(w_i..w_{M-1})`` follows from ``E[i, r] = logaddexp(E[i+1, r], log w_i + E[i+1, r-1])``.
-Walking the items once, item i joins with probability ``w_i e_{r-1}(w_{i+1:}) / e_r(w_{i:})``
-(r = slots left) -- an exact draw in ``O(M k)``, vectorised over users, in log-space.
+f is additive, so ``P(S) ∝ prod_{j in S} w_j`` with ``w_j = exp(eps c_ij / (2 Delta))``. The normaliser is the
+elementary symmetric polynomial ``e_k(w)``, and ``E[i, r] = log e_r(w_i..w_{M-1})`` follows from
+``E[i, r] = logaddexp(E[i+1, r], log w_i + E[i+1, r-1])``. Walking the items once, item i joins with probability
+``w_i e_{r-1}(w_{i+1:}) / e_r(w_{i:})`` (r = slots left) -- an exact draw in ``O(M k)``, vectorised over users, in
+log-space.
 
 Privacy (see :meth:`ExponentialTopKRecommender.privacy_report`)
 ------------------------------------------------------------------
-Unit: one entry of the user's score row ``C_i`` -- the paper's "dynamic attack" (Sec. 4.1).
-One entry, clipped to the score range ``[lo, hi]``, moves f(S) of any set by at most ``hi - lo``, so a
-``sensitivity`` below that width is refused (``ConfigError``). The exact sampler is eps-DP for each
-released set; different users use disjoint rows of C (parallel composition); repeated draws for the
-same user add up, and the report's ``epsilon`` composes them (``epsilon_per_set`` beside it). The
-sensitivity harness case ``exponential_topk`` (:mod:`dprec_torch.privacy_harness.sensitivity_cases`) checks the
-bound on the sampler's own exponent. It says nothing about the
-*training* ratings: one rating can move many entries of C, so training-data privacy needs a
-private scorer underneath. The MCMC sampler has no finite epsilon: its candidate sets
-depend on C's ranking, so a neighbouring C' has candidates with zero probability under C
-(and a finite chain is not at stationarity either); the paper's "(eps + delta eps)" is not
-quantified anywhere.
+Unit: one entry of the user's score row ``C_i`` -- the paper's "dynamic attack" (Sec. 4.1). One entry, clipped to the
+score range ``[lo, hi]``, moves f(S) of any set by at most ``hi - lo``, so a ``sensitivity`` below that width is
+refused (``ConfigError``). The exact sampler is eps-DP for each released set; different users use disjoint rows of C
+(parallel composition); repeated draws for the same user add up, and the report's ``epsilon`` composes them
+(``epsilon_per_set`` beside it). The sensitivity harness case ``exponential_topk``
+(:mod:`dprec_torch.privacy_harness.sensitivity_cases`) checks the bound on the sampler's own exponent. It says nothing
+about the *training* ratings: one rating can move many entries of C, so training-data privacy needs a private scorer
+underneath. The MCMC sampler has no finite epsilon: its candidate sets depend on C's ranking, so a neighbouring C' has
+candidates with zero probability under C (and a finite chain is not at stationarity either); the paper's
+"(eps + delta eps)" is not quantified anywhere.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 from typing import Any
 
@@ -65,8 +58,6 @@ from dprec_torch.interfaces import FittedPredictor, Predictor, Scorer
 from dprec_torch.predictors.release import ReleasesState
 from dprec_torch.privacy.budget import check_epsilon
 from dprec_torch.seeding import SecretGenerator, noise_generator
-
-log = logging.getLogger(__name__)
 
 _NEG_INF = float("-inf")
 #: users per block for the exact sampler (its table is [M+1, block, k+1] float64)
@@ -82,10 +73,8 @@ def topk_log_weights(scores: torch.Tensor, eligible: torch.Tensor, epsilon: floa
 
 # ------------------------------------------------------------ exact sampler
 def elementary_log_table(logw: torch.Tensor, k: int) -> torch.Tensor:
-    """``E[i, u, r] = log e_r(w_{u,i}, ..., w_{u,M-1})`` for ``r = 0..k``, shape ``[M+1, U, k+1]``.
-
-    Backward recursion over items (one step per item, batched over users and r).
-    """
+    """``E[i, u, r] = log e_r(w_{u,i}, ..., w_{u,M-1})`` for ``r = 0..k``, shape ``[M+1, U, k+1]``: a backward
+    recursion over items (one step per item, batched over users and r)."""
     n_users, n_items = logw.shape
     table = torch.full((n_items + 1, n_users, k + 1), _NEG_INF, dtype=torch.float64, device=logw.device)
     table[:, :, 0] = 0.0
@@ -107,10 +96,8 @@ def topk_log_prob(logw: torch.Tensor, sets: torch.Tensor) -> torch.Tensor:
 
 
 def sample_topk_exact(logw: torch.Tensor, k: int, generator: SecretGenerator) -> torch.Tensor:
-    """One exact draw from ``P(S) ∝ prod_{j in S} w_j`` over k-subsets per user row.
-
-    Returns a ``[U, M]`` bool mask with ``min(k, #eligible)`` items per row.
-    """
+    """One exact draw from ``P(S) ∝ prod_{j in S} w_j`` over k-subsets per user row: a ``[U, M]`` bool mask with
+    ``min(k, #eligible)`` items per row."""
     n_users, n_items = logw.shape
     table = elementary_log_table(logw, k)
     left = torch.isfinite(logw).sum(1).clamp_max(k)  # slots to fill per user
@@ -127,14 +114,9 @@ def sample_topk_exact(logw: torch.Tensor, k: int, generator: SecretGenerator) ->
 
 
 # ---------------------------------------------------------- window + chain
-def window_candidates(
-    n_eligible: torch.Tensor, k: int, n1: int, n2: int, n_items: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sec. 4.4 candidate sets as (drop, add) sorted positions, ``[J]`` each, plus validity ``[U, J]``.
-
-    Candidate 0 is ``S_0`` (drop = add = -1). A candidate is valid for a user when the added
-    position exists among that user's eligible items.
-    """
+def window_candidates(n_eligible: torch.Tensor, k: int, n1: int, n2: int, n_items: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sec. 4.4 candidate sets as (drop, add) sorted positions, ``[J]`` each, plus validity ``[U, J]``: candidate 0 is
+    ``S_0`` (drop = add = -1); a candidate is valid for a user when the added position exists among their eligible items."""
     n1 = min(n1, k)
     blocks = max(0, math.ceil((n_items - k) / n2))
     j = torch.arange(blocks * n1 * n2, device=n_eligible.device)
@@ -148,8 +130,8 @@ def window_candidates(
 class BirthDeathChain:
     """The DTMC of Sec. 4.2 (Eq. (34)) over candidates sorted by decreasing weight, per user.
 
-    ``log_w``: ``[U, J]`` log target weights (``-inf`` pads users with fewer candidates),
-    sorted in decreasing order along J. ``p_up[u, j] = lambda_j dt``, ``p_down[u, j] = mu_j dt``.
+    ``log_w``: ``[U, J]`` log target weights (``-inf`` pads users with fewer candidates), sorted in decreasing order
+    along J. ``p_up[u, j] = lambda_j dt``, ``p_down[u, j] = mu_j dt``.
     """
 
     def __init__(self, log_w: torch.Tensor, dt: float | None = None) -> None:
@@ -199,14 +181,10 @@ class BirthDeathChain:
         return state
 
 
-def window_chain(
-    scores: torch.Tensor, eligible: torch.Tensor, k: int, epsilon: float, sensitivity: float,
-    n1: int, n2: int, dt: float | None = None,
-) -> tuple[BirthDeathChain, torch.Tensor]:
-    """Build the Sec. 4.4 candidates and the Sec. 4.2 chain for each user row.
-
-    Returns the chain and ``members`` (``[U, J, k]`` item ids of each sorted candidate set).
-    """
+def window_chain(scores: torch.Tensor, eligible: torch.Tensor, k: int, epsilon: float, sensitivity: float, n1: int, n2: int,
+                 dt: float | None = None) -> tuple[BirthDeathChain, torch.Tensor]:
+    """The Sec. 4.4 candidates and the Sec. 4.2 chain for each user row: the chain and ``members`` (``[U, J, k]`` item
+    ids of each sorted candidate set)."""
     logw_items = topk_log_weights(scores, eligible, epsilon, sensitivity)
     n_users, n_items = scores.shape
     order = torch.argsort(logw_items, dim=1, descending=True, stable=True)  # sorted positions -> items
@@ -245,10 +223,8 @@ class ExponentialTopK:
     ``sensitivity``: ``Delta`` of one score entry; ``null`` = width of the predictor's score range.
     """
 
-    def __init__(
-        self, epsilon: float, seed: int | None = None, sampler: str = "auto", sensitivity: float | None = None,
-        n1: int = 2, n2: int = 3, n_iter: int = 5000, dt: float | None = None, max_exact_items: int = 200_000,
-    ) -> None:
+    def __init__(self, epsilon: float, seed: int | None = None, sampler: str = "auto", sensitivity: float | None = None,
+                 n1: int = 2, n2: int = 3, n_iter: int = 5000, dt: float | None = None, max_exact_items: int = 200_000) -> None:
         self.epsilon = check_epsilon(epsilon, "exponential_topk")
         if sampler not in ("auto", "exact", "mcmc"):
             raise ConfigError(f"exponential_topk sampler={sampler!r}; choose exact, mcmc or auto")
@@ -268,9 +244,8 @@ class ExponentialTopK:
 
     def wrap(self, predictor: Any) -> "ExponentialTopKRecommender":
         if not isinstance(predictor, (Scorer, Predictor)):
-            raise ConfigError(
-                f"mechanism=exponential_topk needs a model with score(users) or predict(); {type(predictor).__name__} has neither"
-            )
+            raise ConfigError(f"mechanism=exponential_topk needs a model with score(users) or predict(); "
+                              f"{type(predictor).__name__} has neither")
         return ExponentialTopKRecommender(predictor, self)
 
 
@@ -319,10 +294,8 @@ class ExponentialTopKRecommender:
         """The item count, the rated items (never recommended) and the score range's Delta (public: the scale)."""
         self.n_items = train.n_items
         self.indicator_ = train.indicator_csr()
-        if hasattr(self.predictor, "score_range"):  # any scorer may declare one (no shared base)
-            self.range_ = tuple(float(x) for x in self.predictor.score_range())
-        else:
-            self.range_ = (float(train.scale.lo), float(train.scale.hi))
+        self.range_ = (tuple(float(x) for x in self.predictor.score_range()) if hasattr(self.predictor, "score_range")
+                       else (float(train.scale.lo), float(train.scale.hi)))  # any scorer may declare one (no shared base)
         width = self.range_[1] - self.range_[0]
         if not (math.isfinite(width) and width >= 0):
             raise ConfigError(f"exponential_topk: the score range {self.range_} must be finite (lo <= hi): it bounds "
@@ -405,13 +378,9 @@ class ExponentialTopKRecommender:
             "The unit is one entry of C, not one training rating: a training rating can move many entries of C, "
             "so training-data privacy needs a private scorer underneath."
         )
-        if exact:
-            analysis = base + " Sampled exactly (elementary-symmetric-polynomial DP), so the epsilon is exact."
-        else:
-            analysis = base + (
-                " sampler=mcmc gives NO epsilon: the Sec. 4.4 candidates depend on C's ranking, so a neighbouring C' "
-                "has sets of zero probability under C, and a finite chain is not at stationarity."
-            )
+        analysis = base + (" Sampled exactly (elementary-symmetric-polynomial DP), so the epsilon is exact." if exact else
+                           " sampler=mcmc gives NO epsilon: the Sec. 4.4 candidates depend on C's ranking, so a neighbouring C' "
+                           "has sets of zero probability under C, and a finite chain is not at stationarity.")
         rng = self.range_
         return {
             "mechanism": "exponential_topk",

@@ -1,61 +1,52 @@
 """``mechanism=gaussian``: DP-SGD with per-example clipping and Gaussian noise (Abadi et al. 2016).
 
-One step t, on a Poisson sample of units (each unit -- a rating, or a user with all of
-their ratings -- is included independently with probability q = ``sampling_ratio``):
+One step t, on a Poisson sample of units (each unit -- a rating, or a user with all of their ratings -- is included
+independently with probability q = ``sampling_ratio``):
 
     1. g_x  = sum_{(u,i) in x} e_ui d r_hat_ui / d theta        per-example gradient of unit x
     2. g_x <- g_x min(1, c / ||g_x||_2)                        clip (c = ``clip_norm``)
     3. G    = sum_x g_x + N(0, sigma^2 c^2 I)                   noise on EVERY parameter entry
     4. theta <- theta - lr (G + weight_decay theta)
 
-Step 2 is done on the residuals: g_x is linear in the e_ui of x, so scaling x's
-residuals by min(1, c/||g_x||) scales g_x (``clip_residuals``). The norms ||g_x|| come
-from the model (``model.per_example_grad_norms(batch, residuals, unit)``; closed form
-for MF), so no per-example gradient is ever materialised. For a model that declares
-``gradient_reduction = "mean"`` (MF) the template's ``scale_grad`` then divides G by the expected
-batch size q n and step 4's decay by n, as Opacus does (``lr`` is a per-example step; base.py).
+Step 2 is done on the residuals: g_x is linear in the e_ui of x, so scaling x's residuals by min(1, c/||g_x||) scales
+g_x (``clip_residuals``). The norms ||g_x|| come from the model (``model.per_example_grad_norms``; closed form for
+MF), so no per-example gradient is ever materialised. Under ``gradient_reduction = "mean"`` (MF) the template's
+``scale_grad`` then divides G by the expected batch size q n and step 4's decay by n, as Opacus does (base.py).
 
-Privacy. Neighbouring relation: add/remove one unit -- one rating (``unit=rating``) or
-one user's whole profile (``unit=user``). The L2 sensitivity of sum_x g_x is c, so each
-step is the Poisson-subsampled Gaussian mechanism with noise multiplier sigma and rate
-q; T = epochs x round(1/q) steps compose under Opacus's RDP (default) or PRV accountant
-to (eps, delta), ``delta`` the top-level key. Given ``epsilon``, sigma is
-``calibrate_gaussian(epsilon, delta, q, T, accountant, search="opacus")`` (Opacus's ``get_noise_multiplier``);
-given ``noise_multiplier`` instead, the reported epsilon is the accountant's for that sigma. The weight decay is
-data-independent; model initialisation and the public rating scale are data-independent.
+Privacy. Neighbouring relation: add/remove one unit -- one rating (``unit=rating``) or one user's whole profile
+(``unit=user``). The L2 sensitivity of sum_x g_x is c, so each step is the Poisson-subsampled Gaussian mechanism with
+noise multiplier sigma and rate q; T = epochs x round(1/q) steps compose under Opacus's RDP (default) or PRV
+accountant to (eps, delta), ``delta`` the top-level key. Given ``epsilon``, sigma is
+``calibrate_gaussian(epsilon, delta, q, T, accountant, search="opacus")`` (Opacus's ``get_noise_multiplier``); given
+``noise_multiplier`` instead, the reported epsilon is the accountant's for that sigma. The weight decay, the model
+initialisation and the public rating scale are data-independent.
 
-PNBM (``model=pnbm``, and the low-rank ``model=pnbm_lowrank``) is trained by this key's PNBM form,
-:class:`GaussianPNBM` below (user level, per-user clipping of G_u, DP item means in the same accountant): the table
-:data:`dprec_torch.forms.FORMS` says so. Its keys (``mean_fraction`` ... ``count_weight``) are :class:`GaussianPNBM`'s
-own, with their numbers in ``conf/tuned/gaussian_pnbm.yaml`` and ``conf/tuned/gaussian_pnbm_lowrank.yaml``; any other
-model refuses them (the config check reads the class that trains the model). ``mechanism=gaussian_pnbm``
-(``conf/mechanism/gaussian_pnbm.yaml``) names :class:`GaussianPNBM` directly, with the full form's numbers.
-
-The PNBM form, :class:`GaussianPNBM` (``mechanism=gaussian model=pnbm|pnbm_lowrank``, and by name
-``mechanism=gaussian_pnbm``): steps 1-4 above, plus what PNBM needs for the guarantee to cover the released model:
+The PNBM form, :class:`GaussianPNBM`, trains PNBM (full and low-rank) under ``mechanism=gaussian`` (the table
+:data:`dprec_torch.forms.FORMS`) and by name under ``mechanism=gaussian_pnbm``. Its keys (``mean_fraction`` ...
+``count_weight``) are its own (numbers in ``conf/tuned/gaussian_pnbm.yaml`` and ``conf/tuned/gaussian_pnbm_lowrank.yaml``;
+any other model refuses them). It is steps 1-4 above plus what PNBM needs for the guarantee to cover the released model:
 
 * per-user L2 clipping of G_u (rows and columns R_u of S) from
-  :func:`dprec_torch.privacy.pnbm_clipping.per_user_grad_norms` (closed form, no M x M per user),
-  and diag(G) := 0 before the noise (the diagonal is discarded by ``project_``);
+  :func:`dprec_torch.privacy.pnbm_clipping.per_user_grad_norms` (closed form, no M x M per user), and diag(G) := 0
+  before the noise (the diagonal is discarded by ``project_``);
 * the item means r_bar are released first by two Gaussian mechanisms with noise multiplier sigma_0
   (:func:`dprec_torch.privacy.item_means.release_item_means`, ``centred``; L2 sensitivity 1 after per-user weights),
-  recorded in the same Opacus accountant as (sigma_0, q = 1, 2 steps). sigma_0 is chosen so that the
-  means alone would cost ``mean_fraction`` x eps; the SGD's sigma is then calibrated so that the
-  composition of everything is eps (:func:`dprec_torch.privacy.calibration.calibrate_gaussian`);
-* ``init=constant`` starts from S = s0 (1 - I) (data-independent; Eq. (2) is then the item mean plus
-  the user's mean centred rating).
+  recorded in the same Opacus accountant as (sigma_0, q = 1, 2 steps). sigma_0 is chosen so that the means alone would
+  cost ``mean_fraction`` x eps; the SGD's sigma is then calibrated so that the composition of everything is eps
+  (:func:`dprec_torch.privacy.calibration.calibrate_gaussian`);
+* ``init=constant`` starts from S = s0 (1 - I) (data-independent; Eq. (2) is then the item mean plus the user's mean
+  centred rating).
 
 Relation: add/remove one user (Poisson over users). Predictions for u also read u's own ratings.
 
-The low-rank form (``model=pnbm_lowrank``, S = U U^T, :mod:`dprec_torch.models.pnbm_lowrank`): each sampled
-user's whole gradient of U is clipped to Frobenius norm C (the explicit per-user rows), N(0, (sigma C)^2) goes on
-each of the M d entries of U's summed gradient, which is then divided by the expected batch size q N (the model's
+The low-rank form (``model=pnbm_lowrank``, S = U U^T, :mod:`dprec_torch.models.pnbm_lowrank`): each sampled user's
+whole gradient of U is clipped to Frobenius norm C (the explicit per-user rows), N(0, (sigma C)^2) goes on each of the
+M d entries of U's summed gradient, which is then divided by the expected batch size q N (the model's
 ``gradient_reduction = "mean"``), and U <- U - lr (G~ / (q N) + (weight_decay / N) U). The item means are the Gaussian
 release of :mod:`dprec_torch.mechanisms.lowrank_pnbm` (``mean_prior_std``, ``mean_popularity_*``, ``count_weight``;
 share ``mean_fraction`` of mu^2), one entry (1 / mu_m, q = 1, 1 step) of the same Opacus accountant; sigma is the
 smallest that meets eps for [means, T steps]. ``init``, ``init_value``, ``mean_global_fraction`` and
-``mean_shrinkage`` are the full form's and are not read. These are the equations, clip, noise, step and accountant
-of the former ``lowrank_dpsgd`` predictor (without momentum).
+``mean_shrinkage`` are the full form's and are not read.
 """
 
 from __future__ import annotations
@@ -67,13 +58,13 @@ from typing import Any, Iterable
 import torch
 
 from dprec_torch.errors import ConfigError
-from dprec_torch.mechanisms.base import MechanismOptimizer
+from dprec_torch.mechanisms.base import MechanismOptimizer, check_choices
 from dprec_torch.mechanisms.context import TrainingContext, bound_model
-from dprec_torch.mechanisms.dpsgd import INITS, is_pnbm
+from dprec_torch.mechanisms.dpsgd import INITS, is_pnbm, release_pnbm_means
 from dprec_torch.mechanisms.lowrank_pnbm import clip_lowrank, gaussian_mean_multiplier, is_lowrank, release_means
 from dprec_torch.privacy.budget import check_epsilon
 from dprec_torch.privacy.calibration import calibrate_gaussian, gaussian_epsilon
-from dprec_torch.privacy.item_means import ItemMeansSpec, install_item_means, release_item_means
+from dprec_torch.privacy.item_means import ItemMeansSpec
 from dprec_torch.privacy.opacus_accounting import ACCOUNTANTS, OpacusAccountant
 from dprec_torch.privacy.pnbm_clipping import per_user_grad_norms, zero_diagonal_
 
@@ -83,12 +74,8 @@ UNITS = ("rating", "user")
 
 
 class GaussianDPSGD(MechanismOptimizer):
-    """Gaussian DP-SGD; the neighbouring relation is add/remove one ``unit``, so ``relation`` is per
-    instance (= the configured ``unit``).
-
-    The class attribute is ``None`` because the unit is only known from the config: the
-    runner must read ``cfg.mechanism.unit`` (not the class) to pick the batch sampler.
-    """
+    """Gaussian DP-SGD; the neighbouring relation is add/remove one ``unit``, so ``relation`` is per instance (= the
+    configured ``unit``); the class attribute is ``None``: the runner reads ``cfg.mechanism.unit`` to pick the sampler."""
 
     name = "gaussian"
     relation: str | None = None
@@ -109,12 +96,9 @@ class GaussianDPSGD(MechanismOptimizer):
         seed: int | None = None,
     ) -> None:
         epsilon, delta, clip_norm = check_epsilon(epsilon, "mechanism"), float(delta), float(clip_norm)
-        if unit not in UNITS:
-            raise ConfigError(f"mechanism.unit must be one of {UNITS}, got '{unit}'")
+        check_choices(("unit", unit, UNITS), ("accountant", accountant, ACCOUNTANTS))
         if not clip_norm > 0 or math.isinf(clip_norm):
             raise ConfigError(f"mechanism.clip_norm (c) must be a finite number > 0, got {clip_norm}")
-        if accountant not in ACCOUNTANTS:
-            raise ConfigError(f"mechanism.accountant must be one of {ACCOUNTANTS}, got '{accountant}'")
         if not 0 < float(sampling_ratio) <= 1:
             raise ConfigError(f"mechanism.sampling_ratio (q) must be in (0, 1], got {sampling_ratio}")
         if noise_multiplier is not None and not float(noise_multiplier) >= 0:
@@ -130,13 +114,9 @@ class GaussianDPSGD(MechanismOptimizer):
         n_units = context.n_ratings if unit == "rating" else context.n_users
         if private and delta >= 1.0 / max(n_units, 1):
             log.warning("delta=%g is not below 1/#%ss = %g: the (eps, delta) guarantee is weak", delta, unit, 1 / n_units)
-        if noise_multiplier is not None:
-            self.noise_multiplier = float(noise_multiplier)
-        elif math.isfinite(epsilon):
-            self.noise_multiplier = calibrate_gaussian(epsilon, delta, self.sampling_ratio, context.total_steps, accountant,
-                                              search="opacus").sigma
-        else:
-            self.noise_multiplier = 0.0
+        self.noise_multiplier = (float(noise_multiplier) if noise_multiplier is not None
+                                 else calibrate_gaussian(epsilon, delta, self.sampling_ratio, context.total_steps, accountant,
+                                                         search="opacus").sigma if math.isfinite(epsilon) else 0.0)
         self.accountant = OpacusAccountant(accountant)
         self.state["mechanism"]["clipped_fraction"] = 0.0
 
@@ -149,8 +129,7 @@ class GaussianDPSGD(MechanismOptimizer):
     def clip_residuals(self, residuals: torch.Tensor, batch: Any = None, model: Any = None) -> torch.Tensor:
         """Step 2: e_ui <- e_ui min(1, c / ||g_x||) for the unit x holding (u, i)."""
         if model is None or model.per_example_grad_norms is None:  # BaseModel's default: none
-            raise ConfigError(f"mechanism=gaussian needs a model with per_example_grad_norms(); "
-                              f"{type(model).__name__} has none")
+            raise ConfigError(f"mechanism=gaussian needs a model with per_example_grad_norms(); {type(model).__name__} has none")
         if self.unit == "user" and batch.n_targets != batch.ind.values().numel():
             raise ConfigError("mechanism=gaussian unit=user needs user-level batches (every rating of each sampled "
                               "user), but the runner sampled ratings: it must pick the sampler from mechanism.unit")
@@ -166,9 +145,8 @@ class GaussianDPSGD(MechanismOptimizer):
 
     # ---------------------------------------------------------- reporting
     def planned_epsilon(self) -> float:
-        """The accountant's epsilon after all T = context.total_steps steps."""
-        return gaussian_epsilon([(self.noise_multiplier, self.sampling_ratio, self.context.total_steps)], self.delta,
-                                self.accountant_name)
+        """The accountant's epsilon after the whole :meth:`planned_history` (inf when sigma = 0)."""
+        return gaussian_epsilon(self.planned_history(), self.delta, self.accountant_name)
 
     def epsilon_spent(self) -> float:
         """The Opacus accountant's epsilon for the steps taken so far (at ``delta``)."""
@@ -186,8 +164,7 @@ class GaussianDPSGD(MechanismOptimizer):
             "mechanism": f"gaussian DP-SGD (per-example clipping + Gaussian noise, unit={self.unit})",
             "relation": self.unit,
             "guarantee": f"(eps, delta)-DP for add/remove of {unit_words}",
-            # Opacus's accounting is add/remove: a CHANGED rating (or profile) is two such steps, i.e. the
-            # group-of-2 guarantee, not this epsilon (the harness checks the add/remove sensitivity c)
+            # Opacus's accounting is add/remove: a CHANGED one is the group-of-2 guarantee (the harness checks sensitivity c)
             "neighbouring": f"add/remove {unit_words} (changing one is 2 add/remove steps: not covered at this epsilon)",
             "sensitivity": {"clip_norm": self.clip_norm, "norm": "L2", "of": f"the summed clipped gradients, per {self.unit}"},
             "noise": {"distribution": "Gaussian", "noise_multiplier": self.noise_multiplier, "std": self.noise_std},
@@ -214,11 +191,6 @@ class GaussianDPSGD(MechanismOptimizer):
 
 # ---------------------------------------------------------------------------------------------- the PNBM form
 MEAN_RELEASES = 2  # global mean, then the item statistics
-
-
-def trains(model: Any) -> bool:
-    """Whether the PNBM form trains the bound ``model``: PNBM, full (:func:`~dprec_torch.mechanisms.dpsgd.is_pnbm`) or low-rank."""
-    return is_pnbm(model) or is_lowrank(model)
 
 
 class GaussianPNBM(GaussianDPSGD):
@@ -257,13 +229,12 @@ class GaussianPNBM(GaussianDPSGD):
                               "from epsilon, after the item means' share): set it to null and choose epsilon")
         if unit != "user":
             raise ConfigError("mechanism=gaussian with PNBM needs unit=user (a rating enters every other target of its user)")
-        if init not in INITS:
-            raise ConfigError(f"mechanism.init must be one of {INITS}, got '{init}'")
+        check_choices(("init", init, INITS))
         if not 0 < float(mean_fraction) < 1:
             raise ConfigError(f"mechanism.mean_fraction must be in (0, 1), got {mean_fraction}")
         model = model if model is not None else bound_model(context)
         self.lowrank = is_lowrank(model)
-        if not trains(model):
+        if not (is_pnbm(model) or self.lowrank):  # the PNBM form trains PNBM, full or low-rank
             raise ConfigError(f"GaussianPNBM trains PNBM only, got {type(model).__name__}")
         q, steps = min(1.0, float(sampling_ratio)), int(context.total_steps)
         self.mean_releases = 1 if self.lowrank else MEAN_RELEASES
@@ -281,8 +252,6 @@ class GaussianPNBM(GaussianDPSGD):
             sigma = calibrate_gaussian(epsilon, delta, q, steps, accountant, prior=[(self.mean_sigma, 1.0, self.mean_releases)]).sigma
         super().__init__(params, context, epsilon, delta=delta, unit="user", clip_norm=clip_norm, noise_multiplier=sigma,
                          accountant=accountant, lr=lr, weight_decay=weight_decay, sampling_ratio=q, seed=seed)
-        self.model_ref = model
-        self.mean_release = None
         self.releases_item_means = self.mean_sigma > 0  # by prepare(), recorded in the accountant as (sigma_0, 1, releases)
         self.mean_global_fraction, self.mean_shrinkage = float(mean_global_fraction), float(mean_shrinkage)
         self.init, self.init_value = init, float(init_value)
@@ -296,11 +265,7 @@ class GaussianPNBM(GaussianDPSGD):
             self.mean_release = release_means(model, 1.0 / self.mean_sigma, "gaussian", self.mean_options, self.generator)
             self.accountant.step(self.mean_sigma, 1.0, steps=1)
         elif self.releases_item_means:
-            self.mean_release = release_item_means(model.history, ItemMeansSpec("centred", "user", "gaussian",
-                                                                                global_fraction=self.mean_global_fraction,
-                                                                                shrinkage=self.mean_shrinkage),
-                                                   self.generator, noise_multiplier=self.mean_sigma)
-            install_item_means(model, self.mean_release)
+            release_pnbm_means(self, model, "user", "gaussian", noise_multiplier=self.mean_sigma)
             self.accountant.step(self.mean_sigma, 1.0, steps=MEAN_RELEASES)
         if self.init == "constant" and not self.lowrank:
             with torch.no_grad():
@@ -319,44 +284,27 @@ class GaussianPNBM(GaussianDPSGD):
 
     def add_noise(self) -> None:
         """diag(G) := 0, then the parent's N(0, (sigma c)^2) on every entry and the accountant step."""
-        for group in self.param_groups:
-            for p in group["params"]:
-                if not self.lowrank and p.grad is not None and p.dim() == 2 and p.shape[0] == p.shape[1]:
-                    zero_diagonal_(p.grad)
+        for g in self.grads():
+            if not self.lowrank and g.dim() == 2 and g.shape[0] == g.shape[1]:
+                zero_diagonal_(g)
         super().add_noise()
 
     def planned_history(self) -> list[list[float]]:
         """The item means' entry, then the T steps (what :meth:`planned_epsilon` composes)."""
         return ([[self.mean_sigma, 1.0, self.mean_releases]] if self.mean_sigma > 0 else []) + super().planned_history()
 
-    def planned_epsilon(self) -> float:
-        hist = [(self.mean_sigma, 1.0, self.mean_releases)] if self.mean_sigma > 0 else []
-        if self.noise_multiplier <= 0:
-            return math.inf
-        if self.lowrank:  # memoised (asked every epoch)
-            return gaussian_epsilon((*hist, (self.noise_multiplier, self.sampling_ratio, self.context.total_steps)),
-                                    self.delta, self.accountant_name)
-        return gaussian_epsilon(hist + [(self.noise_multiplier, self.sampling_ratio, self.context.total_steps)],
-                                self.delta, self.accountant_name)
-
-    def epsilon_spent(self) -> float:
-        if self.lowrank:  # the same accountant's figure, memoised per history
-            return gaussian_epsilon(self.accountant.history, self.delta, self.accountant_name)
-        return super().epsilon_spent()
-
     def privacy_report(self) -> dict[str, Any]:
         report = super().privacy_report()
+        report["item_means"] = self.mean_release.report() if self.mean_release is not None else None
         if self.lowrank:
             report["mechanism"] = ("gaussian DP-SGD for the low-rank PNBM S = U U^T (per-user Frobenius clipping of "
                                    "dL_u/dU, DP item means)")
-            report["item_means"] = self.mean_release.report() if self.mean_release is not None else None
             report["analysis"] += (f" Item means: one Gaussian release with noise multiplier {self.mean_sigma:.4g} (L2 "
                                    "sensitivity 1) in the same accountant. The noisy sum is divided by the expected batch "
                                    "size q N (N = the number of user ids, treated as public). b_u and p_u are computed by "
                                    "each user from the released U and r_bar and their own ratings (joint DP).")
-            return report
-        report["mechanism"] = "gaussian DP-SGD for PNBM (per-user L2 clipping of G_u, DP item means)"
-        report["item_means"] = self.mean_release.report() if self.mean_release is not None else None
-        report["analysis"] += (f" Item means: 2 Gaussian releases with sigma_0={self.mean_sigma:.4g} in the same accountant."
-                               " Predictions for u also read u's own ratings (joint DP).")
+        else:
+            report["mechanism"] = "gaussian DP-SGD for PNBM (per-user L2 clipping of G_u, DP item means)"
+            report["analysis"] += (f" Item means: 2 Gaussian releases with sigma_0={self.mean_sigma:.4g} in the same "
+                                   "accountant. Predictions for u also read u's own ratings (joint DP).")
         return report

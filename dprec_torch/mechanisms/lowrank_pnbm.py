@@ -1,14 +1,13 @@
 """What every private mechanism does alike for the low-rank PNBM (``model.similarity=lowrank``; the model is
-:class:`~dprec_torch.models.pnbm_lowrank.LowRankPNBM`): the DP item means, their share of the budget, and the
-per-user clip of U's gradient. The mechanisms (``gaussian``, ``sgld``, ``dpsgd``) call these and keep
-their own step.
+:class:`~dprec_torch.models.pnbm_lowrank.LowRankPNBM`): the DP item means, their share of the budget, and the per-user
+clip of U's gradient. The mechanisms (``gaussian``, ``sgld``, ``dpsgd``) call these and keep their own step.
 
-Item means (the former ``lowrank_dpsgd``'s release: :func:`dprec_torch.privacy.item_means.release_item_means`'s
-``posterior`` estimator, user level, L2 sensitivity 1 of the weighted item statistics (S, gamma C)):
+Item means (:func:`dprec_torch.privacy.item_means.release_item_means`'s ``posterior`` estimator, user level, L2
+sensitivity 1 of the weighted item statistics (S, gamma C)):
 
 * Gaussian mechanisms (``gaussian``, ``sgld``): the means get mu_m = sqrt(``mean_fraction``) x mu_total, where
-  mu_total is the mu of ONE unsampled Gaussian release that the accountant puts at exactly (eps, delta)
-  (noise multiplier 1 / mu_total = :func:`~dprec_torch.privacy.calibration.calibrate_gaussian` at q = 1, one step); i.e. the
+  mu_total is the mu of ONE unsampled Gaussian release that the accountant puts at exactly (eps, delta) (noise
+  multiplier 1 / mu_total = :func:`~dprec_torch.privacy.calibration.calibrate_gaussian` at q = 1, one step); i.e. the
   means take the share ``mean_fraction`` of mu^2 and enter the accountant as (1 / mu_m, q = 1, 1 step) before the
   steps. The steps' noise is then calibrated so that the whole history meets eps.
 * the Laplace mechanism (``dpsgd``): the means are a pure eps_0 = ``mean_fraction`` x eps release (L1 sensitivity 1),
@@ -62,10 +61,7 @@ def clip_lowrank(mechanism: Any, residuals: torch.Tensor, batch: Any, model: Low
     """e'_ui <- e'_ui min(1, c / ||g_u||_p) per user (c = ``mechanism.clip_norm``): clips each sampled user's whole
     gradient of U (:meth:`LowRankPNBM.per_user_gradient_rows`, the explicit rows; L2 = Frobenius or L1)."""
     rows, norms2 = model.per_user_gradient_rows(batch, residuals)
-    if p == 2:
-        norms = norms2
-    else:
-        norms = torch.zeros_like(norms2).index_add_(0, batch.rows, rows.abs().sum(1))
+    norms = norms2 if p == 2 else torch.zeros_like(norms2).index_add_(0, batch.rows, rows.abs().sum(1))
     clipped = mechanism.clip_by_norm(residuals, norms, batch.rows)
     # the released gradient is these rows times each user's factor (float64): its user parts have norm <= c exactly
     factor = clip_factors(norms.double(), mechanism.clip_norm).index_select(0, batch.rows)

@@ -1,21 +1,17 @@
 """``mechanism=laplace_output``: Laplace output perturbation (Park & Acharya 2011, Sec. 3.2; Theorem 2.1).
 
-Every released prediction ``f_ij`` gets independent ``Lap(b)`` noise with scale
-``b = Delta f / epsilon`` (scale, not std: std = ``b * sqrt(2)``), where ``Delta f`` is the
-wrapped predictor's :meth:`output_sensitivity` (Theorem 3.1 for Slope One, Theorem 3.2
-for cosine). The noise is added to the *unclipped* output the theorem bounds
-(``raw_predict``/``score`` when the predictor has them); clipping afterwards is
-post-processing.
+Every released prediction ``f_ij`` gets independent ``Lap(b)`` noise with scale ``b = Delta f / epsilon`` (scale, not
+std: std = ``b * sqrt(2)``), where ``Delta f`` is the wrapped predictor's :meth:`output_sensitivity` (Theorem 3.1 for
+Slope One, Theorem 3.2 for cosine). The noise is added to the *unclipped* output the theorem bounds
+(``raw_predict``/``score`` when the predictor has them); clipping afterwards is post-processing.
 
-What epsilon covers. The configured epsilon (as in the paper) calibrates the noise of ONE
-released prediction (per query). One rating reaches every prediction through the item-item
-matrix, so the released values do not depend on disjoint data and parallel composition does
-not apply: releasing q predictions is ``q * epsilon_query``-DP by basic composition, and a
-top-N list ranked from M noised scores costs ``M * epsilon_query`` for that user.
-:meth:`LaplaceOutputPredictor.privacy_report` counts the values released so far and headlines
-that composed total as ``epsilon`` (what the run's releases cost together), with the per-query
-figure beside it (``epsilon_per_query``, which is larger than the configured epsilon where the
-paper's sensitivity is loose, ``sensitivity_report`` of the predictor).
+What epsilon covers. The configured epsilon (as in the paper) calibrates the noise of ONE released prediction (per
+query). One rating reaches every prediction through the item-item matrix, so the released values do not depend on
+disjoint data and parallel composition does not apply: releasing q predictions is ``q * epsilon_query``-DP by basic
+composition, and a top-N list ranked from M noised scores costs ``M * epsilon_query`` for that user.
+:meth:`LaplaceOutputPredictor.privacy_report` counts the values released so far and headlines that composed total as
+``epsilon``, with the per-query figure beside it (``epsilon_per_query``: above the configured epsilon where the
+predictor's ``sensitivity_report`` finds the paper's sensitivity loose).
 """
 
 from __future__ import annotations
@@ -53,10 +49,8 @@ class LaplaceOutput:
 
     def wrap(self, predictor: Any) -> "LaplaceOutputPredictor":
         if not hasattr(predictor, "output_sensitivity"):  # Delta f (any predictor: no shared base to default it)
-            raise ConfigError(
-                f"mechanism=laplace_output needs a model with output_sensitivity() (Delta f); "
-                f"{type(predictor).__name__} has none -- use model=slope_one or model=cosine_implicit"
-            )
+            raise ConfigError(f"mechanism=laplace_output needs a model with output_sensitivity() (Delta f); "
+                              f"{type(predictor).__name__} has none -- use model=slope_one or model=cosine_implicit")
         return LaplaceOutputPredictor(predictor, self.epsilon, self.seed)
 
 
@@ -78,9 +72,7 @@ class LaplaceOutputPredictor:
         self.predictor.fit(train)
         delta_f = self.sensitivity
         if math.isinf(delta_f) and math.isfinite(self.epsilon):
-            raise ConfigError(
-                "laplace_output: the model's Delta f is infinite (Slope One with phi_m=0); set model.phi_m >= 1"
-            )
+            raise ConfigError("laplace_output: the model's Delta f is infinite (Slope One with phi_m=0); set model.phi_m >= 1")
         log.info("laplace_output: Delta f = %.4g, epsilon = %g, noise scale b = %.4g", delta_f, self.epsilon, self.noise_scale)
         return self
 
@@ -113,11 +105,8 @@ class LaplaceOutputPredictor:
         return 0.0 if math.isinf(self.epsilon) else self.sensitivity / self.epsilon
 
     def perturb(self, values: torch.Tensor) -> torch.Tensor:
-        """Release precomputed outputs ``f``: ``f + Lap(b)`` elementwise (counted like any release).
-
-        :meth:`release` and :meth:`release_scores` call this; studies that reuse ``f`` across
-        many noise draws call it directly.
-        """
+        """Release precomputed outputs ``f``: ``f + Lap(b)`` elementwise, counted (:meth:`release`, :meth:`release_scores`;
+        studies that reuse ``f`` across many noise draws call it directly)."""
         values = values.double()
         self.n_released_ += values.numel()
         if self.noise_scale == 0.0:

@@ -16,29 +16,21 @@ from dprec_torch.mechanisms.context import TrainingContext
 class MapSGD(MechanismOptimizer):
     """S <- S - eta_t (beta G + lambda S)  (Eq. (4); Alg. 1 line 7 without noise), eta_t = lr x lr_decay^epoch.
 
-    With a model that declares ``gradient_reduction = "mean"`` (MF), G has been divided by the expected
-    batch size B and lambda by #units before this update (see :mod:`dprec_torch.mechanisms.base`).
-
-    ``beta`` also rescales the initialisation once (Alg. 1 line 1): S^(1) <- beta S^(1).
-    ``lr_decay`` multiplies the step once per epoch (epoch = (t - 1) // steps_per_epoch, 0-based; 1 = the constant
-    step of Alg. 1): a large step early, a small one late, below the noise floor of a constant mini-batch step.
-    ``rating_reg`` (lambda_r, default 0 = off) adds the classic SGD-MF per-visited-rating penalty
-    (Koren et al. 2009 Eq. (5); Berlioz et al.'s lambda): each batch target (u, i) contributes
-    lambda_r (b_u, b_i, p_u, q_i) to the gradient of the rows it touches, through the model's
-    ``visit_penalty`` (MF), before the division by B. It exists only here, in the non-private mechanism: the
-    penalty's gradient reveals which ratings exist and is not linear in the residuals, so the residual-scaling
-    clip of the private mechanisms would not bound it.
-    ``per_rating_step`` (default False): ``lr`` is the step of each sampled rating, not the step on the batch
-    mean: the applied step is lr x B (B = the expected batch size q n the template divides G by), so a step is
-    lr (sum_batch e_ui d r_hat_ui/d theta + q lambda theta) -- sequential SGD-MF's per-rating step gamma
-    (Koren et al. 2009; Berlioz et al. 2015), taken for a whole batch at once. A row (b_u, p_u, b_i, q_i) then
-    moves by lr x the sum over ITS OWN sampled ratings, whatever the number of other users and items: one
-    ``lr`` means the same on ML-100K and ML-1M (docs/mf.md). A batch takes its visits to a row at once, not one
-    after the other, so each row's step is capped at the Newton step of its bias over them: the row's gradient is
-    divided by max(1, lr k_row), k_row = the model's ``batch_visits`` (MF: the targets that read the row; s^2 |batch|
-    for the global bias g, which every rating reads). The cap leaves every row whose batch visits lr k <= 1
-    (per-rating steps, as above) and keeps mu and the most-rated items stable at any dataset size. It needs a
-    model that counts its visits (MF); PNBM's summed step already is per rating.
+    With ``gradient_reduction = "mean"`` (MF), G has been divided by the expected batch size B and lambda by #units
+    before this update (:mod:`dprec_torch.mechanisms.base`). ``beta`` also rescales the initialisation once (Alg. 1
+    line 1): S^(1) <- beta S^(1). ``lr_decay`` multiplies the step once per epoch (epoch = (t - 1) // steps_per_epoch,
+    0-based; 1 = the constant step of Alg. 1).
+    ``rating_reg`` (lambda_r, default 0 = off) adds the classic SGD-MF per-visited-rating penalty (Koren et al. 2009
+    Eq. (5); Berlioz et al.'s lambda): each batch target (u, i) contributes lambda_r (b_u, b_i, p_u, q_i) to the gradient
+    of the rows it touches (the model's ``visit_penalty``, MF), before the division by B. Non-private only: the
+    penalty's gradient reveals which ratings exist and is not linear in the residuals, so no residual-scaling clip
+    bounds it.
+    ``per_rating_step`` (default False): ``lr`` is the step of each sampled rating, not of the batch mean: the applied
+    step is lr x B, i.e. lr (sum_batch e_ui d r_hat_ui/d theta + q lambda theta) -- sequential SGD-MF's per-rating step
+    gamma (Koren et al. 2009; Berlioz et al. 2015) for a whole batch at once, so one ``lr`` means the same on ML-100K
+    and ML-1M (docs/mf.md). A batch takes its visits to a row at once, so each row's step is capped at the Newton step
+    of its bias over them: the row's gradient is divided by max(1, lr k_row), k_row = the model's ``batch_visits`` (MF:
+    the targets that read the row; s^2 |batch| for the global bias g). It needs a model that counts its visits (MF).
     Neighbouring relation: none (non-private).
     """
 

@@ -3,45 +3,42 @@
 Neighbouring relation: user-level (add/remove one user's whole profile, each user capped at tau ratings).
 Alg. 2, line 5:
     S <- S - (eps_s / 4B) (eta_t / 2) (L g_bar + lambda (S - S_0) o H^-1) + z_t,   z_t ~ N(0, rho eta_t)
-with eta_t = eta_1 t^(-xi), L g_bar = (1/gamma) sum over the mini-batch (the unbiased estimate of the
-full-data gradient of sum_{(u,i)} e_ui^2 / 2), H the prior correction of Sec. 4.2 (Eq. (11)) and S_0
-the centre of the Gaussian prior (the paper: 0).
+with eta_t = eta_1 t^(-xi), L g_bar = (1/gamma) sum over the mini-batch (the unbiased estimate of the full-data
+gradient of sum_{(u,i)} e_ui^2 / 2), H the prior correction of Sec. 4.2 (Eq. (11)) and S_0 the centre of the Gaussian
+prior (the paper: 0).
 
-Privacy (Wang et al. 2015, used by Theorem 2). One EXACT sample from the posterior scaled by
-eps_s/(4B) is eps_s-DP when every user's log-likelihood sum_{i in R_u} e_ui^2 / 2 is bounded by B
-and the prior does not depend on the data. SGLD with noise N(0, rho eta_t) instead of N(0, eta_t)
-samples the posterior raised to 1/rho: the epsilon of an exact sample is eps_s/rho. SGLD after
-finitely many steps only APPROXIMATES that sample, so the released parameters are
-(eps, (1 + e^eps) delta)-DP with delta the total-variation distance of the chain's law from the
-target posterior, which nobody quantifies here. That delta is not small: after 20 steps at q = 1 the
-chain's per-coordinate variance is 1.12x the target's, so over ~20K coordinates the two laws are
-essentially disjoint (delta ~ 1). No epsilon is therefore defended: every form reports
-``epsilon: null`` and puts the exact-sample figure beside it as ``epsilon_if_exact_sample`` (labelled);
-the ledger books the missing delta as "not established", never as 0.
+Privacy (Wang et al. 2015, used by Theorem 2). One EXACT sample from the posterior scaled by eps_s/(4B) is eps_s-DP
+when every user's log-likelihood sum_{i in R_u} e_ui^2 / 2 is bounded by B and the prior does not depend on the data.
+SGLD with noise N(0, rho eta_t) instead of N(0, eta_t) samples the posterior raised to 1/rho: the epsilon of an exact
+sample is eps_s/rho. SGLD after finitely many steps only APPROXIMATES that sample, so the released parameters are
+(eps, (1 + e^eps) delta)-DP with delta the total-variation distance of the chain's law from the target posterior,
+which nobody quantifies here. That delta is not small: after 20 steps at q = 1 the chain's per-coordinate variance is
+1.12x the target's, so over ~20K coordinates the two laws are essentially disjoint (delta ~ 1). No epsilon is
+therefore defended: every form reports ``epsilon: null`` and puts the exact-sample figure beside it as
+``epsilon_if_exact_sample`` (labelled); the ledger books the missing delta as "not established", never as 0.
 
 The bound B (``likelihood_bound``):
-  * ``paper``: B = phi^2 tau, phi = r_max - r_min (Wang & Tang). It holds when |e_ui| <= phi, i.e. for
-    a model whose training predictions are clipped to the scale (MF, ``clip_training_predictions``).
-    PNBM's Eq. (2) gives r_hat in [r_bar_i - phi, r_bar_i + phi], so |e_ui| <= 2 phi and the true bound
-    is 4 phi^2 tau: the epsilon REPORTED is then (e_max/phi)^2 x eps_s/rho, not eps_s/rho.
-  * ``model``: B = e_max^2 tau with e_max the model's own error bound (phi for clipped predictions,
-    2 phi for PNBM), used in the update itself, so the reported epsilon is eps_s/rho.
+  * ``paper``: B = phi^2 tau, phi = r_max - r_min (Wang & Tang). It holds when |e_ui| <= phi, i.e. for a model whose
+    training predictions are clipped to the scale (MF, ``clip_training_predictions``). PNBM's Eq. (2) gives r_hat in
+    [r_bar_i - phi, r_bar_i + phi], so |e_ui| <= 2 phi and the true bound is 4 phi^2 tau: the epsilon REPORTED is then
+    (e_max/phi)^2 x eps_s/rho, not eps_s/rho.
+  * ``model``: B = e_max^2 tau with e_max the model's own error bound (phi for clipped predictions, 2 phi for PNBM),
+    used in the update itself, so the reported epsilon is eps_s/rho.
 
 Two forms (conf/mechanism/):
-  * ``mechanism=sgld`` (default; provable): rho = 1, ``likelihood_bound: model``, no data-dependent H,
-    and for PNBM the item means r_bar are released first by the Laplace mechanism
-    (:mod:`dprec_torch.privacy.item_means`, eps_0 = ``mean_fraction`` x eps, user level); the sample
-    gets eps_s = eps - eps_0, so eps_0 + eps_s, the typed epsilon, is what an EXACT sample would cost.
-    ``prior_kappa`` keeps the stationary law's prior precision kappa = (eps_s/4B) lambda
-    fixed across epsilons (lambda = kappa 4B / eps_s), and ``prior_mean`` centres the prior at the
+  * ``mechanism=sgld`` (default; provable): rho = 1, ``likelihood_bound: model``, no data-dependent H, and for PNBM
+    the item means r_bar are released first by the Laplace mechanism (:mod:`dprec_torch.privacy.item_means`, eps_0 =
+    ``mean_fraction`` x eps, user level); the sample gets eps_s = eps - eps_0, so eps_0 + eps_s, the typed epsilon, is
+    what an EXACT sample would cost. ``prior_kappa`` keeps the stationary law's prior precision kappa = (eps_s/4B)
+    lambda fixed across epsilons (lambda = kappa 4B / eps_s), and ``prior_mean`` centres the prior at the
     data-independent start S_0 = s_0 (1 - I) of ``init: constant``.
-  * ``mechanism=sgld_paper`` (paper-faithful): rho = 0.004 (the paper's code), B = phi^2 tau, H, a
-    prior at 0, and PNBM's EXACT training item means, which no noise covers: no epsilon is defended
-    for the released model (``epsilon`` null); ``epsilon_for_sample_only`` is what the sample of S
-    alone would cost. Releasing the mean of m thinned samples costs m times the per-sample epsilon.
+  * ``mechanism=sgld_paper`` (paper-faithful): rho = 0.004 (the paper's code), B = phi^2 tau, H, a prior at 0, and
+    PNBM's EXACT training item means, which no noise covers: no epsilon is defended for the released model
+    (``epsilon`` null); ``epsilon_for_sample_only`` is what the sample of S alone would cost. Releasing the mean of m
+    thinned samples costs m times the per-sample epsilon.
 
-The low-rank PNBM (``model=pnbm_lowrank``) is trained under ``mechanism=sgld`` by another class, the clipped, accounted
-chain :class:`~dprec_torch.mechanisms.clipped_sgld.ClippedSGLD` (:data:`dprec_torch.forms.FORMS`); this is the posterior chain.
+This is the posterior chain; the low-rank PNBM (``model=pnbm_lowrank``) is trained under ``mechanism=sgld`` by the
+clipped, accounted chain :class:`~dprec_torch.mechanisms.clipped_sgld.ClippedSGLD` (:data:`dprec_torch.forms.FORMS`).
 """
 
 from __future__ import annotations
@@ -52,11 +49,10 @@ from typing import Any, Iterable
 import torch
 
 from dprec_torch.errors import ConfigError
-from dprec_torch.mechanisms.base import MechanismOptimizer
+from dprec_torch.mechanisms.base import MechanismOptimizer, check_choices
 from dprec_torch.mechanisms.context import TrainingContext, bound_model
-from dprec_torch.mechanisms.dpsgd import is_pnbm
+from dprec_torch.mechanisms.dpsgd import is_pnbm, release_pnbm_means
 from dprec_torch.privacy.budget import check_epsilon
-from dprec_torch.privacy.item_means import ItemMeansSpec, install_item_means, release_item_means
 
 BOUNDS = ("paper", "model")
 INITS = ("random", "constant")
@@ -65,17 +61,13 @@ INITS = ("random", "constant")
 def error_bound(model: Any, span: float) -> float | None:
     """Largest |e_ui| = |r_hat_ui - r_ui| the model can produce while training (None: not bounded).
 
-    MF with ``clip_training_predictions``: clip(r_hat) and r both lie in the scale, so phi. PNBM
-    (Eq. (2)): r_hat - r_bar_i is a weighted average (weights s_ij / max(C, sum |s_ij|), absolute sum
-    <= 1) of centred ratings in [-phi, phi], and r_bar_i, r lie in the scale, so 2 phi.
+    MF with ``clip_training_predictions``: clip(r_hat) and r both lie in the scale, so phi. PNBM (Eq. (2)): r_hat - r_bar_i
+    is a weighted average (weights s_ij / max(C, sum |s_ij|), absolute sum <= 1) of centred ratings in [-phi, phi], and
+    r_bar_i, r lie in the scale, so 2 phi.
     """
-    if model is None:
-        return None
-    if model.clip_training_predictions:
+    if model is not None and model.clip_training_predictions:
         return span
-    if is_pnbm(model):
-        return 2.0 * span
-    return None
+    return 2.0 * span if is_pnbm(model) else None
 
 
 class ScaledPosteriorSGLD(MechanismOptimizer):
@@ -111,10 +103,7 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
         epsilon = check_epsilon(epsilon, "mechanism")
         if not 0 < temperature <= 1:
             raise ConfigError(f"mechanism.temperature (rho) must be in (0, 1], got {temperature}")
-        if likelihood_bound not in BOUNDS:
-            raise ConfigError(f"mechanism.likelihood_bound must be one of {BOUNDS}, got '{likelihood_bound}'")
-        if init not in INITS:
-            raise ConfigError(f"mechanism.init must be one of {INITS}, got '{init}'")
+        check_choices(("likelihood_bound", likelihood_bound, BOUNDS), ("init", init, INITS))
         if not 0 <= float(mean_fraction) < 1:
             raise ConfigError(f"mechanism.mean_fraction must be in [0, 1), got {mean_fraction}")
         if prior_kappa is not None and not float(prior_kappa) > 0:
@@ -144,7 +133,7 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
         self.B = (span**2 if likelihood_bound == "paper" else self.e_max**2) * self.tau
         self.B_true = None if self.e_max is None else self.e_max**2 * self.tau
         # DP item means first (PNBM, released by prepare()): the rest of the budget goes to the sample
-        self.mean_release, self.mean_epsilon = None, 0.0
+        self.mean_epsilon = 0.0
         if self.pnbm and float(mean_fraction) > 0 and math.isfinite(epsilon):
             self.mean_epsilon = float(mean_fraction) * epsilon
         self.releases_item_means = self.mean_epsilon > 0
@@ -168,11 +157,7 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
         if self.releases_item_means:
             if model.history is None:
                 raise ConfigError("mechanism=sgld needs the PNBM attached to its training data before the mechanism")
-            self.mean_release = release_item_means(model.history, ItemMeansSpec("centred", "user", "laplace",
-                                                                                global_fraction=self.mean_global_fraction,
-                                                                                shrinkage=self.mean_shrinkage),
-                                                   self.generator, epsilon=self.mean_epsilon)
-            install_item_means(model, self.mean_release)
+            release_pnbm_means(self, model, "user", "laplace", epsilon=self.mean_epsilon)
         with torch.no_grad():  # starting point of the chain only (data-independent)
             for p in self.param_groups[0]["params"]:
                 if self.init == "constant" and self.pnbm and p.dim() == 2 and p.shape[0] == p.shape[1]:
@@ -209,10 +194,8 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
     def scale_grad(self) -> None:
         """L g_bar = (1/gamma) sum over the batch (unbiased for the full-data gradient sum)."""
         if self.sampling_ratio < 1:
-            for group in self.param_groups:
-                for p in group["params"]:
-                    if p.grad is not None:
-                        p.grad.div_(self.sampling_ratio)
+            for g in self.grads():
+                g.div_(self.sampling_ratio)
 
     def apply_update(self) -> None:
         """Alg. 2 line 5 (prior centred at ``prior_mean`` off the diagonal; PNBM's diagonal is projected to 0)."""
@@ -250,16 +233,10 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
         an exact sample would cost)."""
         return math.inf
 
-    def releases_exact_statistics(self) -> bool:
-        """True when the model also releases non-private training statistics (PNBM's exact item means)."""
-        model = self.context.model
-        return model is not None and model.centres_on_item_means and self.mean_release is None
-
     def privacy_report(self) -> dict[str, Any]:
-        k = self.context.total_steps
-        sample = self.sample_epsilon_delivered()
-        eps_sample = sample  # one sample is released (the last state of the chain)
-        exact_means = self.releases_exact_statistics()
+        eps_sample = self.sample_epsilon_delivered()  # one sample is released (the last state of the chain)
+        model = self.context.model  # does it also release non-private training statistics (PNBM's exact item means)?
+        exact_means = model is not None and model.centres_on_item_means and self.mean_release is None
         # what an EXACT posterior sample would cost; the chain's delta is unknown (~1), so nothing is defended
         eps_exact = None if (exact_means or eps_sample is None) else self.mean_epsilon + eps_sample
         provable = self.bound_mode == "model" and not exact_means
@@ -288,11 +265,11 @@ class ScaledPosteriorSGLD(MechanismOptimizer):
                           "(Wang et al. 2015), but SGLD only approximates it, giving (eps, (1 + e^eps) delta) with delta "
                           "the chain's total-variation distance from the posterior, which is not established (after "
                           "finitely many steps it can be ~1)"),
-            "sensitivity": {"log_likelihood_bound_B": self.B_true if self.B_true is not None else None,
+            "sensitivity": {"log_likelihood_bound_B": self.B_true,
                             "B_in_update": self.B, "error_bound_e_max": self.e_max,
                             "formula": "B = e_max^2 tau (paper: phi^2 tau, phi = r_max - r_min)", "tau": self.tau},
             "noise": f"Gaussian z_t ~ N(0, rho eta_t), rho={self.rho}, eta_1={self.eta1}, xi={self.decay}",
-            "steps": k,
+            "steps": self.context.total_steps,
             "sampling_ratio": self.sampling_ratio,
             "temperature": self.rho,
             "posterior_scale": self.posterior_scale,

@@ -13,14 +13,24 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from dprec_torch.errors import ConfigError
 from dprec_torch.interfaces import MeanFallback
+
+
+def check_settings(*checks: tuple) -> None:
+    """The first invalid ``model.<name>`` as one :class:`ConfigError`: (name, value, allowed) must be one of ``allowed``,
+    (name, value) must be > 0."""
+    for name, value, *allowed in checks:
+        if allowed and value not in allowed[0]:
+            raise ConfigError(f"model.{name} must be one of {allowed[0]}, got '{value}'")
+        if not allowed and value <= 0:
+            raise ConfigError(f"model.{name} must be > 0, got {value}")
 
 
 class BaseModel(nn.Module):
     """An ``nn.Module`` trained under a mechanism; the defaults say "has no such capability"."""
 
-    #: what ``lr`` is a step on: ``sum`` (the paper's summed G) or ``mean`` (the mechanisms divide the clipped,
-    #: noised sum by the expected batch size; mechanisms/base.py)
+    #: what ``lr`` is a step on: ``sum`` (the paper's summed G) or ``mean`` (the clipped, noised sum / expected batch size)
     gradient_reduction = "sum"
     #: a step reads the batch's history blocks ``x``/``ind``; False: the rating-level sampler skips building them
     reads_history = True

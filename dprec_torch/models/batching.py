@@ -1,9 +1,8 @@
 """Mini-batches of users with their full rating history, as sparse CSR blocks.
 
-A batch carries the *history* of each sampled user (all of their training
-ratings, needed by Eq. (2)) and the *targets* (the ratings whose error enters
-the loss). With rating-level sampling the targets are a subset of the history;
-with user-level sampling they are the whole history.
+A batch carries the *history* of each sampled user (all of their training ratings, needed by Eq. (2)) and the
+*targets* (the ratings whose error enters the loss). With rating-level sampling the targets are a subset of the
+history; with user-level sampling they are the whole history.
 """
 
 from __future__ import annotations
@@ -38,6 +37,11 @@ class UserBatch:
         return int(self.values.numel())
 
 
+def same_key(a: tuple, b: tuple) -> bool:
+    """Whether two cache keys match: tensors by identity, everything else by ``==``."""
+    return len(a) == len(b) and all(x is y if isinstance(x, torch.Tensor) else x == y for x, y in zip(a, b))
+
+
 #: densify a |B| x M history block on an accelerator up to this many bytes (per block, per dtype)
 DENSE_ROWS_MAX_BYTES = 1 << 30
 
@@ -45,11 +49,9 @@ DENSE_ROWS_MAX_BYTES = 1 << 30
 def dense_gemm_wins(n_rows: int, n_cols: int, device: torch.device) -> bool:
     """Whether a |B| x M history block times a dense M x K matrix runs as a dense GEMM on ``device``.
 
-    Chosen by measured cost, not by sparsity: on an H200, R(ML-1M, 4 % dense) x S took 13.8 ms
-    a call as cuSPARSE ``csrmm`` and under 2 ms as a dense float32 GEMM (measured;
-    ``experiments/benchmarks/gpu_bench.py`` re-measures both per device, the ``gemm`` row). On the CPU the
-    CSR product is the faster one and the CPU numbers stay bit for bit what they were. The dense
-    block must fit in :data:`DENSE_ROWS_MAX_BYTES`; past that the CSR product bounds the memory.
+    Chosen by measured cost, not by sparsity: on an H200, R(ML-1M, 4 % dense) x S took 13.8 ms a call as cuSPARSE
+    ``csrmm`` and under 2 ms as a dense float32 GEMM (``experiments/benchmarks/gpu_bench.py``, the ``gemm`` row). On the
+    CPU the CSR product is the faster one. The dense block must fit in :data:`DENSE_ROWS_MAX_BYTES`.
     """
     return device.type != "cpu" and n_rows * n_cols * 8 <= DENSE_ROWS_MAX_BYTES
 
@@ -66,11 +68,8 @@ def dense_rows(batch: "UserBatch", name: str) -> torch.Tensor:
 
 
 def rows_times(batch: "UserBatch", name: str, mat: torch.Tensor) -> torch.Tensor:
-    """``batch.<name> @ mat`` (|B| x M history block times a dense M x K), in ``mat``'s dtype, differentiable in ``mat``.
-
-    A dense GEMM where :func:`dense_gemm_wins`, else the CSR x dense product; the same sums either way
-    (float rounding aside: summation order differs).
-    """
+    """``batch.<name> @ mat`` (|B| x M history block times a dense M x K), in ``mat``'s dtype, differentiable in ``mat``:
+    a dense GEMM where :func:`dense_gemm_wins`, else the CSR x dense product (the same sums up to summation order)."""
     src = getattr(batch, name)
     if dense_gemm_wins(src.shape[0], src.shape[1], src.device):
         return dense_rows(batch, name).to(mat.dtype) @ mat
@@ -80,11 +79,8 @@ def rows_times(batch: "UserBatch", name: str, mat: torch.Tensor) -> torch.Tensor
 def make_batch(train: Ratings, item_means: torch.Tensor, rating_mask: torch.Tensor | None, user_mask: torch.Tensor,
                history: bool = True) -> UserBatch:
     """Build a batch: history of users in ``user_mask``, targets = ratings in ``rating_mask`` (None: every rating of
-    those users, i.e. user level).
-
-    ``rating_mask`` must only select ratings of users in ``user_mask``. ``history=False`` leaves ``x``/``ind``
-    unbuilt (None) for a model that reads the targets only (``reads_history = False``, :class:`~.base.BaseModel`).
-    """
+    those users, i.e. user level), which must only select ratings of users in ``user_mask``. ``history=False`` leaves
+    ``x``/``ind`` unbuilt (None) for a model that reads the targets only (``reads_history = False``)."""
     users = torch.nonzero(user_mask).flatten()
     row_of = torch.full((train.n_users,), -1, dtype=torch.long, device=train.device)
     row_of[users] = torch.arange(users.numel(), device=train.device)
@@ -121,16 +117,14 @@ def poisson_steps_per_epoch(ratio: float) -> int:
 class PoissonBatchSampler:
     """Poisson sampling with ratio gamma of ratings (``unit=rating``) or of users (``unit=user``).
 
-    Each unit is included independently with probability gamma, which is the
-    sampling scheme the subsampling-amplification bounds assume. Every batch is built from the live
-    ``item_means`` when it is first drawn (the full batch of gamma = 1 once, then reused), so it centres
-    the history by whatever the mechanism's ``prepare`` or a restored checkpoint installed.
+    Each unit is included independently with probability gamma, the sampling scheme the subsampling-amplification
+    bounds assume. Every batch is built from the live ``item_means`` when it is first drawn (the full batch of
+    gamma = 1 once, then reused), so it centres the history by whatever ``prepare`` or a restored checkpoint installed.
     """
 
     def __init__(self, train: Ratings, item_means: torch.Tensor, ratio: float, unit: str, generator: SecretGenerator,
                  history: bool = True) -> None:
-        if not 0 < ratio <= 1:
-            raise ValueError(f"sampling ratio must be in (0, 1], got {ratio}")
+        poisson_steps_per_epoch(ratio)  # checks the ratio
         if unit not in ("rating", "user"):
             raise ValueError(f"sampling unit must be 'rating' or 'user', got {unit}")
         self.train, self.item_means, self.ratio, self.unit, self.generator = train, item_means, float(ratio), unit, generator

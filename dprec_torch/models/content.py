@@ -4,8 +4,8 @@ With public item features phi_i (:mod:`dprec_torch.data.item_features`), user u'
 
     q_u = (Phi_Ru^T Phi_Ru + lambda I)^-1 Phi_Ru^T y_u,
 
-and a model's learned item-side part then reads the residuals y_u - Phi_Ru q_u. q_u is a function of u's own
-ratings and public data only, so every per-user contribution (and its clipping) is still a function of that user alone.
+and a model's learned item-side part then reads the residuals y_u - Phi_Ru q_u. q_u is a function of u's own ratings
+and public data only, so every per-user contribution (and its clipping) is still a function of that user alone.
 """
 
 from __future__ import annotations
@@ -19,10 +19,6 @@ from dprec_torch.data.ratings import Ratings, _to_csr
 from dprec_torch.errors import ConfigError
 
 log = logging.getLogger(__name__)
-
-#: the values of a predictor's ``item_features``: ``auto`` = on when the dataset has a catalogue attached
-ITEM_FEATURE_SETTINGS = (True, False, "auto")
-
 
 def check_item_features(value: bool | str, who: str) -> bool | str:
     """``true``, ``false`` or ``auto`` (the string), else one readable :class:`ConfigError`."""

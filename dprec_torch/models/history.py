@@ -1,8 +1,5 @@
-"""Build-from-data vs restore-what-was-released, shared by the neighbourhood models (PNBM, its low-rank form).
-
-A model that mixes this in has ``n_items``, an ``item_means`` buffer and a ``_predict_cache`` dict. ``attach``
-BUILDS from the training data (r_bar := the training means, the fallback); ``restore`` puts back what the
-checkpoint released and only binds the users' histories R_u (which Eq. (2) reads for each user's own prediction).
+"""Build-from-data vs restore-what-was-released (:mod:`.release`), shared by the neighbourhood models (PNBM, its
+top-k and low-rank forms), which have ``n_items``, an ``item_means`` buffer and a ``_predict_cache`` dict.
 """
 
 from __future__ import annotations
@@ -11,19 +8,19 @@ from typing import Any
 
 import torch
 
-from dprec_torch.data.ratings import Ratings
+from dprec_torch.data.ratings import Ratings, RatingScale
 from dprec_torch.errors import ConfigError
 from dprec_torch.interfaces import MeanFallback
 from dprec_torch.models.release import fallback_from_state, fallback_state
 
 
 class BindsHistory:
-    """``attach`` / ``bind`` / ``restore`` and the fallback's extra state (see the module doc)."""
+    """``attach`` / ``bind`` / ``restore``, the fallback's extra state and the rating scale of the bound histories."""
 
     reads_own_ratings = centres_on_item_means = True  # the prediction reads R_u, centred on the item means
     n_items: int
     item_means: torch.Tensor
-    history: Ratings | None
+    history: Ratings | None = None
     fallback_: MeanFallback | None
     _predict_cache: dict
 
@@ -43,8 +40,7 @@ class BindsHistory:
         return self
 
     def restore(self, train: Ratings, state: dict) -> Any:
-        """RESTORE what was released (the parameters, r_bar and the fallback) from ``state``; only the histories
-        come from ``train``."""
+        """RESTORE what was released (the parameters, r_bar, the fallback) from ``state``; only R_u comes from ``train``."""
         self.bind(train)
         self.load_state_dict(state)  # type: ignore[attr-defined]  (nn.Module's)
         return self
@@ -54,3 +50,8 @@ class BindsHistory:
 
     def set_extra_state(self, state: dict) -> None:
         self.fallback_ = fallback_from_state(state["fallback"], self.item_means.device)
+
+    @property
+    def scale(self) -> RatingScale:
+        assert self.history is not None
+        return self.history.scale

@@ -2,21 +2,17 @@
 
     r_hat_ui = clip( mu + b_u + b_i + <p_u, q_i> ),   mu = mu_0 + s * g     (Koren et al. 2009, biased SVD)
 
-``mu`` is the global bias: ``mu_0`` is the midpoint of the public rating scale (never a
-data statistic) and ``g`` a learned scalar, scaled by ``s = mu_scale``. The scaling is a
-preconditioner: every rating of a batch pulls on ``mu``, so in the mean objective (``gradient_reduction
-= "mean"``: mechanisms divide the summed gradient by the expected batch size) its curvature is ``s^2``,
-against ~ n_u / n for a user's parameters; without it a step size that suits the per-user and per-item
-parameters makes ``mu`` oscillate and diverge. ``b_u``/``b_i`` are user/item biases and ``p_u``/``q_i``
-d-dimensional factors, all ``nn.Embedding`` tables. User factors start at zero and
-item factors at N(0, init_std^2): one random side is enough to break the symmetry,
-and a user who never appears in a gradient keeps ``b_u = 0, p_u = 0``.
+``mu`` is the global bias: ``mu_0`` is the midpoint of the public rating scale (never a data statistic) and ``g`` a
+learned scalar, scaled by ``s = mu_scale``. The scaling is a preconditioner: every rating of a batch pulls on ``mu``,
+so in the mean objective (``gradient_reduction = "mean"``) its curvature is ``s^2``, against ~ n_u / n for a user's
+parameters; without it a step size that suits the per-user and per-item parameters makes ``mu`` oscillate and
+diverge. ``b_u``/``b_i`` are user/item biases and ``p_u``/``q_i`` d-dimensional factors, all ``nn.Embedding`` tables.
+User factors start at zero and item factors at N(0, init_std^2): one random side is enough to break the symmetry, and
+a user who never appears in a gradient keeps ``b_u = 0, p_u = 0``.
 
-Training predictions are clipped to ``[r_min, r_max]`` as well
-(``clip_training_predictions``): the error e_ui = clip(r_hat_ui) - r_ui then lies in
-``[-Delta r, Delta r]``, which bounds each user's log-likelihood for DPPS-MF
-(B = Delta r^2 tau), and the gradient of the clipped prediction is the raw one
-masked by ``lo < r_hat_ui < hi`` (zero where the clip is active).
+Training predictions are clipped to ``[r_min, r_max]`` as well (``clip_training_predictions``): the error e_ui =
+clip(r_hat_ui) - r_ui then lies in ``[-Delta r, Delta r]``, which bounds each user's log-likelihood for DPPS-MF
+(B = Delta r^2 tau), and the gradient of the clipped prediction is the raw one masked by ``lo < r_hat_ui < hi``.
 
 Every example's gradient is e_ui * d r_hat_ui / d theta with (unmasked)
     d/d g = s,  d/d b_u = 1,  d/d b_i = 1,  d/d p_u = q_i,  d/d q_i = p_u,
@@ -32,7 +28,7 @@ from torch import nn
 
 from dprec_torch.data.ratings import Ratings, RatingScale
 from dprec_torch.errors import ConfigError
-from dprec_torch.models.base import BaseModel
+from dprec_torch.models.base import BaseModel, check_settings
 from dprec_torch.models.batching import UserBatch
 from dprec_torch.models.release import fallback_from_state, fallback_state
 from dprec_torch.interfaces import MeanFallback
@@ -48,25 +44,20 @@ class MF(BaseModel):
         n_users, n_items: sizes of the id space (the runner passes them).
         dim: d, the latent dimension (Wang & Tang Sec. 5.1 grid: 10, 15, 20).
         init_std: item factors q_i ~ N(0, init_std^2); user factors and biases start at 0.
-        mu_scale: s in mu = mu_0 + s g (preconditions the global bias; see the module doc).
-        fallback: ``mean`` -- users/items without training ratings get :class:`MeanFallback`
-            (item mean, then global mean: statistics of the training data, NOT covered by any
-            mechanism's guarantee); ``model`` -- predictions are post-processing of the learned
-            parameters only (ids outside the table use zero vectors and biases).
-        clip_training_predictions: clip r_hat to the scale while training too (see module doc).
-        seed: seeds the initialisation.
+        mu_scale: s in mu = mu_0 + s g (preconditions the global bias; module doc).
+        fallback: ``mean`` -- users/items without training ratings get :class:`MeanFallback` (item mean, then global
+            mean: statistics of the training data, NOT covered by any mechanism's guarantee); ``model`` -- predictions
+            are post-processing of the learned parameters only (ids outside the table use zero vectors and biases).
+        clip_training_predictions: clip r_hat to the scale while training too (module doc). seed: seeds the initialisation.
     """
 
     task = "rating"
     name = "MF"
-    #: mechanism=dpsgd perturbs each rating's error (Berlioz et al. 2015), not the gradient
     dpsgd_perturb_residuals = True
-    #: every mechanism divides the (clipped, noised) summed gradient by the expected batch size and the dense
-    #: decay by #units, so ``lr`` is a per-example step whatever the sampling ratio or dataset size
-    #: (:mod:`dprec_torch.mechanisms.base`; SGLD divides its step by #ratings instead, keeping the posterior)
+    #: ``lr`` is a per-example step whatever the sampling ratio or dataset size (the dense decay is divided by #units
+    #: too; SGLD divides its step by #ratings instead, keeping the posterior)
     gradient_reduction = "mean"
-    #: a step reads the batch targets only, never the users' history blocks: rating-level batches skip building
-    #: them, ~10x faster steps on ML-1M at small q, the same numbers
+    #: a step reads the batch targets only: rating-level batches skip the history blocks (~10x faster on ML-1M)
     reads_history = False
 
     def __init__(
@@ -87,8 +78,7 @@ class MF(BaseModel):
             raise ConfigError(f"model.init_std must be >= 0, got {init_std}")
         if not mu_scale > 0:
             raise ConfigError(f"model.mu_scale must be > 0, got {mu_scale}")
-        if fallback not in FALLBACKS:
-            raise ConfigError(f"model.fallback must be one of {FALLBACKS}, got '{fallback}'")
+        check_settings(("fallback", fallback, FALLBACKS))
         if n_users <= 0 or n_items <= 0:
             raise ConfigError(f"MF needs n_users > 0 and n_items > 0, got {n_users} and {n_items}")
         self.n_users, self.n_items, self.dim = int(n_users), int(n_items), int(dim)
@@ -102,12 +92,10 @@ class MF(BaseModel):
         self.user_factors = nn.Embedding(self.n_users, self.dim)
         self.item_factors = nn.Embedding(self.n_items, self.dim)
         with torch.no_grad():
-            self.user_bias.weight.zero_()
-            self.item_bias.weight.zero_()
-            self.user_factors.weight.zero_()
+            for table in (self.user_bias, self.item_bias, self.user_factors):
+                table.weight.zero_()
             self.item_factors.weight.copy_(torch.randn(self.n_items, self.dim, generator=gen) * float(init_std))
         self.scale_: RatingScale | None = None
-        self.fallback_: MeanFallback | None = None
 
     # ---------------------------------------------------------------- set-up
     def attach(self, train: Ratings) -> "MF":
@@ -125,8 +113,7 @@ class MF(BaseModel):
                               f"{train.n_users} x {train.n_items}")
 
     def restore(self, train: Ratings, state: dict) -> "MF":
-        """RESTORE what was released (models/release.py): parameters, mu_0, scale and fallback from ``state``;
-        ``train`` is only checked for its id space (MF predicts from its parameters alone)."""
+        """RESTORE what was released (models/release.py) from ``state``; ``train`` is only checked for its id space."""
         self._check_shape(train)
         self.load_state_dict(state)
         return self
@@ -174,10 +161,8 @@ class MF(BaseModel):
         return self.scale.clip(r) if self.clip_training_predictions else r
 
     def surrogate_loss(self, batch: UserBatch, residuals: torch.Tensor) -> torch.Tensor:
-        """sum_t e_t m_t r_hat_t, whose gradient is G = sum e_ui d clip(r_hat_ui)/d theta.
-
-        ``residuals`` (the mechanism's clipped/perturbed e_ui) are constants; m_t is :meth:`in_range`.
-        """
+        """sum_t e_t m_t r_hat_t, whose gradient is G = sum e_ui d clip(r_hat_ui)/d theta; ``residuals`` (the
+        mechanism's clipped/perturbed e_ui) are constants, m_t is :meth:`in_range`."""
         r = self.raw(self.batch_users(batch), batch.items)
         e = residuals.detach() * self.in_range(r.detach())
         return (e * r).sum()
@@ -237,19 +222,17 @@ class MF(BaseModel):
     def gradient_entry_bound(self, residual_bound: float) -> float:
         """Bound on one gradient entry |e d r_hat/d theta_j|: infinite for MF.
 
-        The factor entries e_ui q_ik and e_ui p_uk are unbounded without a norm projection,
-        so Wang & Tang's per-entry sensitivity does not exist; DPSGD-MF therefore perturbs
-        the residuals (``dpsgd_perturb_residuals``) and Gaussian DP-SGD clips per example.
+        The factor entries e_ui q_ik and e_ui p_uk are unbounded without a norm projection, so Wang & Tang's per-entry
+        sensitivity does not exist; DPSGD-MF perturbs the residuals instead and Gaussian DP-SGD clips per example.
         """
         return math.inf
 
     def sgld_prior_precision(self, train: Ratings, batch_ratings: float) -> list[torch.Tensor | None]:
         """Per-parameter divisors h of SGLD's prior term lambda theta / h (Alg. 2 line 5).
 
-        MF's prior is N(0, 1/lambda) on every bias and factor entry and N(mu_0, 1/lambda) on
-        mu itself -- not on g: with mu = mu_0 + s g that is a precision lambda s^2 on g, i.e.
-        h_g = 1 / s^2. Data-independent (``train`` and ``batch_ratings`` are unused): MF's
-        full-data prior gradient is dense, so Wang & Tang's Eq. (11) correction does not arise.
+        MF's prior is N(0, 1/lambda) on every bias and factor entry and N(mu_0, 1/lambda) on mu itself -- not on g: with
+        mu = mu_0 + s g that is a precision lambda s^2 on g, i.e. h_g = 1 / s^2. Data-independent (``train`` and
+        ``batch_ratings`` are unused): MF's full-data prior gradient is dense, so Eq. (11)'s correction does not arise.
         """
         h_g = torch.tensor(1.0 / self.mu_scale**2, device=self.global_bias.device)
         return [h_g if p is self.global_bias else None for p in self.parameters()]

@@ -1,7 +1,7 @@
 """Sparse-pair kernels for Wang & Tang Eq. (2): work only on (target, history item) pairs.
 
-For a target (u, i) with history R_u (the items u rated, values x_uj = r_uj - r_bar_j and
-weights w_uj = I_uj), Eq. (2) needs three sums over the pairs (i, j), j in R_u:
+For a target (u, i) with history R_u (the items u rated, values x_uj = r_uj - r_bar_j and weights w_uj = I_uj),
+Eq. (2) needs three sums over the pairs (i, j), j in R_u:
 
     num_ui = sum_{j in R_u} s_ij x_uj          (numerator)
     abs_ui = sum_{j in R_u} |s_ij| w_uj        (denominator before the floor C)
@@ -11,23 +11,18 @@ and their gradients are scatters onto the same pairs,
 
     dL/ds_ij = sum_{(u,i) targets, j in R_u} g_num_ui x_uj + g_abs_ui sign(s_ij) w_uj + g_lin_ui w_uj,
 
-(sign(0) = 0, explicitly: ``sign_table``). The kernels stop at the raw sums: the floor max(C, abs)
-and its kink are applied by the caller (:class:`dprec_torch.models.pnbm.FlooredDenominator` with the
-batch's one [D >= C] mask), so ``g_abs`` arrives here already zero where the floor is active.
-A full-batch epoch touches sum_u |T_u| |R_u| entries of S (an SDDMM forward and an
-SpGEMM-shaped backward), never a dense |B| x M block. The dense formulation
-(``torch.sparse.mm(csr, S.T)``) does nnz_B M multiply-adds into a dense |B| x M block instead.
+(sign(0) = 0, explicitly: ``sign_table``). The kernels stop at the raw sums: the floor max(C, abs) and its kink are
+applied by the caller (:class:`dprec_torch.models.pnbm.FlooredDenominator` with the batch's one [D >= C] mask), so
+``g_abs`` arrives here already zero where the floor is active. A full-batch epoch touches sum_u |T_u| |R_u| entries
+of S (an SDDMM forward and an SpGEMM-shaped backward), never a dense |B| x M block as the dense formulation does.
 
-Layout. Users are put in buckets of similar history length (ratio 1.25) and each bucket
-keeps a padded table of its users' histories (item ids and x). Targets are sorted by
-(bucket, item, user) and processed in chunks of at most ``budget`` pairs: a chunk
-gathers its users' padded history rows and reads S through flat indices ``i (M+1) + j``.
-Because consecutive targets share the item i, the reads and the gradient scatters stay
-inside one row of S at a time (cache-resident), which is what makes this fast on a CPU.
-Padding slots point at an extra zero row/column of S (index M), so they add nothing.
-Memory: O(nnz) for the tables plus O(budget) per chunk, never O(N M) and never O(pairs).
-With ``row_block`` the targets are also grouped by blocks of items, so a caller can read S
-from a dense block of rows built on the fly (the top-k model, :mod:`.pnbm_topk`).
+Layout. Users are put in buckets of similar history length (ratio 1.25) and each bucket keeps a padded table of its
+users' histories (item ids and x). Targets are sorted by (bucket, item, user) and processed in chunks of at most
+``budget`` pairs: a chunk gathers its users' padded history rows and reads S through flat indices ``i (M+1) + j``.
+Because consecutive targets share the item i, the reads and the gradient scatters stay inside one row of S at a time
+(cache-resident). Padding slots point at an extra zero row/column of S (index M), so they add nothing. Memory: O(nnz)
+for the tables plus O(budget) per chunk, never O(N M) and never O(pairs). With ``row_block`` the targets are also
+grouped by blocks of items, so a caller can read S from a dense block of rows built on the fly (:mod:`.pnbm_topk`).
 """
 
 from __future__ import annotations
@@ -46,9 +41,8 @@ ACCELERATOR_MIN_BUDGET = 1 << 25  # on a GPU: 128 MiB chunk tensors, so an ML-20
 
 
 def device_budget(budget: int, device: torch.device) -> int:
-    """Pairs per chunk on ``device``: ``budget`` on the CPU (cache-sized chunks are what is fast there);
-    at least :data:`ACCELERATOR_MIN_BUDGET` on an accelerator, where each chunk's Python-side launches,
-    not the memory, were the cost (~20,000 chunks an ML-20M-size epoch at 2^19)."""
+    """Pairs per chunk on ``device``: ``budget`` on the CPU (cache-sized chunks are fast there); at least
+    :data:`ACCELERATOR_MIN_BUDGET` on an accelerator, where each chunk's Python-side launches were the cost."""
     return int(budget) if device.type == "cpu" else max(int(budget), ACCELERATOR_MIN_BUDGET)
 
 
@@ -56,9 +50,9 @@ def device_budget(budget: int, device: torch.device) -> int:
 class HistoryTables:
     """Every row's history as padded tables, one per length bucket.
 
-    ``bucket[r]`` is the bucket of row r (-1 for an empty history), ``slot[r]`` its row in that
-    bucket's tables, ``length[r]`` = |R_r|. ``items[b]`` holds item ids (pad = M), ``x[b]`` the values, ``w[b]`` the
-    weights (None when every weight is 1, the indicator case).
+    ``bucket[r]`` is the bucket of row r (-1 for an empty history), ``slot[r]`` its row in that bucket's tables,
+    ``length[r]`` = |R_r|. ``items[b]`` holds item ids (pad = M), ``x[b]`` the values, ``w[b]`` the weights (None when
+    every weight is 1, the indicator case).
     """
 
     n_items: int
@@ -130,11 +124,10 @@ def build_history(rows: torch.Tensor, items: torch.Tensor, x: torch.Tensor, w: t
 class PairPlan:
     """Targets (row, item) laid out over a :class:`HistoryTables` in cache-friendly chunks.
 
-    ``perm`` maps processing order to target index (targets with an empty history are left
-    out: their sums are 0). ``chunks`` are (bucket, start, stop) ranges of ``perm``. With
-    ``row_block`` set, targets are grouped by blocks of ``row_block`` items (``chunk_block``
-    gives each chunk's block) and ``base`` is relative to the block's first item, so a caller
-    can read S from a dense ``row_block x (M+1)`` block per group (the top-k model does).
+    ``perm`` maps processing order to target index (targets with an empty history are left out: their sums are 0).
+    ``chunks`` are (bucket, start, stop) ranges of ``perm``. With ``row_block`` set, targets are grouped by blocks of
+    ``row_block`` items (``chunk_block`` gives each chunk's block) and ``base`` is relative to the block's first item,
+    so a caller can read S from a dense ``row_block x (M+1)`` block per group (the top-k model does).
     """
 
     hist: HistoryTables
@@ -198,11 +191,8 @@ class PairPlan:
 
     def chunk_grad(self, signs: torch.Tensor | None, gflat: torch.Tensor, b: int, s: int, e: int,
                    gs: list[torch.Tensor | None]) -> None:
-        """Scatter g_num x_uj + g_abs sign(s_ij) w_uj + g_lin w_uj of chunk (b, s, e) into flat ``gflat``.
-
-        ``signs``: sign(S) as int8 on the same flat (padded) layout as the forward's S (needed
-        only with g_abs); an int8 table is a quarter of S, so its random reads hit the cache.
-        """
+        """Scatter g_num x_uj + g_abs sign(s_ij) w_uj + g_lin w_uj of chunk (b, s, e) into flat ``gflat``; ``signs``:
+        sign(S) as int8 on the forward's flat (padded) layout (needed only with g_abs; a quarter of S, cache-resident)."""
         dt = gflat.dtype
         idx, x, w = self._chunk(b, s, e)
         w = None if w is None else w.to(dt)
@@ -252,10 +242,9 @@ class PairPlan:
              top_k: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(num, abs, lin) of the module docstring for every target (target order), no autograd.
 
-        ``top_k``: only each target's k history items with the largest s_ij count (ties at the
-        k-th value all count), the neighbour selection of item-kNN; None = every history item.
-        Results are cached per (S object, S._version): a second call with an unmodified S, as
-        from ``batch_predict`` then ``surrogate_loss`` in one step, costs nothing.
+        ``top_k``: only each target's k history items with the largest s_ij count (ties at the k-th value all count),
+        the neighbour selection of item-kNN; None = every history item. Cached per (S object, S._version): a second
+        call with an unmodified S (``batch_predict`` then ``surrogate_loss`` in one step) costs nothing.
         """
         key = (weakref.ref(S), S._version, S.dtype, S.device, top_k)
         hit = self.cached_sums(key, need_lin)
@@ -275,11 +264,8 @@ class PairPlan:
     @torch.no_grad()
     def grad(self, S: torch.Tensor, g_num: torch.Tensor | None, g_abs: torch.Tensor | None,
              g_lin: torch.Tensor | None) -> torch.Tensor:
-        """dL/dS = sum over pairs of g_num x_uj + g_abs sign(s_ij) w_uj + g_lin w_uj (dense M x M).
-
-        One scatter (``index_add_``) per chunk onto the flat indices the forward used; the
-        |s| channel reads sign(s_ij) (sign(0) = 0, as autograd's d|s|/ds) from an int8 table.
-        """
+        """dL/dS = sum over pairs of g_num x_uj + g_abs sign(s_ij) w_uj + g_lin w_uj (dense M x M): one ``index_add_``
+        per chunk onto the forward's flat indices; the |s| channel reads sign(s_ij) (sign(0) = 0) from an int8 table."""
         if self._numba(S):
             pair_numba.set_threads(torch.get_num_threads())
             return pair_numba.grad(self.numba_layout(), S, g_num, g_abs, g_lin)
@@ -293,10 +279,8 @@ class PairPlan:
 
 
 def centred_history(cache: dict, history, item_means: torch.Tensor, device: torch.device) -> HistoryTables:
-    """Padded history tables of the training users with x = r_uj - r_bar_j, cached in ``cache``.
-
-    The entry is rebuilt when the training ratings, the item means (their version) or the device change.
-    """
+    """Padded history tables of the training users with x = r_uj - r_bar_j, cached in ``cache``; rebuilt when the
+    training ratings, the item means (their version) or the device change."""
     key = (id(history), item_means._version, item_means.device, device)
     hit = cache.get("history")
     if hit is not None and hit[0] == key and hit[2] is history:
@@ -319,11 +303,8 @@ def padded_flat(S: torch.Tensor) -> torch.Tensor:
 
 def build_plan(hist: HistoryTables, rows: torch.Tensor, items: torch.Tensor, budget: int = DEFAULT_BUDGET,
                row_block: int | None = None, backend: str = "auto") -> PairPlan:
-    """Lay the targets (rows[t], items[t]) out in chunks of at most ``budget`` padded pairs.
-
-    Order: (row block of the item, if ``row_block``), length bucket, item, user -- so a chunk
-    reads few rows of S, one after the other.
-    """
+    """Lay the targets (rows[t], items[t]) out in chunks of at most ``budget`` padded pairs, ordered by (row block of
+    the item, if ``row_block``), length bucket, item, user -- so a chunk reads few rows of S, one after the other."""
     m = hist.n_items
     n_rows = hist.slot.numel()
     tb = hist.bucket[rows]
@@ -374,9 +355,8 @@ def gram_row_blocks(users: torch.Tensor, items: torch.Tensor, channels: list[tup
                     n_users: int, n_items: int, row_block: int, budget: int = DEFAULT_BUDGET):
     """Yield (start, stop, [G_c[start:stop]]) for Gram products G_c[i, j] = sum_u a_ui b_uj, block by block.
 
-    ``channels`` are (a, b) value vectors aligned with the COO ratings (b = None: ones). Each
-    block is a dense ``(stop - start) x M`` tensor per channel, filled by the pair scatter
-    (sum_u |R_u|^2 work); memory O(nnz + row_block M), whatever M is.
+    ``channels`` are (a, b) value vectors aligned with the COO ratings (b = None: ones). Each block is a dense
+    ``(stop - start) x M`` tensor per channel, filled by the pair scatter: memory O(nnz + row_block M).
     """
     plans: dict[int, PairPlan] = {}
     for a, b in channels:

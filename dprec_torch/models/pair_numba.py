@@ -1,23 +1,22 @@
 """Fused CPU kernels (numba) for the sparse-pair sums of Eq. (2) and their gradient.
 
-Same maths as :mod:`dprec_torch.models.pair_kernels` (see its docstring): for every target
-(u, i) and history item j in R_u,
+Same maths as :mod:`dprec_torch.models.pair_kernels` (see its docstring): for every target (u, i) and history item
+j in R_u,
 
     num_ui = sum_j s_ij x_uj,   abs_ui = sum_j |s_ij| w_uj,   lin_ui = sum_j s_ij w_uj
 
-and the backward scatter dL/ds_ij += g_num_ui x_uj + g_abs_ui sign(s_ij) w_uj + g_lin_ui w_uj,
-with sign(0) = 0 written out (``_gradient_entry``). The floor max(C, abs) is not applied here:
-``g_abs`` arrives already masked by the caller's one [D >= C] mask (:mod:`dprec_torch.models.pnbm`).
+and the backward scatter dL/ds_ij += g_num_ui x_uj + g_abs_ui sign(s_ij) w_uj + g_lin_ui w_uj, with sign(0) = 0
+written out (``_gradient_entry``). The floor max(C, abs) is not applied here: ``g_abs`` arrives already masked by the
+caller's one [D >= C] mask (:mod:`dprec_torch.models.pnbm`).
 
-Why a compiled kernel: the torch chunk path makes about eight passes over padded
-(target x history) temporaries per chunk; here every pair is one read of S, one of x (and w)
-and two or three multiply-adds, with no temporaries. Targets are processed sorted by
-(item, user), so the reads of row i of S and the writes to row i of the gradient stay in cache.
-Work is split into ``pieces`` of about equal pair counts whose boundaries fall between items,
-so two threads never write the same row of the gradient (no atomics, deterministic sums).
+Why a compiled kernel: the torch chunk path makes about eight passes over padded (target x history) temporaries per
+chunk; here every pair is one read of S, one of x (and w) and two or three multiply-adds, with no temporaries. Targets
+are processed sorted by (item, user), so the reads of row i of S and the writes to row i of the gradient stay in
+cache. Work is split into ``pieces`` of about equal pair counts whose boundaries fall between items, so two threads
+never write the same row of the gradient (no atomics, deterministic sums).
 
-Used only for CPU tensors when numba imports (``available()``); every other case runs the
-torch path, which computes the same numbers (``tests/models/test_pair_numba.py``).
+Used only for CPU tensors when numba imports (``available()``); every other case runs the torch path, which computes
+the same numbers (``tests/models/test_pair_numba.py``).
 """
 
 from __future__ import annotations
@@ -41,9 +40,8 @@ else:
     _IMPORT_ERROR = None
 
 if numba is not None and "NUMBA_THREADING_LAYER" not in os.environ:
-    # numba's default OpenMP layer leaves its threads spin-waiting after each kernel; on a small
-    # CPU they then steal the cores from torch's next ops (measured: the Laplace noise after a
-    # backward took 6-45x more CPU time). The workqueue layer's threads sleep between kernels.
+    # numba's default OpenMP layer leaves its threads spin-waiting after each kernel, stealing the cores from torch's
+    # next ops on a small CPU (the Laplace noise after a backward took 6-45x more CPU time); workqueue's threads sleep.
     numba.config.THREADING_LAYER = "workqueue"
 
 BACKENDS = ("auto", "torch", "numba")
@@ -101,8 +99,7 @@ def build_layout(ptr: torch.Tensor, h_items: torch.Tensor, h_x: torch.Tensor, h_
         cut = starts[torch.searchsorted(before, goal).clamp_max(starts.numel() - 1)]
         bounds += sorted(set(cut.tolist()) - {0})
     bounds.append(int(order.numel()))
-    # item ids as uint16 where they fit: the history stream is re-read once per target, and
-    # 6 instead of 8 bytes per pair made the forward ~1.4x faster on the ML-1M-size data
+    # item ids as uint16 where they fit: the history stream is re-read once per target (~1.4x faster forward on ML-1M)
     hi = h_items.to(torch.int32).numpy()
     hi = hi.astype(np.uint16) if n_items < 2**16 else hi
     return NumbaLayout(ptr.long().numpy(), hi, h_x.numpy(), None if h_w is None else h_w.to(h_x.dtype).numpy(),
@@ -118,9 +115,7 @@ def sums(layout: NumbaLayout, S: torch.Tensor, need_lin: bool
     num = np.zeros(n, dtype=s.dtype)
     ab = np.zeros(n, dtype=s.dtype)
     lin = np.zeros(n, dtype=s.dtype) if need_lin else None
-    lo = layout
-    _sums_kernel(s, lo.ptr, lo.h_items, lo.h_x.astype(s.dtype, copy=False), _weights(lo, s.dtype),
-                 lo.t_item, lo.t_row, lo.t_index, lo.piece, num, ab, lin)
+    _sums_kernel(s, *_layout_args(layout, s.dtype), num, ab, lin)
     return torch.from_numpy(num), torch.from_numpy(ab), None if lin is None else torch.from_numpy(lin)
 
 
@@ -128,12 +123,10 @@ def grad(layout: NumbaLayout, S: torch.Tensor, g_num: torch.Tensor | None, g_abs
          g_lin: torch.Tensor | None) -> torch.Tensor:
     """dL/dS (dense M x M) from the per-target upstream gradients (target order; None = zero).
 
-    Each thread owns whole items (the pieces are cut between items). While its targets are at
-    item i it scatters their pairs into an M x C row buffer (C = the present channels,
-    interleaved so a pair's writes share a cache line, small enough to stay in L1); when the
-    targets move on it writes row i of dL/dS = acc_num + sign(s_i) acc_abs + acc_lin and clears
-    the buffer. No M x M x C accumulator and no second pass over one; rows of items without
-    targets stay zero.
+    Each thread owns whole items (the pieces are cut between items). While its targets are at item i it scatters their
+    pairs into an M x C row buffer (C = the present channels, interleaved so a pair's writes share a cache line); when
+    the targets move on it writes row i of dL/dS = acc_num + sign(s_i) acc_abs + acc_lin and clears the buffer. Rows of
+    items without targets stay zero.
     """
     gs = _channels(S.dtype, g_num, g_abs, g_lin)
     n_chan = sum(g is not None for g in gs)
@@ -141,9 +134,7 @@ def grad(layout: NumbaLayout, S: torch.Tensor, g_num: torch.Tensor | None, g_abs
         return torch.zeros_like(S)
     s = S.detach().contiguous().numpy()
     out = np.zeros_like(s)  # calloc: rows the kernel never writes cost no page faults
-    lo = layout
-    _grad_kernel(s, out, lo.ptr, lo.h_items, lo.h_x.astype(s.dtype, copy=False), _weights(lo, s.dtype),
-                 lo.t_item, lo.t_row, lo.t_index, lo.piece, gs[0], gs[1], gs[2], n_chan)
+    _grad_kernel(s, out, *_layout_args(layout, s.dtype), gs[0], gs[1], gs[2], n_chan)
     return torch.from_numpy(out)
 
 
@@ -151,19 +142,19 @@ def fused_step(layout: NumbaLayout, S: torch.Tensor, floor_c: float, item_means:
                target: torch.Tensor, bound: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One training step's forward and backward of PNBM's exact gradient in one pass over the pairs.
 
-    Per item block (the targets at item i, in the layout's order) and per target k = (u, i): the sums
-    num_k, abs_k (:func:`sums`' float operations), d_k = abs_k if abs_k >= C else C (the [D >= C] rule of
+    Per item block (the targets at item i, in the layout's order) and per target k = (u, i): the sums num_k, abs_k
+    (:func:`sums`' float operations), d_k = abs_k if abs_k >= C else C (the [D >= C] rule of
     :mod:`dprec_torch.models.pnbm`), pred_k = r_bar_i + num_k / d_k, e_k = pred_k - target_k, the clamp
     e'_k = min(max(e_k, -bound), bound) (``bound`` = inf: none), and the coefficients autograd gives
-    ``sum(e' * (num / d))``: g_num = e' / d, g_abs = -e' ((num / d) / d) where [D >= C], else 0; then
-    target k's pairs are scattered into the row buffer while u's history is still in cache, and row i of
-    dL/dS is written as :func:`grad` writes it. Every value is computed with the float operations, in the
-    order and precision, of ``batch_predict`` -> ``pred - target`` -> ``clamp`` -> ``surrogate_loss(...).backward()``
-    (pred in the promoted dtype of the item means and S, residuals in that of pred and target), so the
-    results are bit-identical to that path's (``tests/models/test_fused_step.py``).
+    ``sum(e' * (num / d))``: g_num = e' / d, g_abs = -e' ((num / d) / d) where [D >= C], else 0; then target k's pairs
+    are scattered into the row buffer while u's history is still in cache, and row i of dL/dS is written as
+    :func:`grad` writes it. Every value is computed with the float operations, in the order and precision, of
+    ``batch_predict`` -> ``pred - target`` -> ``clamp`` -> ``surrogate_loss(...).backward()`` (pred in the promoted
+    dtype of the item means and S, residuals in that of pred and target), so the results are bit-identical to that
+    path's (``tests/models/test_fused_step.py``).
 
-    Returns (pred, residuals, clipped residuals, dL/dS), the first three in target order. Targets with an
-    empty history (no pairs) get num = abs = 0, as in :func:`sums`.
+    Returns (pred, residuals, clipped residuals, dL/dS), the first three in target order. Targets with an empty
+    history (no pairs) get num = abs = 0, as in :func:`sums`.
     """
     s = S.detach().contiguous().numpy()
     n = layout.n_targets
@@ -176,17 +167,14 @@ def fused_step(layout: NumbaLayout, S: torch.Tensor, floor_c: float, item_means:
     pred, res, clipped = np.empty(n, dtype=np_pred), np.empty(n, dtype=np_res), np.empty(n, dtype=np_res)
     g_num, g_abs = np.empty(n, dtype=s.dtype), np.empty(n, dtype=s.dtype)
     out = np.zeros_like(s)
-    lo = layout
     im = item_means.detach().contiguous().numpy()
     tg = target.detach().contiguous().numpy()
     consts = np.array([floor_c], dtype=s.dtype)  # C in S's precision (torch.full_like(raw, C); raw >= C)
     limits = np.array([-bound, bound], dtype=np_res)  # the clamp's Python-float bounds in the residuals' precision
-    _fused_kernel(s, out, lo.ptr, lo.h_items, lo.h_x.astype(s.dtype, copy=False), _weights(lo, s.dtype),
-                  lo.t_item, lo.t_row, lo.t_index, lo.piece, im, tg, consts, limits, num, ab, pred, res, clipped,
-                  g_num, g_abs)
-    if lo.t_index.shape[0] < n:  # targets without a history: num = abs = 0, the same formulas in torch
+    _fused_kernel(s, out, *_layout_args(layout, s.dtype), im, tg, consts, limits, num, ab, pred, res, clipped, g_num, g_abs)
+    if layout.t_index.shape[0] < n:  # targets without a history: num = abs = 0, the same formulas in torch
         seen = np.zeros(n, dtype=np.bool_)
-        seen[lo.t_index] = True
+        seen[layout.t_index] = True
         k = torch.from_numpy(np.flatnonzero(~seen))
         den = torch.full((k.numel(),), floor_c, dtype=st)
         p = item_means.detach()[items[k]] + torch.zeros(k.numel(), dtype=st) / den
@@ -202,58 +190,43 @@ def _channels(dtype: torch.dtype, *gs: torch.Tensor | None) -> list[np.ndarray |
     return [None if g is None else g.detach().to(dtype).contiguous().numpy() for g in gs]
 
 
-def _weights(layout: NumbaLayout, dtype: np.dtype) -> np.ndarray | None:
-    """The history weights, or None for the indicator (w = 1, compiled out)."""
-    return None if layout.h_w is None else layout.h_w.astype(dtype, copy=False)
-
-
-def _run_grad(layout: NumbaLayout, vals: np.ndarray, nbrs: np.ndarray, out: np.ndarray,
-              gs: tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]) -> None:
-    arrs = _channels(torch.from_numpy(vals).dtype, *gs)
-    n_chan = sum(g is not None for g in arrs)
-    if n_chan == 0:
-        return
-    lo = layout
-    _topk_grad_kernel(vals, nbrs, out, lo.ptr, lo.h_items, lo.h_x.astype(vals.dtype, copy=False), _weights(lo, vals.dtype),
-                      lo.t_item, lo.t_row, lo.t_index, lo.piece, arrs[0], arrs[1], arrs[2], n_chan, int(lo.n_items))
+def _layout_args(lo: NumbaLayout, dtype: np.dtype) -> tuple:
+    """The layout's arrays as the kernels take them: (ptr, h_items, h_x, h_w, t_item, t_row, t_index, piece), x and the
+    weights in ``dtype``; h_w None for the indicator (w = 1, compiled out)."""
+    h_w = None if lo.h_w is None else lo.h_w.astype(dtype, copy=False)
+    return lo.ptr, lo.h_items, lo.h_x.astype(dtype, copy=False), h_w, lo.t_item, lo.t_row, lo.t_index, lo.piece
 
 
 def topk_sums(layout: NumbaLayout, values: torch.Tensor, neighbors: torch.Tensor, need_lin: bool
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(num, abs, lin) for a top-k S (s_{i, n_is} = values[i, s], 0 off the support), target order.
-
-    Each thread rebuilds the dense row i of S in an M-vector when its targets move to item i
-    (O(k) writes), then runs the dense kernel's loop: memory O(M k + threads M).
-    """
+    """(num, abs, lin) for a top-k S (s_{i, n_is} = values[i, s], 0 off the support), target order: each thread
+    rebuilds the dense row i of S in an M-vector when its targets move to item i, then runs the dense kernel's loop."""
     v = values.detach().contiguous().numpy()
     nb = neighbors.to(torch.int32).contiguous().numpy()
     n = layout.n_targets
     num, ab = np.zeros(n, dtype=v.dtype), np.zeros(n, dtype=v.dtype)
     lin = np.zeros(n, dtype=v.dtype) if need_lin else None
-    lo = layout
-    _topk_sums_kernel(v, nb, lo.ptr, lo.h_items, lo.h_x.astype(v.dtype, copy=False), _weights(lo, v.dtype),
-                      lo.t_item, lo.t_row, lo.t_index, lo.piece, num, ab, lin, int(lo.n_items))
+    _topk_sums_kernel(v, nb, *_layout_args(layout, v.dtype), num, ab, lin, int(layout.n_items))
     return torch.from_numpy(num), torch.from_numpy(ab), None if lin is None else torch.from_numpy(lin)
 
 
 def topk_grad(layout: NumbaLayout, values: torch.Tensor, neighbors: torch.Tensor, g_num: torch.Tensor | None,
               g_abs: torch.Tensor | None, g_lin: torch.Tensor | None) -> torch.Tensor:
-    """dL/dvalues (M x k) for a top-k S: the dense gradient's row i read at the k support entries.
-
-    Each thread accumulates row i of the dense gradient in an M x C buffer while its targets
-    are at item i, then reads the k support entries out (sign(v_is) on the |s| channel).
-    """
+    """dL/dvalues (M x k) for a top-k S: the dense gradient's row i, accumulated in an M x C buffer per thread while its
+    targets are at item i, read at the k support entries (sign(v_is) on the |s| channel)."""
     v = values.detach().contiguous().numpy()
     out = np.zeros_like(v)
-    _run_grad(layout, v, neighbors.to(torch.int32).contiguous().numpy(), out, (g_num, g_abs, g_lin))
+    gs = _channels(values.dtype, g_num, g_abs, g_lin)
+    n_chan = sum(g is not None for g in gs)
+    if n_chan:
+        _topk_grad_kernel(v, neighbors.to(torch.int32).contiguous().numpy(), out, *_layout_args(layout, v.dtype),
+                          gs[0], gs[1], gs[2], n_chan, int(layout.n_items))
     return torch.from_numpy(out)
 
 
 def symmetrize_(S: torch.Tensor, block: int = 64) -> None:
-    """S <- (S + S^T) / 2 with a zero diagonal, in place (CPU), over block x block tile pairs in parallel.
-
-    The same float operations as the torch tiles of ``PNBM.project_`` (bit-identical), in one pass.
-    """
+    """S <- (S + S^T) / 2 with a zero diagonal, in place (CPU), over block x block tile pairs in parallel: the same
+    float operations as the torch tiles of ``PNBM.project_`` (bit-identical)."""
     set_threads(torch.get_num_threads())
     _symmetrize_kernel(S.detach().numpy(), int(block))
 
@@ -261,13 +234,12 @@ def symmetrize_(S: torch.Tensor, block: int = 64) -> None:
 def user_l1_norms(rows: torch.Tensor, items: torch.Tensor, crow: torch.Tensor, cols: torch.Tensor, xv: torch.Tensor,
                   e: torch.Tensor, den: torch.Tensor, a: torch.Tensor, S: torch.Tensor, n_rows: int,
                   include_diagonal: bool) -> torch.Tensor:
-    """||G_u||_1 per batch row: sum over u's targets t = (u, i) and history items j of
-    |e_t (x_uj / d_t - a_t sign(s_ij))| (the pairs of :func:`dprec_torch.privacy.pnbm_clipping.iter_pairs`).
+    """||G_u||_1 per batch row: sum over u's targets t = (u, i) and history items j of |e_t (x_uj / d_t - a_t sign(s_ij))|
+    (the pairs of :func:`dprec_torch.privacy.pnbm_clipping.iter_pairs`).
 
-    Parallel over rows; within a row the terms are added in the torch path's order (targets ascending,
-    then history position), with the same float64 operations (a_t sign(s_ij) is exact, so no fused
-    multiply-add can round differently): the same bits as the chunked torch enumeration, which stays the
-    path on a GPU.
+    Parallel over rows; within a row the terms are added in the torch path's order (targets ascending, then history
+    position), with the same float64 operations (a_t sign(s_ij) is exact, so no fused multiply-add can round
+    differently): the same bits as the chunked torch enumeration, which stays the path on a GPU.
     """
     set_threads(torch.get_num_threads())
     order = torch.argsort(rows, stable=True)
@@ -304,12 +276,11 @@ if numba is not None:
 
     @njit(inline="always", cache=True, nogil=True)
     def _item_sums(row, t, end, ptr, h_items, h_x, h_w, t_item, t_row, t_index, num, ab, lin):  # pragma: no cover - compiled
-        """(num, abs, lin) of the targets t, t+1, ... (< end) at item t_item[t], whose row of S is
-        ``row``; returns the first target past them. ``lin`` None: not computed.
+        """(num, abs, lin) of the targets t, t+1, ... (< end) at item t_item[t], whose row of S is ``row``; returns the
+        first target past them. ``lin`` None: not computed.
 
-        Two targets are summed side by side: each sum is still one sequential chain (the same
-        float operations in the same order), but two chains hide the add latency (~1.2x).
-        Indices are unsigned so numba emits no negative-index wraparound per access.
+        Two targets are summed side by side: each sum is still one sequential chain (the same float operations in the
+        same order), but two chains hide the add latency (~1.2x). Unsigned indices: no negative-index wraparound code.
         """
         i = t_item[t]
         while t < end and t_item[t] == i:
@@ -353,11 +324,8 @@ if numba is not None:
     @njit(inline="always", cache=True, nogil=True)
     def _scatter_target(acc, k, lo, hi, h_items, h_x, h_w, g_num, g_abs, g_lin):  # pragma: no cover - compiled
         """Target k's pairs into the row buffer: acc[j, num] += g_num_k x_uj, acc[j, abs] += g_abs_k w_uj,
-        acc[j, lin] += g_lin_k w_uj over history entries lo..hi-1.
-
-        Absent channels and indicator weights are passed as None, so numba compiles them out
-        (a runtime flag per channel kept branches in the pair loop and cost ~1.5x).
-        """
+        acc[j, lin] += g_lin_k w_uj over history entries lo..hi-1. Absent channels and indicator weights are passed as
+        None, so numba compiles them out (a runtime flag per channel cost ~1.5x)."""
         c_abs = 0 if g_num is None else 1
         c_lin = c_abs if g_abs is None else c_abs + 1
         zero = acc.dtype.type(0)  # keeps cn, ca, cl in acc's precision (float32 products, as the torch path)
@@ -407,8 +375,8 @@ if numba is not None:
     @njit(parallel=True, cache=True, nogil=True)
     def _grad_kernel(s, out, ptr, h_items, h_x, h_w, t_item, t_row, t_index, piece, g_num, g_abs, g_lin, n_chan
                      ):  # pragma: no cover - compiled
-        # Row i of the gradient is accumulated in `acc` (M x n_chan) while the targets are at item i;
-        # sign(s_ij) is applied once per entry at the flush, not per pair (reading S per pair doubled the time).
+        # Row i of the gradient is accumulated in `acc` (M x n_chan) while the targets are at item i; sign(s_ij) is
+        # applied once per entry at the flush, not per pair (reading S per pair doubled the time).
         m = s.shape[0]
         for q in prange(piece.shape[0] - 1):
             acc = np.zeros((m, n_chan), dtype=out.dtype)
@@ -491,8 +459,8 @@ if numba is not None:
     @njit(parallel=True, cache=True, nogil=True)
     def _topk_grad_kernel(vals, nbrs, out, ptr, h_items, h_x, h_w, t_item, t_row, t_index, piece,
                           g_num, g_abs, g_lin, n_chan, m):  # pragma: no cover - compiled
-        # Row i of the dense gradient is accumulated in `acc` while the targets are at item i, then
-        # out[i, c] = acc_num + sign(v_ic) acc_abs + acc_lin at column nbrs[i, c].
+        # Row i of the dense gradient is accumulated in `acc` while the targets are at item i, then out[i, c] =
+        # acc_num + sign(v_ic) acc_abs + acc_lin at column nbrs[i, c].
         k = nbrs.shape[1]
         for q in prange(piece.shape[0] - 1):
             acc = np.zeros((m, n_chan), dtype=vals.dtype)  # row i, channels interleaved (one cache line per j)

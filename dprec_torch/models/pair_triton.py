@@ -1,19 +1,18 @@
 """Fused per-user L1 norms of PNBM's gradient on a GPU (Triton): no (target, history) pair is materialised.
 
-The provable clipped-Laplace mechanism clips ||G_u||_1 (``privacy.pnbm_clipping``), the sum over u's
-targets t = (u, i) and history items j of
+The provable clipped-Laplace mechanism clips ||G_u||_1 (``privacy.pnbm_clipping``), the sum over u's targets
+t = (u, i) and history items j of
 
     |e_t (x_uj / d_t - a_t sign(s_ij))|                                          (pnbm_clipping, (*))
 
-which has no product form (sign(s_ij) sits inside the absolute value). The torch path enumerates the
-~0.3 G pairs of ML-1M as a chain of gathers and element-wise kernels in float64 temporaries; here one
-Triton program per target streams its user's history in blocks, reads s_ij from row i of S and sums
-the terms in registers. The per-target sums are then added per user by ``torch.segment_reduce`` over
-the targets sorted by user (deterministic: no atomics), so the norms are reproducible run to run.
+which has no product form (sign(s_ij) sits inside the absolute value). The torch path enumerates the ~0.3 G pairs of
+ML-1M as a chain of gathers and element-wise kernels in float64 temporaries; here one Triton program per target
+streams its user's history in blocks, reads s_ij from row i of S and sums the terms in registers. The per-target sums
+are then added per user by ``torch.segment_reduce`` over the targets sorted by user (deterministic: no atomics).
 
-The values agree with the torch enumeration to float64 rounding (the order of the additions differs);
-the clip compares these norms with C, so the released sum is within C (1 + 1e-12) of the bound, far
-inside the harness's tolerance. ``TRITON_INTERPRET=1`` runs the kernel on the CPU for tests.
+The values agree with the torch enumeration to float64 rounding (the order of the additions differs); the clip
+compares these norms with C, so the released sum is within C (1 + 1e-12) of the bound, far inside the harness's
+tolerance. ``TRITON_INTERPRET=1`` runs the kernel on the CPU for tests.
 """
 
 from __future__ import annotations
@@ -36,8 +35,8 @@ def interpreting() -> bool:
 
 
 def available(S: torch.Tensor) -> bool:
-    """Whether the fused kernel can run for this S: S is on a CUDA device (or on the CPU under the
-    interpreter) and Triton imports (it is imported only then: a CPU run never pays for it)."""
+    """Whether the fused kernel can run for this S: S is on a CUDA device (or on the CPU under the interpreter) and
+    Triton imports (it is imported only then: a CPU run never pays for it)."""
     if not (S.device.type == "cuda" or (interpreting() and S.device.type == "cpu")):
         return False
     return _kernel() is not None

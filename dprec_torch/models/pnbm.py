@@ -1,37 +1,32 @@
 """Probabilistic neighbourhood-based model (PNBM), Wang & Tang Sec. 2.1.
 
-S is an M x M parameter here; the low-rank S = U U^T is :mod:`dprec_torch.models.pnbm_lowrank` (``model=pnbm_lowrank``,
-or ``model=pnbm model.similarity=lowrank``, which :func:`dprec_torch.config.resolve_model_node` maps to it).
+The low-rank S = U U^T is :mod:`dprec_torch.models.pnbm_lowrank` (``model=pnbm_lowrank``, or ``model=pnbm
+model.similarity=lowrank``, which :func:`dprec_torch.config.resolve_model_node` maps to it).
 
 Eq. (2):  r_hat_ui = r_bar_i + sum_{j != i} s_ij (r_uj - r_bar_j) I_uj / max(C, sum_{j != i} |s_ij| I_uj)
 
-S is an M x M parameter kept symmetric with a zero diagonal (so j = i never
-contributes). The denominator is floored at C, the paper's lower bound on
-|S_i| I_u^- (Sec. 3). At prediction time only each item's top-N_k neighbours
-count. Ratings stay sparse. Two formulations compute the same numbers
-(``model.formulation``):
+S is an M x M parameter kept symmetric with a zero diagonal (so j = i never contributes). The denominator is floored
+at C, the paper's lower bound on |S_i| I_u^- (Sec. 3). At prediction time only each item's top-N_k neighbours count.
+Ratings stay sparse. Two formulations compute the same numbers (``model.formulation``):
 
-* ``sparse_pair`` -- the sums of Eq. (2) only over the (target (u, i), history j) pairs,
-  sum_u |T_u| |R_u| of them, and the gradient as a scatter onto the co-rated (i, j)
-  (:mod:`dprec_torch.models.pair_kernels`);
-* ``dense`` -- the history block (users x items) times dense S^T, a |B| x M block of which the
-  targets are read: a CSR x dense product on the CPU (nnz_B M multiply-adds), a dense GEMM on an
-  accelerator where it fits (:func:`~dprec_torch.models.batching.dense_gemm_wins`, chosen by the
-  measured cost of the two: cuSPARSE ``csrmm`` is ~10x slower than the GEMM at ML-1M's 4 % density);
-* ``auto`` -- ``sparse_pair`` on the CPU; on an accelerator ``dense`` up to
-  ``dense_max_items`` items, else ``sparse_pair``.
+* ``sparse_pair`` -- the sums of Eq. (2) only over the (target (u, i), history j) pairs, sum_u |T_u| |R_u| of them,
+  and the gradient as a scatter onto the co-rated (i, j) (:mod:`dprec_torch.models.pair_kernels`);
+* ``dense`` -- the history block (users x items) times dense S^T, a |B| x M block of which the targets are read: a
+  CSR x dense product on the CPU (nnz_B M multiply-adds), a dense GEMM on an accelerator where it fits
+  (:func:`~dprec_torch.models.batching.dense_gemm_wins`: cuSPARSE ``csrmm`` is ~10x slower at ML-1M's 4 % density);
+* ``auto`` -- ``sparse_pair`` on the CPU; on an accelerator ``dense`` up to ``dense_max_items`` items, else
+  ``sparse_pair``.
 
-The floor's kink. d = max(C, D) with D = sum_j |s_ij| I_uj has no derivative at D = C, and
-|s| none at s = 0. Both are fixed here, explicitly, never left to autograd's choice:
+The floor's kink. d = max(C, D) with D = sum_j |s_ij| I_uj has no derivative at D = C, and |s| none at s = 0. Both
+are fixed here, explicitly, never left to autograd's choice:
 
-* ``denominator_active(D, C) = [D >= C]`` (``DENOMINATOR_RULE``): where it holds d = D and
-  d d / d D = 1 (the |s| term of the gradient is kept), elsewhere d = C and the term is 0.
-  The mask is computed ONCE per (batch, S version) from the forward's own D, in the forward's
-  precision, and cached on the batch (``denominator_mask``); the forward value, the autograd
-  gradient (:class:`FlooredDenominator`) and the per-user norms that the private mechanisms clip
+* ``[D >= C]`` (``DENOMINATOR_RULE``): where it holds d = D and d d / d D = 1 (the |s| term of the gradient is kept),
+  elsewhere d = C and the term is 0. The mask is computed ONCE per (batch, S version) from the forward's own D, in the
+  forward's precision, and cached on the batch (``denominator_mask``); the forward value, the autograd gradient
+  (:class:`FlooredDenominator`) and the per-user norms that the private mechanisms clip
   (:mod:`dprec_torch.privacy.pnbm_clipping`) all read that one tensor.
-* d|s|/ds = sign(s) with sign(0) = 0 (:class:`SignedAbs` on the dense path; ``sign_table`` /
-  the numba flush on the sparse-pair paths; ``torch.sign`` in the norms).
+* d|s|/ds = sign(s) with sign(0) = 0 (:class:`SignedAbs` on the dense path; ``sign_table`` / the numba flush on the
+  sparse-pair paths; ``torch.sign`` in the norms).
 """
 
 from __future__ import annotations
@@ -41,25 +36,30 @@ import weakref
 import torch
 from torch import nn
 
-from dprec_torch.data.ratings import Ratings, RatingScale, _to_csr
+from dprec_torch.data.ratings import Ratings, _to_csr
 from dprec_torch.errors import ConfigError
-from dprec_torch.models.base import BaseModel
-from dprec_torch.models.batching import UserBatch, dense_gemm_wins, rows_times
-from dprec_torch.models.pair_kernels import (DEFAULT_BUDGET, PairPlan, build_history, build_plan, centred_history,
-                                             device_budget, pair_sums)
+from dprec_torch.models.base import BaseModel, check_settings
+from dprec_torch.models.batching import UserBatch, dense_gemm_wins, rows_times, same_key
+from dprec_torch.models.pair_kernels import (DEFAULT_BUDGET, HistoryTables, PairPlan, build_history, build_plan,
+                                             centred_history, device_budget, pair_sums)
 from dprec_torch.models import pair_numba
 from dprec_torch.models.pair_numba import BACKENDS
 from dprec_torch.models.history import BindsHistory
-from dprec_torch.interfaces import MeanFallback
 
 GRADIENTS = ("exact", "paper_eq5")
 FORMULATIONS = ("auto", "dense", "sparse_pair")
 DENOMINATOR_RULE = "D >= C"  # where the Eq. (2) denominator is D (gradient through |s|); below C it is the floor
 
 
-def denominator_active(raw: torch.Tensor, floor_c: float) -> torch.Tensor:
-    """[D >= C] per target: True where d = max(C, D) is D itself (``DENOMINATOR_RULE``, module docstring)."""
-    return raw.detach() >= floor_c
+def batch_history(batch: UserBatch, n_items: int) -> HistoryTables | None:
+    """The batch's history block as :class:`HistoryTables`; None when ``x`` and ``ind`` do not share one sparsity pattern."""
+    x, ind = batch.x, batch.ind
+    if not (torch.equal(x.crow_indices(), ind.crow_indices()) and torch.equal(x.col_indices(), ind.col_indices())):
+        return None
+    crow = ind.crow_indices()
+    n_rows = crow.numel() - 1
+    rows = torch.repeat_interleave(torch.arange(n_rows, device=crow.device), crow[1:] - crow[:-1])
+    return build_history(rows, ind.col_indices(), x.values(), ind.values(), n_rows, n_items)
 
 
 class FlooredDenominator(torch.autograd.Function):
@@ -98,16 +98,14 @@ def floored(raw: torch.Tensor, active: torch.Tensor, floor_c: float) -> torch.Te
 def denominator_mask(batch: UserBatch, S: torch.Tensor, raw: torch.Tensor, floor_c: float) -> torch.Tensor:
     """The one [D >= C] mask of ``batch`` for this S (object and version), cached on the batch.
 
-    The first caller (the forward of ``batch_predict``, or the clipping norms) computes it from its
-    D; every later forward, gradient or norm of the same (batch, S version) reuses that tensor, so
-    they cannot disagree at D = C, whatever the precision or summation order of each computation.
-    Like the sparse-pair sums cache, the key is S's identity and ``_version``: every in-place update of
-    the parameter (optimizer steps, ``fill_``, ``load_state_dict``) bumps it; a write through ``S.data``
-    does not, so code that edits ``S.data`` directly must use a fresh batch.
+    The first caller (the forward of ``batch_predict``, or the clipping norms) computes it from its D; every later
+    forward, gradient or norm of the same (batch, S version) reuses that tensor, so they cannot disagree at D = C.
+    The key is S's identity and ``_version``: every in-place update (optimizer steps, ``fill_``, ``load_state_dict``)
+    bumps it; a write through ``S.data`` does not, so code that edits ``S.data`` directly must use a fresh batch.
     """
     mask = cached_denominator_mask(batch, S, floor_c)
     if mask is None:
-        mask = denominator_active(raw, floor_c)
+        mask = raw.detach() >= floor_c  # [D >= C]: where d = max(C, D) is D itself (DENOMINATOR_RULE)
         batch.cache["_denominator_mask"] = (weakref.ref(S), _mask_key(batch, S, floor_c), mask)
     return mask
 
@@ -121,32 +119,25 @@ def cached_denominator_mask(batch: UserBatch, S: torch.Tensor, floor_c: float) -
     hit = batch.cache.get("_denominator_mask")
     if hit is None or hit[0]() is not S:
         return None
-    key = _mask_key(batch, S, floor_c)
-    same = len(hit[1]) == len(key) and all(a is b if isinstance(a, torch.Tensor) else a == b for a, b in zip(hit[1], key))
-    return hit[2] if same else None
+    return hit[2] if same_key(hit[1], _mask_key(batch, S, floor_c)) else None
 
 
 class PNBM(BindsHistory, BaseModel):
     """Item-item PNBM holding the similarity matrix ``S`` (M x M).
 
     Args:
-        n_items: M.
-        floor_c: C, the floor of the Eq. (2) denominator.
+        n_items: M. floor_c: C, the floor of the Eq. (2) denominator. seed: seeds the initialisation.
         n_neighbors: N_k, neighbours per item used at prediction time (Sec. 5.1: 500).
         init_scale: S^(1) ~ U(-init_scale, init_scale) before any mechanism rescaling.
-        gradient: ``exact`` (autograd of Eq. (2), including the |s| and the denominator)
-            or ``paper_eq5`` (the paper's simplified Eq. (5), which drops sign(s_ij)).
-        seed: seeds the initialisation.
+        gradient: ``exact`` (autograd of Eq. (2), with the |s| and the denominator) or ``paper_eq5`` (the paper's
+            simplified Eq. (5), which drops sign(s_ij)).
         formulation: ``auto`` | ``dense`` | ``sparse_pair`` (module docstring); same numbers either way.
         pair_budget: padded pairs per chunk of the sparse-pair kernels on the CPU (bounds their memory);
             on an accelerator at least ``pair_kernels.ACCELERATOR_MIN_BUDGET`` (:func:`~.pair_kernels.device_budget`).
-        dense_max_items: ``auto`` picks ``dense`` on an accelerator up to this M (one number; both sides measured
-            on an H200 in docs/performance.md: ML-1M dense, ML-20M-size sparse pairs).
-        pair_backend: sparse-pair kernels on the CPU: ``numba`` (fused compiled loops,
-            :mod:`dprec_torch.models.pair_numba`), ``torch`` (chunked tensor ops, any device) or
-            ``auto`` (numba on the CPU when it imports); same numbers either way.
-        device: where S is initialised (the runner passes its device; a GPU run then never symmetrises
-            an M x M matrix on the CPU).
+        dense_max_items: ``auto`` picks ``dense`` on an accelerator up to this M (docs/performance.md).
+        pair_backend: sparse-pair kernels on the CPU: ``numba`` (fused compiled loops, :mod:`.pair_numba`), ``torch``
+            (chunked tensor ops, any device) or ``auto`` (numba on the CPU when it imports); same numbers either way.
+        device: where S is initialised (the runner's device: a GPU run never symmetrises an M x M matrix on the CPU).
     """
 
     task = "rating"
@@ -168,18 +159,10 @@ class PNBM(BindsHistory, BaseModel):
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
-        if gradient not in GRADIENTS:
-            raise ConfigError(f"model.gradient must be one of {GRADIENTS}, got '{gradient}'")
-        if formulation not in FORMULATIONS:
-            raise ConfigError(f"model.formulation must be one of {FORMULATIONS}, got '{formulation}'")
+        check_settings(("gradient", gradient, GRADIENTS), ("formulation", formulation, FORMULATIONS))
         if int(pair_budget) <= 0:
             raise ConfigError(f"model.pair_budget must be > 0, got {pair_budget}")
-        if pair_backend not in BACKENDS:
-            raise ConfigError(f"model.pair_backend must be one of {BACKENDS}, got '{pair_backend}'")
-        if floor_c <= 0:
-            raise ConfigError(f"model.floor_c (C) must be > 0, got {floor_c}")
-        if n_neighbors <= 0:
-            raise ConfigError(f"model.n_neighbors (N_k) must be > 0, got {n_neighbors}")
+        check_settings(("pair_backend", pair_backend, BACKENDS), ("floor_c (C)", floor_c), ("n_neighbors (N_k)", n_neighbors))
         self.n_items, self.floor_c, self.n_neighbors = int(n_items), float(floor_c), int(n_neighbors)
         self.gradient, self.predict_batch_users = gradient, int(predict_batch_users)
         self.formulation, self.pair_budget, self.dense_max_items = formulation, int(pair_budget), int(dense_max_items)
@@ -191,17 +174,14 @@ class PNBM(BindsHistory, BaseModel):
         self.S = nn.Parameter(init)
         self.register_buffer("item_means", torch.zeros(n_items, device=init.device))
         self.project_(compiled=False)
-        self.history: Ratings | None = None
-        self.fallback_: MeanFallback | None = None
 
     # ---------------------------------------------------------------- set-up
     @torch.no_grad()
     def project_(self, block: int = 512, compiled: bool = True) -> None:
         """Keep S symmetric with a zero diagonal: S <- (S + S^T) / 2, diag(S) <- 0 (post-processing).
 
-        Done in place over pairs of ``block`` x ``block`` tiles (cache-friendly, no M x M temporaries);
-        on the CPU by :func:`~dprec_torch.models.pair_numba.symmetrize_` (the same float operations)
-        unless ``compiled=False`` (the constructor: a GPU run must not wait for numba to compile).
+        In place over pairs of ``block`` x ``block`` tiles (no M x M temporaries); on the CPU by
+        :func:`~.pair_numba.symmetrize_` (the same float operations) unless ``compiled=False`` (the constructor).
         """
         s = self.S.data
         if compiled and s.is_contiguous() and pair_numba.use_numba(self.pair_backend, s):
@@ -227,32 +207,20 @@ class PNBM(BindsHistory, BaseModel):
         return "dense"
 
     def pair_plan(self, batch: UserBatch) -> PairPlan | None:
-        """The sparse-pair layout of ``batch`` (cached on the batch; rebuilt if its tensors are replaced).
-
-        None when ``x`` and ``ind`` do not share one sparsity pattern (then the dense path is used).
-        """
+        """The sparse-pair layout of ``batch`` (cached on the batch; rebuilt if its tensors are replaced); None when
+        ``x`` and ``ind`` do not share one sparsity pattern (then the dense path is used)."""
         key = (batch.x, batch.ind, batch.rows, batch.items, (self.pair_budget, self.pair_backend))
-        cached = batch.cache.get("_pair_plan")
-        if cached is not None and len(cached[0]) == len(key) and all(a is b for a, b in zip(cached[0][:4], key[:4])) \
-                and cached[0][4] == key[4]:
-            return cached[1]
-        x, ind = batch.x, batch.ind
-        same = torch.equal(x.crow_indices(), ind.crow_indices()) and torch.equal(x.col_indices(), ind.col_indices())
-        plan = None
-        if same:
-            crow = ind.crow_indices()
-            n_rows = crow.numel() - 1
-            rows = torch.repeat_interleave(torch.arange(n_rows, device=crow.device), crow[1:] - crow[:-1])
-            hist = build_history(rows, ind.col_indices(), x.values(), ind.values(), n_rows, self.n_items)
-            plan = build_plan(hist, batch.rows, batch.items, device_budget(self.pair_budget, crow.device),
-                              backend=self.pair_backend)
+        hit = batch.cache.get("_pair_plan")
+        if hit is not None and same_key(hit[0], key):
+            return hit[1]
+        hist = batch_history(batch, self.n_items)
+        plan = None if hist is None else build_plan(hist, batch.rows, batch.items,
+                                                    device_budget(self.pair_budget, batch.ind.device), backend=self.pair_backend)
         batch.cache["_pair_plan"] = (key, plan)
         return plan
 
     def _sparse_plan(self, batch: UserBatch, S: torch.Tensor) -> PairPlan | None:
-        if self.resolved_formulation(S.device) != "sparse_pair":
-            return None
-        return self.pair_plan(batch)
+        return self.pair_plan(batch) if self.resolved_formulation(S.device) == "sparse_pair" else None
 
     # --------------------------------------------------------------- training
     def batch_terms(self, batch: UserBatch, S: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -281,33 +249,24 @@ class PNBM(BindsHistory, BaseModel):
         return mask
 
     def batch_predict(self, batch: UserBatch) -> torch.Tensor:
-        """r_hat at the batch targets (Eq. (2), all neighbours, differentiable in S).
-
-        With autograd on, the terms are kept on the batch for the step's ``surrogate_loss`` (used once,
-        only while S is unchanged), so a training step runs the Eq. (2) products once, not twice.
-        """
+        """r_hat at the batch targets (Eq. (2), all neighbours, differentiable in S). With autograd on, the terms are
+        kept on the batch for the step's ``surrogate_loss`` (used once, only while S is unchanged)."""
         num, den = self.batch_terms(batch)
         if torch.is_grad_enabled() and num.requires_grad:
             batch.cache["_forward_terms"] = (weakref.ref(self.S), self.S._version, num, den)
         return self.item_means[batch.items] + num / den
 
-    def _step_terms(self, batch: UserBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """This step's (num, den): ``batch_predict``'s own tensors if S has not changed since, else recomputed."""
-        hit = batch.cache.pop("_forward_terms", None)
-        if hit is not None and hit[0]() is self.S and hit[1] == self.S._version:
-            return hit[2], hit[3]
-        return self.batch_terms(batch)
-
     def surrogate_loss(self, batch: UserBatch, residuals: torch.Tensor) -> torch.Tensor:
         """A scalar whose gradient in S is G = sum_(u,i) e_ui d r_hat_ui / dS (Eq. (4)/(5)).
 
-        ``residuals`` are the (possibly clamped, Alg. 1 line 5) errors e_ui = r_hat_ui - r_ui,
-        treated as constants. ``gradient=exact`` differentiates Eq. (2) itself;
-        ``paper_eq5`` uses d r_hat / d s_ij = (x_uj - r_hat_ui I_uj) / (S_i I_u^-) (Eq. (5)).
+        ``residuals`` are the (possibly clamped, Alg. 1 line 5) errors e_ui = r_hat_ui - r_ui, treated as constants.
+        ``gradient=exact`` differentiates Eq. (2); ``paper_eq5`` uses d r_hat / d s_ij = (x_uj - r_hat_ui I_uj) / (S_i I_u^-).
         """
         e = residuals.detach()
-        if self.gradient == "exact":
-            num, den = self._step_terms(batch)
+        if self.gradient == "exact":  # batch_predict's own (num, den) if S has not changed since, else recomputed
+            hit = batch.cache.pop("_forward_terms", None)
+            fresh = hit is not None and hit[0]() is self.S and hit[1] == self.S._version
+            num, den = (hit[2], hit[3]) if fresh else self.batch_terms(batch)
             return (e * (num / den)).sum()
         plan = self._sparse_plan(batch, self.S)
         if plan is not None:
@@ -324,14 +283,12 @@ class PNBM(BindsHistory, BaseModel):
 
     def fused_step(self, batch: UserBatch, target: torch.Tensor, bound: float
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """A training step's forward and backward in one pass over the pairs, or None where it does not apply.
+        """A training step's forward and backward in one pass over the pairs (see ``BaseModel.fused_step``).
 
-        For a mechanism whose residual clipping is the element-wise clamp to [-``bound``, ``bound``] (inf: none),
-        the same numbers as ``pred = batch_predict(batch)``, ``e = pred - target``, ``e' = clamp(e)``,
-        ``surrogate_loss(batch, e').backward()``, bit for bit (:func:`~dprec_torch.models.pair_numba.fused_step`):
-        S.grad receives dL/dS (accumulated, as autograd would) and (pred, e, e') are returned, detached. Applies
-        to ``gradient=exact`` on the sparse-pair formulation with the numba kernels (a CPU S); None otherwise
-        (the caller then runs the separate forward and backward).
+        For the element-wise clamp to [-``bound``, ``bound``] (inf: none), the same numbers as ``pred =
+        batch_predict(batch)``, ``e = pred - target``, ``e' = clamp(e)``, ``surrogate_loss(batch, e').backward()``, bit
+        for bit (:func:`~.pair_numba.fused_step`): S.grad receives dL/dS (accumulated) and (pred, e, e') are returned.
+        Applies to ``gradient=exact`` on the sparse-pair formulation with the numba kernels (a CPU S); None otherwise.
         """
         S = self.S
         if self.gradient != "exact" or not S.requires_grad or not torch.is_grad_enabled():
@@ -357,12 +314,10 @@ class PNBM(BindsHistory, BaseModel):
     def sgld_prior_precision(self, train: Ratings, batch_ratings: float, block: int = 256) -> list[torch.Tensor]:
         """H of Sec. 4.2: H_ij = 1 - |I_i||I_j|/L^2 (1 - |I_j|/L)^(l-1) (1 - |I_i|/L)^(l-1).
 
-        L = |R^{>0}|, l = the mini-batch size (sampling with replacement, as the paper assumes).
-        Implemented as printed in the paper; for realistic sizes H is within 1e-6 of 1.
-        Computed in float64 by blocks of rows into an S-typed M x M (no M x M float64 temporaries).
+        L = |R^{>0}|, l = the mini-batch size (sampling with replacement, as the paper assumes); as printed in the
+        paper (for realistic sizes H is within 1e-6 of 1). Float64 by blocks of rows into an S-typed M x M.
         """
-        big_l = float(len(train))
-        c = train.item_counts().to(self.S.device, torch.float64) / big_l
+        c = train.item_counts().to(self.S.device, torch.float64) / float(len(train))  # |I_i| / L
         p = torch.exp((batch_ratings - 1) * torch.log1p(-c.clamp_max(1 - 1e-12)))
         h = torch.empty_like(self.S, requires_grad=False)
         for a in range(0, self.n_items, block):
@@ -373,11 +328,8 @@ class PNBM(BindsHistory, BaseModel):
     # ------------------------------------------------------------- prediction
     @torch.no_grad()
     def neighbour_matrix(self) -> torch.Tensor:
-        """S restricted to each item's top-N_k neighbours (largest s_ij per row, as the reference code).
-
-        One k-th value per row (``torch.topk``), computed once per version of S and cached, so
-        repeated predictions between two updates (evaluation, top-N) do not re-select.
-        """
+        """S restricted to each item's top-N_k neighbours (largest s_ij per row, as the reference code); one k-th value
+        per row (``torch.topk``), cached per version of S."""
         S = self.S.detach()
         k = min(self.n_neighbors, S.shape[1])
         if k >= S.shape[1]:
@@ -391,11 +343,6 @@ class PNBM(BindsHistory, BaseModel):
         self._predict_cache["neighbours"] = (key, out)
         return out
 
-    def _history_tables(self):
-        """Padded history tables of the training users, x = r_uj - r_bar_j with the current means."""
-        assert self.history is not None
-        return centred_history(self._predict_cache, self.history, self.item_means, self.S.device)
-
     @torch.no_grad()
     def predict(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
         """Eq. (2) with top-N_k neighbours over each user's full training history, clipped to the scale."""
@@ -405,11 +352,10 @@ class PNBM(BindsHistory, BaseModel):
         users, items = users.to(dev), items.to(dev)
         hist = self.history
         Sk = self.neighbour_matrix()
-        user_c = users.clamp(0, hist.n_users - 1)
-        item_c = items.clamp(0, self.n_items - 1)
+        user_c, item_c = users.clamp(0, hist.n_users - 1), items.clamp(0, self.n_items - 1)
         if self.resolved_formulation(dev) == "sparse_pair":
-            plan = build_plan(self._history_tables(), user_c, item_c, device_budget(self.pair_budget, dev),
-                              backend=self.pair_backend)
+            tables = centred_history(self._predict_cache, hist, self.item_means, dev)  # x = r_uj - r_bar_j, current r_bar
+            plan = build_plan(tables, user_c, item_c, device_budget(self.pair_budget, dev), backend=self.pair_backend)
             num, ab, _ = plan.sums(Sk)
             out = self.item_means[item_c] + num / ab.clamp_min(self.floor_c)
             return self.fallback_.finish(users, items, out)
@@ -440,8 +386,3 @@ class PNBM(BindsHistory, BaseModel):
         x = _to_csr(rows, items, centred, n_rows, self.n_items)
         ind = _to_csr(rows, items, torch.ones_like(centred), n_rows, self.n_items)
         return torch.sparse.mm(x, Sk.T), torch.sparse.mm(ind, Sk.abs().T).clamp_min(self.floor_c)
-
-    @property
-    def scale(self) -> RatingScale:
-        assert self.history is not None
-        return self.history.scale

@@ -2,8 +2,7 @@
 
 Eq. (2) of Wang & Tang predicts r_hat_ui = r_bar_i + sum_{j != i} s_ij (r_uj - r_bar_j) I_uj / d_ui. This form keeps
 that prediction with S = U U^T (U is M x d, so a mechanism noises M d numbers a step instead of M^2) and with the
-normalisation that makes it learn under user-level noise (the equations of the former ``lowrank_dpsgd``
-predictor, whose validated settings therefore carry over). With the user's own damped offset and clamped residuals
+normalisation that makes it learn under user-level noise. With the user's own damped offset and clamped residuals
 
     b_u  = sum_{j in R_u} (r_uj - r_bar_j) / (n_u + beta_p),          n_u = |R_u|
     y_uj = clamp(r_uj - r_bar_j - b_u, -Gamma_r, Gamma_r)
@@ -15,11 +14,10 @@ the model is
     r_hat_ui = clip(r_bar_i + b_u + f_ui),      L_u(U) = sum_{i in R_u} (y_ui - f_ui)^2.
 
 Denominator rule: d_ui = n_u^(1/2) (public per user, no kink), in place of Eq. (2)'s max(C, sum_j |s_ij| I_uj): the
-latter couples every pair (i, j) of a profile through |u_i . u_j| and has no per-user closed-form gradient; the
-count normalisation is what the validated ``lowrank_dpsgd`` settings were learned with. The diagonal of S never
-enters (j != i), so S = U U^T needs no separate diagonal. r_bar (the buffer ``item_means``) is what a mechanism
-releases (the DP item means); b_u, y and p_u are recomputed by each user from the released r_bar, U and their own
-ratings (joint DP, the billboard model) and are never released.
+latter couples every pair (i, j) of a profile through |u_i . u_j| and has no per-user closed-form gradient. The
+diagonal of S never enters (j != i), so S = U U^T needs no separate diagonal. r_bar (the buffer ``item_means``) is
+what a mechanism releases (the DP item means); b_u, y and p_u are recomputed by each user from the released r_bar, U
+and their own ratings (joint DP, the billboard model) and are never released.
 
 Per-user gradient (explicit, batched; checked against autograd in the tests), with e_ui = y_ui - f_ui and
 q_u = sum_{i in R_u} e_ui u_i: row j of dL_u/dU is zero unless j in R_u, where
@@ -31,15 +29,14 @@ the clamped target r_bar_i + b_u + y_ui), and ``surrogate_loss`` is 2 sum e'_ui 
 sum_u dL_u/dU: scaling a user's residuals by min(1, C / ||g_u||_F) clips that user's whole gradient. No clamp, max or
 abs acts on U, so there is no kink for autograd to choose a subgradient at (the clamp of y reads data only).
 
-Public item features (``model.item_features``, the catalogue's genres and release decade,
-:mod:`dprec_torch.data.item_features`): each user also fits their own ridge weights on them,
-w_u = (Phi_Ru^T Phi_Ru + lambda I)^-1 Phi_Ru^T y_u (:func:`dprec_torch.models.content.feature_weights`), and the
-model then reads y'_uj = clamp(y_uj - w_u . phi_j, -Gamma_r, Gamma_r) in place of y and adds w_u . phi_i to the
-prediction. w_u is a function of u's own ratings and public data only (never released), so each user's gradient is
-still a function of that user alone and the per-user clip bounds it: the release and its epsilon are unchanged.
+Public item features (``model.item_features``, :mod:`dprec_torch.data.item_features`): each user also fits their
+own ridge weights on them, w_u = (Phi_Ru^T Phi_Ru + lambda I)^-1 Phi_Ru^T y_u (:mod:`.content`), and the model reads
+y'_uj = clamp(y_uj - w_u . phi_j, -Gamma_r, Gamma_r) in place of y and adds w_u . phi_i to the prediction. w_u is a
+function of u's own ratings and public data only (never released), so each user's gradient is still a function of
+that user alone and the per-user clip bounds it: the release and its epsilon are unchanged.
 
 ``gradient_reduction = "mean"``: the mechanisms divide the (clipped, noised) sum by the expected batch size q N
-(Opacus's ``scale_grad``, ``lowrank_dpsgd``'s g / (q N)), so ``lr`` is a step on the mean per-user loss.
+(Opacus's ``scale_grad``), so ``lr`` is a step on the mean per-user loss.
 """
 
 from __future__ import annotations
@@ -50,9 +47,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from dprec_torch.data.ratings import Ratings, RatingScale
+from dprec_torch.data.ratings import Ratings
 from dprec_torch.errors import ConfigError
-from dprec_torch.interfaces import MeanFallback
 from dprec_torch.models.base import BaseModel
 from dprec_torch.models.batching import UserBatch
 from dprec_torch.models.history import BindsHistory
@@ -202,8 +198,6 @@ class LowRankPNBM(BindsHistory, BaseModel):
         init = torch.randn(self.n_items, self.rank, generator=gen, dtype=torch.float64) * self.init_std
         self.U = nn.Parameter(init.to(device or "cpu"))
         self.register_buffer("item_means", torch.zeros(self.n_items, device=self.U.device))
-        self.history: Ratings | None = None
-        self.fallback_: MeanFallback | None = None
         self._predict_cache: dict = {}
 
     # ---------------------------------------------------------------- set-up
@@ -327,8 +321,7 @@ class LowRankPNBM(BindsHistory, BaseModel):
 
         On user-level batches the gradient is the explicit per-user rows (:func:`per_user_gradients`) summed in float64
         (:class:`_ExplicitGradient`): exactly the rows whose norms the mechanisms clip (:meth:`per_user_gradient_rows`,
-        float64 too), so a user's clipped contribution stays within C to float64 rounding (float32 autograd differed from
-        the float32 norms by up to 5e-5 relative where a gradient cancels; the sensitivity harness found it)."""
+        float64 too), so a user's clipped contribution stays within C to float64 rounding."""
         hit = batch.cache.pop("_forward_f", None)
         terms = self._terms(batch)
         if hit is not None and hit[0]() is self.U and hit[1] == self.U._version:
@@ -420,9 +413,4 @@ class LowRankPNBM(BindsHistory, BaseModel):
         if content is not None:
             f = f + content
         return self.fallback_.finish(users, items, self.item_means[ic] + b[uc] + f)
-
-    @property
-    def scale(self) -> RatingScale:
-        assert self.history is not None
-        return self.history.scale
 

@@ -4,38 +4,33 @@ Wang & Tang Eq. (2) with s_ij = 0 outside a fixed support N(i) of k items per it
 
     r_hat_ui = r_bar_i + sum_{s < k} v_is x_u,n_is / max(C, sum_{s < k} |v_is| I_u,n_is)
 
-``neighbors`` (M x k, a buffer) holds n_is and ``S_values`` (M x k, the parameter) v_is, so
-memory is O(M k) instead of O(M^2), for catalogues where a dense S does not fit. The
-gradient, the per-entry sensitivity e_max phi / C (Sec. 3) and the mechanisms are those of
-dense PNBM restricted to the support; ``project_`` keeps s_ij = s_ji wherever both (i, j)
-and (j, i) are in the support. An item is never its own neighbour. At prediction time the
-top-N_k selection is dense PNBM's, on S extended by zeros off the support.
+``neighbors`` (M x k, a buffer) holds n_is and ``S_values`` (M x k, the parameter) v_is, so memory is O(M k) instead
+of O(M^2), for catalogues where a dense S does not fit. The gradient, the per-entry sensitivity e_max phi / C (Sec. 3)
+and the mechanisms are those of dense PNBM restricted to the support; ``project_`` keeps s_ij = s_ji wherever both
+(i, j) and (j, i) are in the support. An item is never its own neighbour. At prediction time the top-N_k selection is
+dense PNBM's, on S extended by zeros off the support.
 
 The support is chosen once, at ``attach(train)`` (``support``):
 
-* ``pcc`` (default) -- each item's k items of largest shrunk Pearson correlation,
-  pcc_ij n_ij / (n_ij + ``support_shrinkage``) (n_ij co-raters; a non-private item-kNN
-  similarity). On ML-100K and the synthetic ML-1M-size data this support keeps the test
-  RMSE of dense PNBM at k = 200 (docs/performance.md).
+* ``pcc`` (default) -- each item's k items of largest shrunk Pearson correlation, pcc_ij n_ij / (n_ij +
+  ``support_shrinkage``) (n_ij co-raters; a non-private item-kNN similarity). On ML-100K and the synthetic
+  ML-1M-size data this support keeps the test RMSE of dense PNBM at k = 200 (docs/performance.md).
 * ``corating`` -- each item's k items with the most co-raters (ties: smaller id).
 * ``random`` -- k distinct random items per item (seeded by ``support_seed``).
 
-``pcc`` and ``corating`` are **not private**: the released neighbour lists depend on the
-training ratings, and no mechanism's epsilon covers that choice (``privacy_caveat`` says so
-and is logged at ``attach``). Use them for non-private runs and the accuracy/memory
-comparison; ``random`` is data-independent, so the mechanism's guarantee is unaffected, at
-a cost in accuracy.
+``pcc`` and ``corating`` are **not private**: the released neighbour lists depend on the training ratings, and no
+mechanism's epsilon covers that choice (``privacy_caveat`` says so and is logged at ``attach``). Use them for
+non-private runs and the accuracy/memory comparison; ``random`` is data-independent, so the mechanism's guarantee is
+unaffected, at a cost in accuracy.
 
-The floor max(C, D) and |v| follow dense PNBM's explicit rule at their kinks (``[D >= C]`` keeps the
-|v| term, sign(0) = 0; :mod:`dprec_torch.models.pnbm`), through the batch's one cached mask.
+The floor max(C, D) and |v| follow dense PNBM's explicit rule at their kinks (``[D >= C]`` keeps the |v| term,
+sign(0) = 0; :mod:`dprec_torch.models.pnbm`), through the batch's one cached mask.
 
-Kernels: on the CPU (``pair_backend=auto|numba``) the fused loops of
-:func:`dprec_torch.models.pair_numba.topk_sums` / ``topk_grad``, which rebuild row i of S (and
-accumulate row i of the gradient) in per-thread M-vectors; otherwise (``torch``, any device) the
-sparse-pair kernel of dense PNBM (:mod:`dprec_torch.models.pair_kernels`) with targets grouped
-by blocks of ``row_block`` items whose rows of S are rebuilt densely from the k values
-(``row_block x (M+1)`` cells, bounded by ``block_budget``). Work per epoch is the
-sum_u |T_u| |R_u| pairs plus O(M^2) zero-filling, whatever k is; memory is
+Kernels: on the CPU (``pair_backend=auto|numba``) the fused loops of :func:`~.pair_numba.topk_sums` / ``topk_grad``,
+which rebuild row i of S (and accumulate row i of the gradient) in per-thread M-vectors; otherwise (``torch``, any
+device) the sparse-pair kernel of dense PNBM (:mod:`.pair_kernels`) with targets grouped by blocks of ``row_block``
+items whose rows of S are rebuilt densely from the k values (``row_block x (M+1)`` cells, bounded by
+``block_budget``). Work per epoch is the sum_u |T_u| |R_u| pairs plus O(M^2) zero-filling, whatever k is; memory is
 O(M k + nnz + block_budget), never O(M^2).
 """
 
@@ -47,16 +42,15 @@ import weakref
 import torch
 from torch import nn
 
-from dprec_torch.data.ratings import Ratings, RatingScale
+from dprec_torch.data.ratings import Ratings
 from dprec_torch.errors import ConfigError
-from dprec_torch.models.base import BaseModel
-from dprec_torch.models.batching import UserBatch
+from dprec_torch.models.base import BaseModel, check_settings
+from dprec_torch.models.batching import UserBatch, same_key
 from dprec_torch.models import pair_numba
-from dprec_torch.models.pair_kernels import (DEFAULT_BUDGET, HistoryTables, PairPlan, build_history, build_plan,
-                                              centred_history, gram_row_blocks, row_groups, sign_table)
-from dprec_torch.models.pnbm import GRADIENTS, denominator_mask, floored
-from dprec_torch.models.release import fallback_from_state, fallback_state
-from dprec_torch.interfaces import MeanFallback
+from dprec_torch.models.history import BindsHistory
+from dprec_torch.models.pair_kernels import (DEFAULT_BUDGET, PairPlan, build_plan, centred_history, gram_row_blocks,
+                                              row_groups, sign_table)
+from dprec_torch.models.pnbm import GRADIENTS, PNBM, batch_history, denominator_mask, floored
 
 log = logging.getLogger(__name__)
 
@@ -71,10 +65,8 @@ DATA_DEPENDENT_CAVEAT = (
 # ------------------------------------------------------------------ support
 @torch.no_grad()
 def corating_support(train: Ratings, k: int, block_cells: int = 1 << 20) -> torch.Tensor:
-    """Each item's k items with the most co-raters n_ij = sum_u I_ui I_uj (j != i; ties: smaller j).
-
-    Computed by blocks of rows with the pair scatter: memory O(nnz + block_cells + M k).
-    """
+    """Each item's k items with the most co-raters n_ij = sum_u I_ui I_uj (j != i; ties: smaller j), by blocks of rows
+    with the pair scatter: memory O(nnz + block_cells + M k)."""
     ones = torch.ones(len(train), device=train.device)
     blocks = gram_row_blocks(train.users, train.items, [(ones, None)], train.n_users, train.n_items,
                              max(1, block_cells // (train.n_items + 1)))
@@ -86,8 +78,7 @@ def pcc_support(train: Ratings, k: int, shrinkage: float = 50.0, block_cells: in
     """Each item's k items of largest shrunk Pearson correlation (j != i; ties: smaller j).
 
     score_ij = pcc_ij n_ij / (n_ij + shrinkage), the significance-weighted item similarity of
-    :func:`dprec_torch.predictors.similarity.pearson` (n_ij co-raters), from four Gram
-    products computed by blocks of rows: memory O(nnz + block_cells + M k), never M^2.
+    :func:`dprec_torch.predictors.similarity.pearson` (n_ij co-raters), from four Gram products by blocks of rows.
     """
     x = train.values - train.item_means()[train.items]
     ones, sq = torch.ones_like(x), x * x
@@ -105,10 +96,8 @@ def pcc_support(train: Ratings, k: int, shrinkage: float = 50.0, block_cells: in
 
 
 def _top_k_rows(m: int, k: int, blocks, device: torch.device) -> torch.Tensor:
-    """Sorted indices of the k largest scores per row, the item itself excluded, ties to the smaller id.
-
-    ``blocks`` yields (start, stop, scores[start:stop]) covering all M rows.
-    """
+    """Sorted indices of the k largest scores per row, the item itself excluded, ties to the smaller id; ``blocks``
+    yields (start, stop, scores[start:stop]) covering all M rows."""
     out = torch.empty(m, k, dtype=torch.long, device=device)
     cols = torch.arange(m, device=device, dtype=torch.float64)[None, :]
     for start, stop, score in blocks:
@@ -152,11 +141,8 @@ def _dense_rows(values: torch.Tensor, neighbors: torch.Tensor, a: int, b: int) -
 
 
 class TopKPairSums(torch.autograd.Function):
-    """(num, abs, lin) at the plan's targets, differentiable in the M x k values.
-
-    The pair kernel of :mod:`dprec_torch.models.pair_kernels`, reading S from dense blocks of
-    ``row_block`` rows rebuilt from the k values per row (s_ij = 0 off the support).
-    """
+    """(num, abs, lin) at the plan's targets, differentiable in the M x k values: the pair kernel of
+    :mod:`.pair_kernels`, reading S from dense blocks of ``row_block`` rows rebuilt from the k values per row."""
 
     @staticmethod
     def forward(ctx, values, neighbors, plan, need_lin):  # type: ignore[override]
@@ -202,26 +188,20 @@ class TopKPairSums(torch.autograd.Function):
 
 
 # ------------------------------------------------------------------- model
-class PNBMTopK(BaseModel):
+class PNBMTopK(BindsHistory, BaseModel):
     """Item-item PNBM over a fixed top-k support (module docstring).
 
     Args:
-        n_items: M.
-        sparse_k: k, neighbours stored per item (memory M k).
+        n_items: M. sparse_k: k, neighbours stored per item (memory M k).
         support: ``pcc`` | ``corating`` (both non-private, flagged) | ``random`` (data-independent).
-        support_shrinkage: the shrinkage of ``pcc``.
-        support_seed: seeds ``random``.
-        floor_c, n_neighbors, init_scale, gradient, seed: as :class:`dprec_torch.models.pnbm.PNBM`;
-            at prediction time each item keeps its top-min(N_k, k) values.
+        support_shrinkage: the shrinkage of ``pcc``. support_seed: seeds ``random``.
+        floor_c, n_neighbors, init_scale, gradient, seed, pair_budget, pair_backend: as
+            :class:`~dprec_torch.models.pnbm.PNBM`; at prediction time each item keeps its top-min(N_k, k) values.
         block_budget: cells of a dense block of S rows (bounds the kernel's working memory).
-        pair_budget: padded (target, history) pairs per chunk, as :class:`~dprec_torch.models.pnbm.PNBM`.
-        pair_backend: ``auto`` | ``numba`` | ``torch``, as :class:`~dprec_torch.models.pnbm.PNBM` (numba:
-            :func:`~dprec_torch.models.pair_numba.topk_sums`, a dense row buffer per thread).
     """
 
     task = "rating"
     name = "PNBM-topk"
-    reads_own_ratings = centres_on_item_means = True  # Eq. (2), as PNBM
 
     def __init__(
         self,
@@ -240,18 +220,11 @@ class PNBMTopK(BaseModel):
         pair_backend: str = "auto",
     ) -> None:
         super().__init__()
-        if gradient not in GRADIENTS:
-            raise ConfigError(f"model.gradient must be one of {GRADIENTS}, got '{gradient}'")
-        if pair_backend not in pair_numba.BACKENDS:
-            raise ConfigError(f"model.pair_backend must be one of {pair_numba.BACKENDS}, got '{pair_backend}'")
-        if support not in SUPPORTS:
-            raise ConfigError(f"model.support must be one of {SUPPORTS}, got '{support}'")
+        check_settings(("gradient", gradient, GRADIENTS), ("pair_backend", pair_backend, pair_numba.BACKENDS),
+                       ("support", support, SUPPORTS))
         if not 0 < int(sparse_k) < int(n_items):
             raise ConfigError(f"model.sparse_k must be in [1, M - 1] = [1, {int(n_items) - 1}], got {sparse_k}")
-        if floor_c <= 0:
-            raise ConfigError(f"model.floor_c (C) must be > 0, got {floor_c}")
-        if n_neighbors <= 0:
-            raise ConfigError(f"model.n_neighbors (N_k) must be > 0, got {n_neighbors}")
+        check_settings(("floor_c (C)", floor_c), ("n_neighbors (N_k)", n_neighbors))
         self.n_items, self.k = int(n_items), int(sparse_k)
         self.support, self.support_seed, self.support_shrinkage = support, int(support_seed), float(support_shrinkage)
         self.floor_c, self.n_neighbors, self.gradient = float(floor_c), int(n_neighbors), gradient
@@ -261,9 +234,6 @@ class PNBMTopK(BaseModel):
         self.register_buffer("neighbors", torch.zeros(self.n_items, self.k, dtype=torch.long))
         self.register_buffer("item_means", torch.zeros(self.n_items))
         self.register_buffer("mirror", torch.full((self.n_items * self.k,), -1, dtype=torch.long))
-        self.history: Ratings | None = None
-        self.fallback_: MeanFallback | None = None
-        self.privacy_caveat: str | None = None
         self._predict_cache: dict = {}
 
     # ---------------------------------------------------------------- set-up
@@ -271,9 +241,7 @@ class PNBMTopK(BaseModel):
         """BUILD from data (before training): bind the histories, r_bar, the fallback; choose the support N(i)
         (see ``support``) and symmetrise."""
         dev = self.S_values.device
-        self.bind(train)
-        self.item_means.copy_(train.item_means().to(dev))
-        self.fallback_ = MeanFallback(train)
+        super().attach(train)
         if self.support == "random":
             nbrs = random_support(self.n_items, self.k, self.support_seed, dev)
             self.privacy_caveat = None
@@ -292,34 +260,19 @@ class PNBMTopK(BaseModel):
         self.project_()
         return self
 
-    def bind(self, train: Ratings) -> "PNBMTopK":
-        """Bind the users' training histories that Eq. (2) reads; computes nothing from them."""
-        if train.n_items != self.n_items:
-            raise ConfigError(f"model has {self.n_items} items but the data has {train.n_items}")
-        self.history = train
-        self._predict_cache.clear()
-        return self
-
-    def restore(self, train: Ratings, state: dict) -> "PNBMTopK":
-        """RESTORE what was released (models/release.py): S, the support, r_bar and the fallback from ``state``."""
-        self.bind(train)
-        self.load_state_dict(state)
-        return self
-
     def get_extra_state(self) -> dict:
-        return {"fallback": fallback_state(self.fallback_), "privacy_caveat": self.privacy_caveat}
+        return {**super().get_extra_state(), "privacy_caveat": self.privacy_caveat}
 
     def set_extra_state(self, state: dict) -> None:
-        self.fallback_ = fallback_from_state(state["fallback"], self.item_means.device)
+        super().set_extra_state(state)
         self.privacy_caveat = state.get("privacy_caveat")
 
     @torch.no_grad()
     def project_(self) -> None:
         """s_ij, s_ji <- (s_ij + s_ji) / 2 wherever both are in the support (symmetric S on the support).
 
-        Entries whose mirror is outside the support are left alone. (Averaging them with the
-        implicit zero, i.e. dense PNBM's projection of the zero-extended S, trained worse:
-        +0.03 test RMSE on the synthetic ML-1M-size data, k = 200.)
+        Entries whose mirror is outside the support are left alone (averaging them with the implicit zero, dense
+        PNBM's projection of the zero-extended S, trained worse: +0.03 test RMSE on synthetic ML-1M-size data, k = 200).
         """
         v = self.S_values.data.view(-1)
         pos = torch.nonzero(self.mirror >= 0).flatten()
@@ -338,16 +291,12 @@ class PNBMTopK(BaseModel):
     def pair_plan(self, batch: UserBatch) -> PairPlan:
         """The pair layout of ``batch`` grouped by row blocks (cached on the batch)."""
         key = (batch.x, batch.ind, batch.rows, batch.items, self.pair_budget, self.row_block, self.pair_backend)
-        cached = batch.cache.get("_topk_plan")
-        if cached is not None and all(a is b for a, b in zip(cached[0][:4], key[:4])) and cached[0][4:] == key[4:]:
-            return cached[1]
-        x, ind = batch.x, batch.ind
-        crow = x.crow_indices()
-        if not (torch.equal(crow, ind.crow_indices()) and torch.equal(x.col_indices(), ind.col_indices())):
+        hit = batch.cache.get("_topk_plan")
+        if hit is not None and same_key(hit[0], key):
+            return hit[1]
+        hist = batch_history(batch, self.n_items)
+        if hist is None:
             raise ValueError("PNBMTopK needs batch.x and batch.ind on one sparsity pattern (as make_batch builds them)")
-        n_rows = crow.numel() - 1
-        rows = torch.repeat_interleave(torch.arange(n_rows, device=crow.device), crow[1:] - crow[:-1])
-        hist = build_history(rows, x.col_indices(), x.values(), ind.values(), n_rows, self.n_items)
         plan = build_plan(hist, batch.rows, batch.items, self.pair_budget, self.row_block, self.pair_backend)
         batch.cache["_topk_plan"] = (key, plan)
         return plan
@@ -377,16 +326,12 @@ class PNBMTopK(BaseModel):
         return (e * (num - (num.detach() / den) * lin) / den).sum()
 
     # ------------------------------------------------------- privacy quantities
-    def gradient_entry_bound(self, residual_bound: float) -> float:
-        """Sec. 3: |G_ij(u)| <= e_max phi / C, as for dense PNBM."""
-        return residual_bound * self.scale.span / self.floor_c
+    gradient_entry_bound = PNBM.gradient_entry_bound  # Sec. 3: |G_ij(u)| <= e_max phi / C, as for dense PNBM
 
     @torch.no_grad()
     def sgld_prior_precision(self, train: Ratings, batch_ratings: float) -> list[torch.Tensor]:
         """H of Sec. 4.2 (Eq. (11)) at the support entries: H_is = 1 - c_i c_j p_i p_j, j = n_is."""
-        big_l = float(len(train))
-        dev = self.S_values.device
-        c = train.item_counts().to(dev, torch.float64) / big_l
+        c = train.item_counts().to(self.S_values.device, torch.float64) / float(len(train))  # |I_i| / L
         p = torch.exp((batch_ratings - 1) * torch.log1p(-c.clamp_max(1 - 1e-12)))
         h = 1 - (c[:, None] * p[:, None]) * (c[self.neighbors] * p[self.neighbors])
         return [h.to(self.S_values.dtype)]
@@ -396,9 +341,9 @@ class PNBMTopK(BaseModel):
     def neighbour_values(self) -> torch.Tensor:
         """The values dense PNBM's top-N_k selection keeps on the zero-extended S (the rest set to 0).
 
-        Row i of the zero-extended S holds the k values and M - k zeros; the N_k-th largest entry
-        of that row is the N_k-th largest value if N_k <= #(v > 0), else 0 if N_k <= #(v >= 0) + M - k,
-        else a negative value; entries >= it are kept (as ``PNBM.neighbour_matrix``). Cached per version.
+        Row i of the zero-extended S holds the k values and M - k zeros; its N_k-th largest entry is the N_k-th largest
+        value if N_k <= #(v > 0), else 0 if N_k <= #(v >= 0) + M - k, else a negative value; entries >= it are kept
+        (as ``PNBM.neighbour_matrix``). Cached per version.
         """
         v = self.S_values.detach()
         n_k = self.n_neighbors
@@ -418,11 +363,6 @@ class PNBMTopK(BaseModel):
         self._predict_cache["values"] = (key, out)
         return out
 
-    def _history_tables(self) -> HistoryTables:
-        """Padded history tables of the training users, x = r_uj - r_bar_j with the current means."""
-        assert self.history is not None
-        return centred_history(self._predict_cache, self.history, self.item_means, self.S_values.device)
-
     @torch.no_grad()
     def predict(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
         """Eq. (2) on the support (top-N_k values) over each user's full training history, clipped."""
@@ -430,15 +370,10 @@ class PNBMTopK(BaseModel):
             raise RuntimeError("PNBMTopK.predict called before attach(train)")
         dev = self.S_values.device
         users, items = users.to(dev), items.to(dev)
-        u = users.clamp(0, self.history.n_users - 1)
-        i = items.clamp(0, self.n_items - 1)
-        plan = build_plan(self._history_tables(), u, i, self.pair_budget, self.row_block, self.pair_backend)
+        u, i = users.clamp(0, self.history.n_users - 1), items.clamp(0, self.n_items - 1)
+        tables = centred_history(self._predict_cache, self.history, self.item_means, dev)  # x = r_uj - r_bar_j, current r_bar
+        plan = build_plan(tables, u, i, self.pair_budget, self.row_block, self.pair_backend)
         num, ab, _ = TopKPairSums.apply(self.neighbour_values(), self.neighbors, plan, False)
         out = self.item_means[i] + num / ab.clamp_min(self.floor_c)
         return self.fallback_.finish(users, items, out)
-
-    @property
-    def scale(self) -> RatingScale:
-        assert self.history is not None
-        return self.history.scale
 

@@ -2,15 +2,14 @@
 
 A model has two set-up paths with one job each:
 
-* ``attach(train)`` BUILDS from data, once, before training: item means, fallback, support...
-  (a mechanism may then replace them by a DP release, e.g. ``install_item_means``);
-* ``restore(train, state)`` RESTORES what was released: every learned or released quantity comes
-  from ``state`` (a checkpoint's ``model`` entry); ``train`` only binds the users' own training
-  histories that a neighbourhood model reads at prediction time. Nothing is recomputed from data,
-  so evaluating a run scores exactly the private model that was trained.
+* ``attach(train)`` BUILDS from data, once, before training: item means, fallback, support... (a mechanism may then
+  replace them by a DP release, e.g. ``install_item_means``);
+* ``restore(train, state)`` RESTORES what was released: every learned or released quantity comes from ``state`` (a
+  checkpoint's ``model`` entry); ``train`` only binds the users' own training histories that a neighbourhood model
+  reads at prediction time. Nothing is recomputed from data, so evaluating a run scores exactly the trained model.
 
-The fallback for unknown users/items (:class:`~dprec_torch.interfaces.MeanFallback`) is not an
-``nn.Module`` buffer, so the models carry it through ``get_extra_state`` with these two helpers.
+The fallback for unknown users/items (:class:`~dprec_torch.interfaces.MeanFallback`) is not an ``nn.Module`` buffer,
+so the models carry it through ``get_extra_state`` with these two helpers.
 """
 
 from __future__ import annotations

@@ -2,27 +2,23 @@
 
 How the converted PDF was read
 ------------------------------
-* Purchases: ``p_ij = 1`` iff user i rated item j with a value ``>= threshold``
-  (default 4.0, MovieLens' usual "liked it" cut, so the model learns from the same
-  events that Precision/Recall@N count as relevant). ``threshold=null`` counts every
-  rating as a purchase.
-* Eq. (7): ``s_jk = p_.j . p_.k / (|p_.j| |p_.k|)`` over the complete binary matrix; an
-  item without purchases has similarity 0 to everything.
-* Eq. (8): ``p_hat_ij = (1/|p_i.|) sum_{k in p_i.} s_kj`` (a mean of cosines, in [0, 1]).
-  Served to users with at least ``T`` purchases; the others get the normalised
-  popularity ``|p_.j| / max_k |p_.k|`` (also in [0, 1]).
+* Purchases: ``p_ij = 1`` iff user i rated item j with a value ``>= threshold`` (default 4.0, MovieLens' usual
+  "liked it" cut, so the model learns from the same events that Precision/Recall@N count as relevant).
+  ``threshold=null`` counts every rating as a purchase.
+* Eq. (7): ``s_jk = p_.j . p_.k / (|p_.j| |p_.k|)`` over the complete binary matrix; an item without purchases has
+  similarity 0 to everything.
+* Eq. (8): ``p_hat_ij = (1/|p_i.|) sum_{k in p_i.} s_kj`` (a mean of cosines, in [0, 1]). Served to users with at
+  least ``T`` purchases; the others get the normalised popularity ``|p_.j| / max_k |p_.k|`` (also in [0, 1]).
 * Theorem 3.2, Eq. (17): ``Delta f <= 2/T``.
 
 What Theorem 3.2 really covers (see :meth:`CosineImplicit.sensitivity_report`)
 ----------------------------------------------------------------------------------
-One rating flips at most one purchase (add/remove). Case (ii) of the proof (another
-user buys an item) assumes one similarity term changes; but when that user buys the
-*queried* item j, every ``s_kj`` with ``k in p_i.`` changes at once. Example in
-``tests/predictors/test_cosine_implicit.py``: j had no buyers, the new buyer shares every item of
-user i's history with only i -> every ``s_kj`` goes 0 -> 1/sqrt(2), so ``p_hat_ij`` moves
-by 0.707, versus ``2/T = 0.1`` for T = 20. The bound the code can defend is the width of
-the output range, ``1`` (every released value lies in [0, 1]), so noise calibrated to
-``2/T`` gives ``epsilon * T/2`` per released score, not ``epsilon``.
+One rating flips at most one purchase (add/remove). Case (ii) of the proof (another user buys an item) assumes one
+similarity term changes; but when that user buys the *queried* item j, every ``s_kj`` with ``k in p_i.`` changes at
+once. Example in ``tests/predictors/test_cosine_implicit.py``: j had no buyers, the new buyer shares every item of
+user i's history with only i -> every ``s_kj`` goes 0 -> 1/sqrt(2), so ``p_hat_ij`` moves by 0.707, versus
+``2/T = 0.1`` for T = 20. The bound the code can defend is the width of the output range, ``1`` (every released value
+lies in [0, 1]), so noise calibrated to ``2/T`` gives ``epsilon * T/2`` per released score, not ``epsilon``.
 """
 
 from __future__ import annotations
@@ -35,12 +31,9 @@ import torch
 from dprec_torch.data.ratings import Ratings, dense_rows
 from dprec_torch.errors import ConfigError, DataError
 from dprec_torch.predictors.base import BasePredictor, gather_pair_scores
-from dprec_torch.predictors.release import check_release_items
-from dprec_torch.predictors.slope_one import item_gram, top_n_unrated
+from dprec_torch.predictors.slope_one import _BLOCK, _ServedUsers, item_gram
 
 log = logging.getLogger(__name__)
-
-_BLOCK = 1024
 
 
 def cosine_sensitivity(T: int) -> float:
@@ -48,24 +41,23 @@ def cosine_sensitivity(T: int) -> float:
     return 2.0 / T
 
 
-class CosineImplicit(BasePredictor):
+class CosineImplicit(_ServedUsers, BasePredictor):
     """Amazon-style item-to-item cosine recommender on binarised ratings (Eqs. (7)-(8)).
 
-    Learned state: ``sim_`` (``[M, M]`` float64, Eq. (7)), ``purchase_counts_`` (per user),
-    ``served_`` (users with ``>= T`` purchases), ``popularity_`` (fallback scores).
-    ``predict`` returns the purchase estimate ``p_hat_ij`` in [0, 1], not a rating;
-    ``task = "topn"`` so the evaluator reports Precision/Recall@N only.
+    Learned state: ``sim_`` (``[M, M]`` float64, Eq. (7)), ``purchase_counts_`` (per user), ``served_`` (users with
+    ``>= T`` purchases), ``popularity_`` (fallback scores). ``predict`` returns the purchase estimate ``p_hat_ij`` in
+    [0, 1], not a rating; ``task = "topn"`` so the evaluator reports Precision/Recall@N only.
     """
 
     name = "cosine_implicit"
     task = "topn"
+    _learned = "sim_"
 
     def __init__(self, T: int = 20, threshold: float | None = 4.0, device: str | None = None) -> None:
         if int(T) != T or T < 1:
             raise ConfigError(f"cosine_implicit T={T} must be an integer >= 1 (users need T purchases to be served)")
         super().__init__(device=None if device in (None, "auto") else device)
-        self.T = int(T)
-        self.threshold = None if threshold is None else float(threshold)
+        self.T, self.threshold = int(T), None if threshold is None else float(threshold)
         self.sim_: torch.Tensor | None = None
 
     def binarise(self, train: Ratings) -> Ratings:
@@ -103,29 +95,17 @@ class CosineImplicit(BasePredictor):
 
     # ------------------------------------------------------------ release
     def released_state(self) -> dict[str, Any]:
-        """The cosines s_jk (Eq. (7)) and the normalised popularity. Non-private: with ``mechanism=laplace_output``
-        this is the curator's state, and the epsilon covers the noised answers, not this."""
+        """The cosines s_jk (Eq. (7)) and the normalised popularity. Non-private: with ``mechanism=laplace_output`` this
+        is the curator's state, and the epsilon covers the noised answers, not this."""
         self._check()
         return {"n_items": int(self.n_items), "similarity": self.sim_, "popularity": self.popularity_}
 
     def restore(self, train: Ratings, state: dict[str, Any]) -> "CosineImplicit":
         """s_jk and the popularity from ``state``; each user's purchases from their own ratings in ``train``."""
-        if self.device is not None:
-            train = train.to(self.device)
-        check_release_items(state, train, self.name)
+        train = self._prepare(train, state)
         self.sim_, self.popularity_ = state["similarity"].to(train.device), state["popularity"].to(train.device)
         self._index_users(train, self.binarise(train))
         return self
-
-    def _check(self) -> None:
-        if self.sim_ is None:
-            raise RuntimeError("CosineImplicit used before fit()")
-
-    def _users(self, users: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        users = torch.as_tensor(users, dtype=torch.long, device=self.sim_.device)
-        ok = (users >= 0) & (users < self.n_users)
-        u = users.clamp(0, self.n_users - 1)
-        return u, ok & self.served_[u]
 
     def score(self, users: torch.Tensor) -> torch.Tensor:
         """Eq. (8) for every item, ``[len(users), M]`` float64 in [0, 1]; popularity below ``T``."""
@@ -142,11 +122,7 @@ class CosineImplicit(BasePredictor):
     def raw_predict(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
         """Eq. (8) at the given pairs (float64); out-of-range items score 0."""
         self._check()
-        users = torch.as_tensor(users, dtype=torch.long, device=self.sim_.device)
-        items = torch.as_tensor(items, dtype=torch.long, device=self.sim_.device)
-        ok_i = (items >= 0) & (items < self.n_items)
-        out = gather_pair_scores(self.score, users, items, self.n_items, _BLOCK)
-        return torch.where(ok_i, out, torch.zeros_like(out))
+        return gather_pair_scores(self.score, self._ids(users), self._ids(items), self.n_items, _BLOCK)
 
     def predict(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
         """The purchase estimate ``p_hat_ij`` of Eq. (8) (float32, in [0, 1])."""
@@ -155,16 +131,6 @@ class CosineImplicit(BasePredictor):
     def score_range(self) -> tuple[float, float]:
         """Every score lies in [0, 1] (used by mechanism=exponential_topk)."""
         return 0.0, 1.0
-
-    def rated_mask(self, users: torch.Tensor) -> torch.Tensor:
-        """``[len(users), M]`` bool: items the user rated in training (never recommended)."""
-        self._check()
-        u, _ = self._users(users)
-        return dense_rows(self.indicator_, u) > 0
-
-    def recommend(self, users: torch.Tensor, n: int) -> torch.Tensor:
-        """Top-``n`` unrated items by Eq. (8), ``-1`` padded."""
-        return top_n_unrated(self.score(users), self.rated_mask(users), n)
 
     # ------------------------------------------------------------- privacy
     def output_sensitivity(self) -> float:
@@ -197,13 +163,12 @@ class CosineImplicit(BasePredictor):
         }
 
     # ------------------------------------------------ LIA side information
-    def lia_side_information(
-        self, users: torch.Tensor, query_items: torch.Tensor, target_items: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def lia_side_information(self, users: torch.Tensor, query_items: torch.Tensor,
+                             target_items: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Theorem 3.4, Eq. (26): ``(a, b, truth)`` with ``LIA = a * A_ij + b ~= s_lj``.
 
-        ``a = |p_i.|``, ``b = -sum_{k in p_i. minus l} s_kj``, ``truth = s_lj``; the attacker
-        concludes ``p_il = 1`` when the estimate matches ``s_lj``.
+        ``a = |p_i.|``, ``b = -sum_{k in p_i. minus l} s_kj``, ``truth = s_lj``; the attacker concludes ``p_il = 1``
+        when the estimate matches ``s_lj``.
         """
         self._check()
         u, served = self._users(users)

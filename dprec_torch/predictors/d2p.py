@@ -2,43 +2,40 @@
 
 Source: ``shared/papers/guerraoui-2015-d2p-distance-based-dp.txt``. How the paper was read:
 
-* Binary ratings (Sec. 2.1): like = rating >= ``lo + like_fraction * span`` (default 0.75: 4 on a
-  1..5 scale). A profile is the *set of liked items*; a dislike is a 0 entry and contributes nothing
-  to cosine similarity or popularity, so it is not part of the released AlterEgo.
-* Distance (Eq. 1, Alg. 1): ``lambda_ij = 1/cos(i, j) - 1`` for ``cos > 0`` (cosine of the items' binary
-  like vectors), so ``j in GRP(i)`` iff ``cos(i, j) > 1/(1 + lambda)``; every item is in its own group.
-* Neighbouring groups (Sec. 2.1.1, Alg. 3 lines 6-9): the groups sharing at least one item with
-  GRP(i) (``neighbor_groups=None``), or the top-K of them by shared count (Def. 4,
-  ``neighbor_groups=K``). ``G_lambda(i)`` = GRP(i) united with them (Sec. 3.2.3).
-* Selector (Alg. 2): each item goes to RItems with probability p, else to GItems. The listing draws two
-  independent numbers (an item could land in both or neither); we draw one, which is what the text and
-  the analysis of Sec. 3.2.3 assume.
+* Binary ratings (Sec. 2.1): like = rating >= ``lo + like_fraction * span`` (default 0.75: 4 on a 1..5 scale). A
+  profile is the *set of liked items*; a dislike is a 0 entry and contributes nothing to cosine similarity or
+  popularity, so it is not part of the released AlterEgo.
+* Distance (Eq. 1, Alg. 1): ``lambda_ij = 1/cos(i, j) - 1`` for ``cos > 0`` (cosine of the items' binary like
+  vectors), so ``j in GRP(i)`` iff ``cos(i, j) > 1/(1 + lambda)``; every item is in its own group.
+* Neighbouring groups (Sec. 2.1.1, Alg. 3 lines 6-9): the groups sharing at least one item with GRP(i)
+  (``neighbor_groups=None``), or the top-K of them by shared count (Def. 4, ``neighbor_groups=K``). ``G_lambda(i)`` =
+  GRP(i) united with them (Sec. 3.2.3).
+* Selector (Alg. 2): each item goes to RItems with probability p, else to GItems. The listing draws two independent
+  numbers (an item could land in both or neither); we draw one, which is what the text and the analysis of Sec. 3.2.3
+  assume.
 * Profiler (Alg. 3): keep the item with probability p*; otherwise replace a GItem by a uniform item of
-  ``G_lambda(s)`` and an RItem by a uniform item of the whole catalogue E (N items). The draw can
-  return the item itself, hence (Sec. 3.2.3)::
+  ``G_lambda(s)`` and an RItem by a uniform item of the whole catalogue E (N items). The draw can return the item
+  itself, hence (Sec. 3.2.3)::
 
       Pr(SUB(s, t)) = p* + (1-p)(1-p*)/|G(s)| + p(1-p*)/N    if t = s
                     =      (1-p)(1-p*)/|G(s)| + p(1-p*)/N    if t in G(s) \\ {s}
                     =                           p(1-p*)/N    otherwise
 
-* Eq. (12): ``eps = ln(1 + (p* + (1-p)(1-p*)/|G|) / (p(1-p*)/N))`` with ``|G| = min_s |G_lambda(s)|``:
-  the largest ratio ``Pr(SUB(i,i)) / Pr(SUB(j,i))`` over ``i not in G(j)``. Eq. (13) is its p* = 0 case.
-  Prop. 1's exact value ``ln max_{i != j, k} Pr(SUB(i,k)) / Pr(SUB(j,k))`` is also reported; Eq. (12)
-  is never below it.
-* Recommendation (Sec. 2.1.3-2.1.4): the K users whose AlterEgo is most cosine-similar to the active
-  user's real like set; score = how many of them like the item (ties broken by summed similarity).
-  i-D2P (Sec. 4.2.6): AlterReplica item profiles (sets of users, users substituted within user
-  groups), item-item cosine on them, each item keeps its K nearest; score(u, i) = sum of the
-  similarities of i to the items u likes.
+* Eq. (12): ``eps = ln(1 + (p* + (1-p)(1-p*)/|G|) / (p(1-p*)/N))`` with ``|G| = min_s |G_lambda(s)|``: the largest
+  ratio ``Pr(SUB(i,i)) / Pr(SUB(j,i))`` over ``i not in G(j)``. Eq. (13) is its p* = 0 case. Prop. 1's exact value
+  ``ln max_{i != j, k} Pr(SUB(i,k)) / Pr(SUB(j,k))`` is also reported; Eq. (12) is never below it.
+* Recommendation (Sec. 2.1.3-2.1.4): the K users whose AlterEgo is most cosine-similar to the active user's real like
+  set; score = how many of them like the item (ties broken by summed similarity). i-D2P (Sec. 4.2.6): AlterReplica
+  item profiles (sets of users, users substituted within user groups), item-item cosine on them, each item keeps its
+  K nearest; score(u, i) = sum of the similarities of i to the items u likes.
 
-Privacy, stated exactly: relation = one *event*, i.e. one liked item of one profile replaced by
-another (Def. 5, event level). Given the groups, Theorem 1 makes any use of the AlterEgo profiles
-(eps, lambda)-private with eps from Eq. (12). Not covered: the groups are computed from the same
-training likes without noise (the paper suggests public item features instead), so Eq. (12) is
-reported as ``epsilon_nominal`` (conditional on public groups) and ``epsilon`` is inf; the number of likes
-per profile is revealed, so adding/removing a like or flipping like/dislike is not protected; the
-active user's own real profile is used for their own recommendations. ``epsilon=inf`` keeps every
-item (p* = 1): the non-private user-kNN (or item-kNN) on the original profiles.
+Privacy, stated exactly: relation = one *event*, i.e. one liked item of one profile replaced by another (Def. 5,
+event level). Given the groups, Theorem 1 makes any use of the AlterEgo profiles (eps, lambda)-private with eps from
+Eq. (12). Not covered: the groups are computed from the same training likes without noise (the paper suggests public
+item features instead), so Eq. (12) is reported as ``epsilon_nominal`` (conditional on public groups) and ``epsilon``
+is inf; the number of likes per profile is revealed, so adding/removing a like or flipping like/dislike is not
+protected; the active user's own real profile is used for their own recommendations. ``epsilon=inf`` keeps every item
+(p* = 1): the non-private user-kNN (or item-kNN) on the original profiles.
 """
 
 from __future__ import annotations
@@ -49,11 +46,10 @@ from typing import Any
 
 import torch
 
-from dprec_torch.data.ratings import Ratings, RatingScale
+from dprec_torch.data.ratings import Ratings, RatingScale, dense_rows
 from dprec_torch.errors import ConfigError, DataError
 from dprec_torch.privacy.budget import check_epsilon
 from dprec_torch.predictors.base import BasePredictor
-from dprec_torch.predictors.release import check_release_items
 from dprec_torch.seeding import SecretGenerator, noise_generator
 
 log = logging.getLogger(__name__)
@@ -173,19 +169,9 @@ class D2P(BasePredictor):
     name = "d2p"
     task = "topn"
 
-    def __init__(
-        self,
-        epsilon: float = float("inf"),
-        p: float = 0.5,
-        p_star: float | None = None,
-        lam: float = 1.0,
-        mode: str = "user",
-        k: int = 50,
-        neighbor_groups: int | None = None,
-        like_fraction: float = 0.75,
-        seed: int | None = None,
-        device: torch.device | str | None = None,
-    ) -> None:
+    def __init__(self, epsilon: float = float("inf"), p: float = 0.5, p_star: float | None = None, lam: float = 1.0,
+                 mode: str = "user", k: int = 50, neighbor_groups: int | None = None, like_fraction: float = 0.75,
+                 seed: int | None = None, device: torch.device | str | None = None) -> None:
         super().__init__(device)
         self.epsilon = check_epsilon(epsilon, "d2p")
         if not 0.0 <= p <= 1.0 or (p_star is not None and not 0.0 <= p_star <= 1.0):
@@ -219,9 +205,7 @@ class D2P(BasePredictor):
 
     def fit(self, train: Ratings) -> "D2P":
         """Grouping, Selector/Profiler (AlterEgo or AlterReplica profiles), and the kNN structures."""
-        if len(train) == 0:
-            raise DataError("d2p: the training set is empty; check the data split")
-        train = self._prepare(train)
+        train = self._prepare(train, require_ratings=True)
         self.threshold_ = like_threshold(train.scale, self.like_fraction)
         liked = train.select(train.values >= self.threshold_)
         if len(liked) == 0:
@@ -253,7 +237,7 @@ class D2P(BasePredictor):
 
     def _index_users(self, train: Ratings, liked: Ratings) -> None:
         """Each active user's real like set and rated items (their own, used for their own recommendations)."""
-        self.liked_, self.train_ = _RowIndex(liked), _RowIndex(train)
+        self.liked_, self.train_ = liked.indicator_csr(), train.indicator_csr()
         self.n_items_, self.n_users_ = train.n_items, train.n_users
 
     # ------------------------------------------------------------ release
@@ -274,9 +258,7 @@ class D2P(BasePredictor):
 
     def restore(self, train: Ratings, state: dict[str, Any]) -> "D2P":
         """The AlterEgo profiles (or i-D2P's item kNN) from ``state``; each active user's real likes from ``train``."""
-        if self.device is not None:
-            train = train.to(self.device)
-        check_release_items(state, train, self.name)
+        train = self._prepare(train, state)
         self.p_used_, self.p_star_used_, self.g_min_ = float(state["p"]), float(state["p_star"]), int(state["g_min"])
         self.epsilon_eq12_, self.epsilon_prop1_ = float(state["epsilon_eq12"]), float(state["epsilon_prop1"])
         self.n_elem_, self.group_mean_ = int(state["n_elem"]), float(state["group_mean"])
@@ -321,8 +303,8 @@ class D2P(BasePredictor):
         out = []
         for start in range(0, users.numel(), batch):  # batches of users, vectorised over all items
             u = users[start:start + batch]
-            likes = self.liked_.dense(u)
-            rated = self.train_.dense(u) > 0
+            likes = dense_rows(self.liked_, u)
+            rated = dense_rows(self.train_, u) > 0
             scores = self._scores(u, likes).double().masked_fill(rated, float("-inf"))
             scores = scores.masked_fill(scores <= 0, float("-inf"))  # no support: no recommendation
             top = torch.topk(scores, n, dim=1)
@@ -351,10 +333,7 @@ class D2P(BasePredictor):
             "epsilon_nominal_scope": ("Eq. (12), per substituted liked element (Def. 5), CONDITIONAL on the lambda-groups "
                                       "being public; here they are built from the private likes without noise"),
             "epsilon_prop1": self.epsilon_prop1_,
-            "delta": 0.0,
-            "p": self.p_used_,
-            "p_star": self.p_star_used_,
-            "lambda": self.lam,
+            "delta": 0.0, "p": self.p_used_, "p_star": self.p_star_used_, "lambda": self.lam,
             "analysis": (
                 "Eq. (12) bounds Prop. 1's substitution ratio; Theorem 1 (Lemma 2 + Corollary 1) makes every use of the "
                 "AlterEgo profiles (eps, lambda)-private for one substituted liked element GIVEN the groups. The groups are "
@@ -376,22 +355,3 @@ def _item_knn(items: torch.Tensor, users: torch.Tensor, n_items: int, n_users: i
     top = torch.topk(cos, min(k, n_items - 1), dim=1)
     return torch.zeros_like(cos).scatter_(1, top.indices, top.values.clamp_min(0))
 
-
-class _RowIndex:
-    """Per-user row pointers of a :class:`Ratings`, to densify batches of user rows on demand."""
-
-    def __init__(self, r: Ratings) -> None:
-        srt = r.sorted_by_user()
-        self.counts = r.user_counts()
-        self.crow = torch.cumsum(self.counts, 0) - self.counts
-        self.items, self.n_items = srt.items, r.n_items
-
-    def dense(self, users: torch.Tensor) -> torch.Tensor:
-        """``[B, n_items]`` indicator rows (1 where the user has an entry)."""
-        lens = self.counts[users]
-        row = torch.repeat_interleave(torch.arange(users.numel(), device=users.device), lens)
-        first = torch.repeat_interleave(torch.cumsum(lens, 0) - lens, lens)
-        pos = self.crow[users].repeat_interleave(lens) + (torch.arange(int(lens.sum()), device=users.device) - first)
-        out = torch.zeros(users.numel(), self.n_items, device=users.device)
-        out[row, self.items[pos]] = 1.0
-        return out

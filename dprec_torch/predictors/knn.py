@@ -4,11 +4,10 @@ Prediction (Wang & Tang Eq. (2) with fixed similarities):
     r_hat_ui = r_bar_i + sum_{j in N_k(i; u)} s_ij (r_uj - r_bar_j) / sum_{j in N_k(i; u)} |s_ij|
 where N_k(i; u) are the k items most similar to i among those u rated.
 
-With ``positive_only=True`` (the default, as in the usual KNNWithMeans
-implementations) negative similarities are set to 0 before neighbour
-selection, so the denominator is sum s_ij over positive neighbours. On the
-ML-100K official folds this gives PCC RMSE 0.940 instead of 0.959 with signed
-neighbours; cosine on raw ratings is non-negative, so it is unaffected.
+With ``positive_only=True`` (the default, as in the usual KNNWithMeans implementations) negative similarities are set
+to 0 before neighbour selection, so the denominator is sum s_ij over positive neighbours. On the ML-100K official
+folds this gives PCC RMSE 0.940 instead of 0.959 with signed neighbours; cosine on raw ratings is non-negative, so it
+is unaffected.
 """
 
 from __future__ import annotations
@@ -32,16 +31,8 @@ class ItemKNN(BasePredictor):
 
     task = "rating"
 
-    def __init__(
-        self,
-        similarity: str = "pearson",
-        k: int | None = 900,
-        min_support: int = 1,
-        shrinkage: float = 0.0,
-        positive_only: bool = True,
-        batch_size: int = 4096,
-        device: str | torch.device | None = None,
-    ) -> None:
+    def __init__(self, similarity: str = "pearson", k: int | None = 900, min_support: int = 1, shrinkage: float = 0.0,
+                 positive_only: bool = True, batch_size: int = 4096, device: str | torch.device | None = None) -> None:
         super().__init__(device=device)
         if similarity not in SIMILARITIES:
             raise ConfigError(f"unknown similarity '{similarity}'; choose one of {sorted(SIMILARITIES)}")
@@ -78,7 +69,7 @@ class ItemKNN(BasePredictor):
 
     def restore(self, train: Ratings, state: dict[str, Any]) -> "ItemKNN":
         """S and the item means from ``state``; each user's history from their own ratings in ``train``."""
-        train = self._prepare_restored(train, state)
+        train = self._prepare(train, state)
         self.sim_ = state["similarity"].to(train.device)
         self.item_means_ = state["item_means"].to(train.device)
         self._index_users(train)

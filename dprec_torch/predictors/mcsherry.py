@@ -1,45 +1,44 @@
 """McSherry & Mironov (KDD 2009): noisy global effects + noisy item-item covariance, then item-kNN.
 
-Source: ``shared/papers/datta-2016-lecture-mcsherry-mironov-dp-covariance.txt`` (Datta's lecture on the
-paper). How the slides were read, step by step (slide titles in quotes):
+Source: ``shared/papers/datta-2016-lecture-mcsherry-mironov-dp-covariance.txt`` (Datta's lecture on the paper). How
+the slides were read, step by step (slide titles in quotes):
 
-1. "Global Averages": ``GSum = sum r_ui + Noise``, ``GCnt = sum e_ui + Noise``, ``G = GSum/GCnt``;
-   per item ``MSum = sum_u r_u + Noise^d``, ``MCnt = sum_u e_u + Noise^d`` and the beta_m-damped average
-   ``MAvg_i = (MSum_i + beta_m G) / (MCnt_i + beta_m)``. We sum ``r - mid`` (mid = the public scale
-   midpoint) instead of ``r``, which halves the sensitivity of the sums; ``mid`` is added back.
-   Noise: Laplace, pure eps, L1 sensitivity ``span/2`` (sums) and 1 (counts) per added/removed rating.
-2. "Covariance Matrix Trick I": residuals ``r'_ui = r_ui - MAvg_i`` are centred by a damped user
-   offset ``rbar_u = sum_i r'_ui / (|R_u| + beta_p)`` and clamped: ``r_hat_ui = clamp(r'_ui - rbar_u, -B, B)``.
-   User offsets are never published.
+1. "Global Averages": ``GSum = sum r_ui + Noise``, ``GCnt = sum e_ui + Noise``, ``G = GSum/GCnt``; per item
+   ``MSum = sum_u r_u + Noise^d``, ``MCnt = sum_u e_u + Noise^d`` and the beta_m-damped average
+   ``MAvg_i = (MSum_i + beta_m G) / (MCnt_i + beta_m)``. We sum ``r - mid`` (mid = the public scale midpoint) instead
+   of ``r``, which halves the sensitivity of the sums; ``mid`` is added back. Noise: Laplace, pure eps, L1
+   sensitivity ``span/2`` (sums) and 1 (counts) per added/removed rating.
+2. "Covariance Matrix Trick I": residuals ``r'_ui = r_ui - MAvg_i`` are centred by a damped user offset
+   ``rbar_u = sum_i r'_ui / (|R_u| + beta_p)`` and clamped: ``r_hat_ui = clamp(r'_ui - rbar_u, -B, B)``. User offsets
+   are never published.
 3. "Covariance Matrix Trick II": ``Cov = sum_u w_u r_hat_u r_hat_u^T + Noise^{d x d}`` with
    ``w_u = 1/||e_u||_2 = 1/sqrt(|R_u|)``, Gaussian noise on every entry, then symmetrised.
 4. Sensitivity ("Publishing the Covariance Matrix" + "Theorem 4"): for one added rating,
    ``||w_a x x^T - w_b y y^T||_F <= |w_a - w_b| ||x||^2 + w_b ||x - y|| (||x|| + ||y||)`` where
-   ``||x - y||_2^2 <= c alpha^2 / (c + 1 + beta_p)^2 + B^2`` (Theorem 4's L2 line, which we read as a
-   bound on the *squared* norm) and ``c`` is the user's count before the addition. Here ``alpha = 2 span``:
-   after subtracting MAvg the residuals lie in ``[-span, span]`` (MAvg is clamped to the scale), so two
-   residuals differ by up to ``2 span``; the slides' alpha = r_max - r_min only covers raw ratings.
-   We take the max of the bound over ``c = 0..n_items-1`` (:func:`covariance_sensitivity`). With
-   ``beta_p >= alpha^2 / (4 B^2)`` this is <= (1/2 + 2 sqrt 2) B^2 < (1 + 2 sqrt 2) B^2, the slide's value.
+   ``||x - y||_2^2 <= c alpha^2 / (c + 1 + beta_p)^2 + B^2`` (Theorem 4's L2 line, which we read as a bound on the
+   *squared* norm) and ``c`` is the user's count before the addition. Here ``alpha = 2 span``: after subtracting MAvg
+   the residuals lie in ``[-span, span]`` (MAvg is clamped to the scale), so two residuals differ by up to
+   ``2 span``; the slides' alpha = r_max - r_min only covers raw ratings. We take the max of the bound over
+   ``c = 0..n_items-1`` (:func:`covariance_sensitivity`). With ``beta_p >= alpha^2 / (4 B^2)`` this is <= (1/2 + 2
+   sqrt 2) B^2 < (1 + 2 sqrt 2) B^2, the slide's value.
 5. Gaussian mechanism ("Multivariate Gaussian Mechanism"): ``calibration="classic"`` uses the slide's
-   ``sigma = sqrt(2 ln(2/delta)) Delta_2 / eps`` (proved for eps < 1 only); the default ``"analytic"``
-   is the exact calibration of Balle & Wang (2018, Thm. 8), valid for every eps.
-6. Prediction (post-processing, ours; the slides stop at the covariance): item-kNN on the noisy
-   covariance normalised to a correlation, ``s_ij = Cov_ij / sqrt((Cov_ii^+ + tau)(Cov_jj^+ + tau))`` with
-   ``tau = variance_floor * sigma`` (0 at eps = inf; it keeps noise-only pairs of rare items from
-   reaching |s| ~ 1), and
-   ``r_ui = MAvg_i + rbar_u + sum_{j in N_k(i; u)} s_ij (r_uj - MAvg_j - rbar_u) / (lambda + sum s_ij)``
-   over the k rated items with the largest positive similarity, with ``lambda = knn_shrinkage * sigma /
-   Delta_2`` (0 at eps = inf): the neighbour term fades towards the noisy baseline as the noise grows. The paper's Wgt matrix and its
+   ``sigma = sqrt(2 ln(2/delta)) Delta_2 / eps`` (proved for eps < 1 only); the default ``"analytic"`` is the exact
+   calibration of Balle & Wang (2018, Thm. 8), valid for every eps.
+6. Prediction (post-processing, ours; the slides stop at the covariance): item-kNN on the noisy covariance normalised
+   to a correlation, ``s_ij = Cov_ij / sqrt((Cov_ii^+ + tau)(Cov_jj^+ + tau))`` with ``tau = variance_floor * sigma``
+   (0 at eps = inf; it keeps noise-only pairs of rare items from reaching |s| ~ 1), and
+   ``r_ui = MAvg_i + rbar_u + sum_{j in N_k(i; u)} s_ij (r_uj - MAvg_j - rbar_u) / (lambda + sum s_ij)`` over the k
+   rated items with the largest positive similarity, with ``lambda = knn_shrinkage * sigma / Delta_2`` (0 at eps =
+   inf): the neighbour term fades towards the noisy baseline as the noise grows. The paper's Wgt matrix and its
    factor models are not implemented.
 
-Privacy: relation = one rating added or removed. The four Laplace releases are pure eps_t each and the
-covariance is (eps_cov, delta); basic sequential composition gives (sum eps_t, delta) = (eps, delta)
-for the published (G, MAvg, Cov). :meth:`McSherryMironov.release_sensitivities` is the one source of every
-noise scale; the sensitivity harness (case ``mcsherry`` in :mod:`dprec_torch.privacy_harness.sensitivity_cases`)
-checks each figure on adversarial neighbours, and a private fit refuses ratings outside the scale (every
-bound assumes ``lo <= r <= hi``). Predictions for user u also read u's own ratings, which is not a
-release about anybody else. ``epsilon=inf`` runs the same pipeline without noise.
+Privacy: relation = one rating added or removed. The four Laplace releases are pure eps_t each and the covariance is
+(eps_cov, delta); basic sequential composition gives (sum eps_t, delta) = (eps, delta) for the published (G, MAvg,
+Cov). :meth:`McSherryMironov.release_sensitivities` is the one source of every noise scale; the sensitivity harness
+(case ``mcsherry`` in :mod:`dprec_torch.privacy_harness.sensitivity_cases`) checks each figure on adversarial
+neighbours, and a private fit refuses ratings outside the scale (every bound assumes ``lo <= r <= hi``). Predictions
+for user u also read u's own ratings, which is not a release about anybody else. ``epsilon=inf`` runs the same
+pipeline without noise.
 """
 
 from __future__ import annotations
@@ -52,12 +51,13 @@ import torch
 
 from dprec_torch.data.ratings import Ratings
 from dprec_torch.errors import ConfigError, DataError
-from dprec_torch.predictors.base import BasePredictor
-from dprec_torch.privacy.calibration import analytic_gaussian_sigma, classic_gaussian_sigma
+from dprec_torch.predictors.base import BasePredictor, query_pairs, user_offsets
+from dprec_torch.predictors.pncf import laplace as _laplace  # the name tests patch
 from dprec_torch.predictors.release import fallback_release
-from dprec_torch.privacy.item_means import install_private_fallback
 from dprec_torch.privacy.budget import check_epsilon_delta
-from dprec_torch.seeding import SecretGenerator, noise_generator
+from dprec_torch.privacy.calibration import analytic_gaussian_sigma, classic_gaussian_sigma
+from dprec_torch.privacy.item_means import install_private_fallback
+from dprec_torch.seeding import noise_generator
 
 log = logging.getLogger(__name__)
 
@@ -103,30 +103,16 @@ def weighted_covariance(train: Ratings, item_avg: torch.Tensor, clamp_b: float, 
     """
     resid = train.values - item_avg[train.items]
     counts = train.user_counts().to(torch.float32)
-    offset = user_offsets(train, item_avg, beta_p)
+    offset = user_offsets(train, item_avg, beta_p)  # step 2's rbar_u
     r_hat = (resid - offset[train.users]).clamp(-clamp_b, clamp_b)
     root_w = counts.clamp_min(1).rsqrt().sqrt()[train.users]  # sqrt(w_u), so x^T x carries w_u once
     x = torch.sparse_coo_tensor(torch.stack([train.users, train.items]), r_hat * root_w, (train.n_users, train.n_items), check_invariants=False).coalesce()
     return torch.sparse.mm(x.t().coalesce(), x).to_dense(), offset
 
 
-def user_offsets(train: Ratings, item_avg: torch.Tensor, beta_p: float) -> torch.Tensor:
-    """Step 2's damped user offsets ``rbar_u = sum_i (r_ui - item_avg_i) / (|R_u| + beta_p)`` (each from u's own ratings)."""
-    resid = train.values - item_avg[train.items]
-    counts = train.user_counts().to(torch.float32)
-    user_sum = torch.zeros(train.n_users, device=train.device).index_add_(0, train.users, resid)
-    return user_sum / (counts + beta_p).clamp_min(1e-6)
-
-
 def paper_covariance_bound(clamp_b: float) -> float:
     """The slide's bound ``(1 + 2 sqrt 2) B^2`` (valid when beta_p >= alpha^2 / (4 B^2))."""
     return (1.0 + 2.0 * math.sqrt(2.0)) * clamp_b**2
-
-
-# ----------------------------------------------------------- Gaussian mechanism
-def _laplace(shape: tuple[int, ...], scale: float, gen: SecretGenerator, device: torch.device) -> torch.Tensor:
-    u = gen.rand(shape, device=device, dtype=torch.float64) - 0.5
-    return (-scale * torch.sign(u) * torch.log1p(-2.0 * u.abs())).to(torch.float32)
 
 
 # ------------------------------------------------------------------ predictor
@@ -149,21 +135,10 @@ class McSherryMironov(BasePredictor):
     name = "mcsherry"
     task = "both"
 
-    def __init__(
-        self,
-        epsilon: float = 1.0,
-        delta: float = 1e-6,
-        k: int = 30,
-        clamp_b: float = 1.0,
-        beta_m: float = 15.0,
-        beta_p: float = 20.0,
-        budget: Mapping[str, float] | None = None,
-        calibration: str = "analytic",
-        variance_floor: float = 10.0,
-        knn_shrinkage: float = 3.0,
-        seed: int | None = None,
-        device: torch.device | str | None = None,
-    ) -> None:
+    def __init__(self, epsilon: float = 1.0, delta: float = 1e-6, k: int = 30, clamp_b: float = 1.0, beta_m: float = 15.0,
+                 beta_p: float = 20.0, budget: Mapping[str, float] | None = None, calibration: str = "analytic",
+                 variance_floor: float = 10.0, knn_shrinkage: float = 3.0, seed: int | None = None,
+                 device: torch.device | str | None = None) -> None:
         super().__init__(device)
         self.epsilon, self.delta = check_epsilon_delta(epsilon, delta, "mcsherry")
         if int(k) != k or k < 1:
@@ -185,10 +160,6 @@ class McSherryMironov(BasePredictor):
         self.sensitivity_: float | None = None
         self.sigma_: float | None = None
 
-    @property
-    def private(self) -> bool:
-        return math.isfinite(self.epsilon)
-
     def release_sensitivities(self, scale: Any, n_items: int) -> dict[str, float]:
         """What :meth:`fit` calibrates each release's noise to (one rating added/removed; the rating scale and
         ``n_items`` are public): L1 of the Laplace releases (steps 1) and L2 (Frobenius) of the covariance (step 4,
@@ -200,11 +171,9 @@ class McSherryMironov(BasePredictor):
     # ----------------------------------------------------------------- fit
     def fit(self, train: Ratings) -> "McSherryMironov":
         """Steps 1-5: noisy G and MAvg, centred/clamped ratings, weighted covariance + Gaussian noise."""
-        if len(train) == 0:
-            raise DataError("mcsherry: the training set is empty; check the data split")
-        train = self._prepare(train)
+        train = self._prepare(train, require_ratings=True)
         dev = train.device
-        gen = noise_generator(self.seed, dev, private=math.isfinite(self.epsilon))
+        gen = noise_generator(self.seed, dev, private=self.private)
         scale = train.scale
         if self.private and bool(((train.values < scale.lo) | (train.values > scale.hi)).any()):
             # every sensitivity below assumes lo <= r <= hi
@@ -268,7 +237,7 @@ class McSherryMironov(BasePredictor):
 
     def restore(self, train: Ratings, state: dict[str, Any]) -> "McSherryMironov":
         """G, MAvg and the similarity from ``state``; each user's offset and residuals from their own ratings."""
-        train = self._prepare_restored(train, state)
+        train = self._prepare(train, state)
         self.item_avg_, self.global_avg_ = state["item_avg"].to(train.device), float(state["global_avg"])
         self.sim_ = state["similarity"].to(train.device)
         self.sigma_, self.sensitivity_ = float(state["sigma"]), float(state["sensitivity"])
@@ -307,52 +276,34 @@ class McSherryMironov(BasePredictor):
         self.last_usable_ = top.values.sum(2) > 0  # some rated neighbour has a positive similarity
         return torch.where(wsum > 0, (top.values * r).sum(2) / wsum.clamp_min(1e-12), torch.zeros_like(wsum))
 
-    def _finish(self, users: torch.Tensor, items: torch.Tensor, neighbour: torch.Tensor) -> torch.Tensor:
-        """Noisy baselines for everyone; unknown users get MAvg_i, unknown item ids G (private fallback)."""
-        n_u, n_i = self.train_.n_users, self.train_.n_items
-        ok_i = (items >= 0) & (items < n_i)
-        ok_u = (users >= 0) & (users < n_u)
-        ic, uc = items.clamp(0, n_i - 1), users.clamp(0, n_u - 1)
-        known_u = ok_u & (self.user_counts_[uc] > 0)
-        base = torch.where(ok_i, self.item_avg_[ic], torch.full_like(self.item_avg_[ic], self.global_avg_))
-        pred = torch.where(known_u & ok_i, base + self.user_offset_[uc] + neighbour, base)
-        return self.train_.scale.clip(pred)
-
     def predict(self, users: torch.Tensor, items: torch.Tensor, batch: int = 64) -> torch.Tensor:
-        """Predicted ratings for (user, item) pairs; queries are grouped by user and scored in batches."""
-        if self.fallback_ is None:
-            raise RuntimeError("McSherryMironov.predict called before fit()")
-        users = torch.as_tensor(users, dtype=torch.long, device=self.device)
-        items = torch.as_tensor(items, dtype=torch.long, device=self.device)
-        if users.shape != items.shape or users.dim() != 1:
-            raise DataError(f"mcsherry.predict: users {tuple(users.shape)} and items {tuple(items.shape)} must be 1-D of equal length")
-        n_u, n_i = self.train_.n_users, self.train_.n_items
-        uc, ic = users.clamp(0, n_u - 1), items.clamp(0, n_i - 1)
+        """Predicted ratings for (user, item) pairs, queries grouped by user and scored in batches: the noisy baselines
+        (MAvg_i + rbar_u) plus the neighbour term; unknown users get MAvg_i, unknown item ids G (private fallback)."""
+        self._check_fitted()
+        uc, ic, ok_i, known = query_pairs(users, items, self.train_, self.user_counts_, self.device, self.name)
         # group queries by user: [distinct users, max queries per user] grid, padded
         uniq, inv, cnt = torch.unique(uc, return_inverse=True, return_counts=True)
         order = torch.argsort(inv, stable=True)
         slot = torch.empty_like(order)
         slot[order] = torch.arange(order.numel(), device=order.device) - torch.repeat_interleave(torch.cumsum(cnt, 0) - cnt, cnt)
         width = int(cnt.max()) if cnt.numel() else 1
-        grid = torch.zeros(uniq.numel(), width, dtype=torch.long, device=users.device)
+        grid = torch.zeros(uniq.numel(), width, dtype=torch.long, device=uc.device)
         grid[inv, slot] = ic
-        out = torch.zeros(uniq.numel(), width, device=users.device)
-        usable = torch.zeros(uniq.numel(), width, dtype=torch.bool, device=users.device)
+        out = torch.zeros(uniq.numel(), width, device=uc.device)
+        usable = torch.zeros(uniq.numel(), width, dtype=torch.bool, device=uc.device)
         for start in range(0, uniq.numel(), batch):  # batches of users
             u = uniq[start:start + batch]
             rated, resid, valid = self._padded_rows(u)
             out[start:start + batch] = self._knn_scores(grid[start:start + batch], rated, resid, valid)
             usable[start:start + batch] = self.last_usable_
         # fallback rate: unknown user or item, or no rated neighbour with a positive similarity (baselines only)
-        known = (users >= 0) & (users < n_u) & (items >= 0) & (items < n_i)
-        answered = known & (self.user_counts_[uc] > 0) & usable[inv, slot]
+        answered = known & usable[inv, slot]
         self.fallback_rate_ = float((~answered).float().mean()) if answered.numel() else 0.0
-        return self._finish(users, items, out[inv, slot])
+        return self._offset_predict(uc, ic, ok_i, known, out[inv, slot])
 
     def recommend(self, users: torch.Tensor, n: int, batch: int = 8) -> torch.Tensor:
         """Top-n items by predicted rating, excluding the user's training items; -1 pads."""
-        if self.fallback_ is None:
-            raise RuntimeError("McSherryMironov.recommend called before fit()")
+        self._check_fitted("recommend")
         if int(n) != n or n < 1:
             raise ConfigError(f"recommend: n={n} must be a positive integer")
         users = torch.as_tensor(users, dtype=torch.long, device=self.device)
@@ -365,8 +316,9 @@ class McSherryMironov(BasePredictor):
             uc = u.clamp(0, n_u - 1)
             rated, resid, valid = self._padded_rows(uc)
             nb = self._knn_scores(all_items.expand(u.numel(), n_i), rated, resid, valid)
-            uu = u[:, None].expand(-1, n_i)
-            scores = self._finish(uu.reshape(-1), all_items.repeat(u.numel()), nb.reshape(-1)).reshape(u.numel(), n_i).double()
+            pairs = query_pairs(u[:, None].expand(-1, n_i).reshape(-1), all_items.repeat(u.numel()), self.train_, self.user_counts_,
+                                self.device, self.name)
+            scores = self._offset_predict(*pairs, nb.reshape(-1)).reshape(u.numel(), n_i).double()
             own = valid & ((u >= 0) & (u < n_u))[:, None]
             rows = torch.arange(u.numel(), device=u.device)[:, None].expand_as(rated)
             scores[rows[own], rated[own]] = float("-inf")
@@ -404,9 +356,7 @@ class McSherryMironov(BasePredictor):
                 f"({eps['cov']:.4g}, {self.delta:g}) Gaussian -> (sum eps_t, delta) = ({self.epsilon:g}, {self.delta:g}); "
                 "one fit = one release (predictions are post-processing)"
             ),
-            "epsilon": self.epsilon,
-            "delta": self.delta,
-            "budget": dict(self.budget),
+            "epsilon": self.epsilon, "delta": self.delta, "budget": dict(self.budget),
             "analysis": (
                 "Basic sequential composition of four pure-eps Laplace releases and one (eps_cov, delta) Gaussian release "
                 "(Balle & Wang 2018 Thm. 8 when analytic); covariance L2 sensitivity from the weight change plus Theorem 4's "

@@ -4,50 +4,50 @@ Release (two Gaussian mechanisms, composed exactly as one mu-GDP mechanism, :mod
 
 1. item statistics (S_i, C_i) -> DP item means r~_i and global mean g (``mean_fraction`` of mu^2; the ``posterior``
    estimator of :func:`dprec_torch.privacy.item_means.release_item_means`, options ``mean_*`` -> :attr:`means_spec`);
-2. the item Gram G = sum_u x_u x_u^T of clipped centred rating vectors, upper triangle incl. diagonal,
-   plus N(0, (Delta_G / mu_G)^2) per entry, mirrored (the rest of mu^2). The unit vectors x_u:
+2. the item Gram G = sum_u x_u x_u^T of clipped centred rating vectors, upper triangle incl. diagonal, plus N(0,
+   (Delta_G / mu_G)^2) per entry, mirrored (the rest of mu^2). The unit vectors x_u:
 
-   * ``relation=user``: e_ui = r_ui - r~_i, b_u = sum_i e_ui / (|R_u| + beta_p) (the user's own damped offset),
-     y_ui = clamp(e_ui - b_u, -B, B), and x_u = y_u min(1, c / ||y_u||) (``weighting=clip``) or
-     x_u = c y_u / ||y_u|| (``weighting=normalize``, McSherry-Mironov's 1/||.|| weighting): ||x_u|| <= c, so
-     adding/removing a user moves the triangle of G by ||tri(x x^T)|| <= ||x||^2 <= c^2 = Delta_G.
-   * ``relation=rating``: x_ui = clamp(r_ui - r~_i, -B, B) |R_u|^(-1/4) (the outer product carries
-     w_u = |R_u|^(-1/2)); no user offset here, since it would tie every entry to every rating of u.
-     Changing r_ui moves row/column i: ||tri||^2 <= (4 B^2 (n-1) B^2 + B^4) / n < 4 B^4; adding a rating to a
-     user with n: ||tri||^2 <= B^4 ((sqrt(n+1) - sqrt n)^2 / 2 + 1) < 1.09 B^4. So Delta_G = 2 B^2.
+   * ``relation=user``: e_ui = r_ui - r~_i, b_u = sum_i e_ui / (|R_u| + beta_p) (the user's own damped offset), y_ui =
+     clamp(e_ui - b_u, -B, B), and x_u = y_u min(1, c / ||y_u||) (``weighting=clip``) or x_u = c y_u / ||y_u||
+     (``weighting=normalize``, McSherry-Mironov's 1/||.|| weighting): ||x_u|| <= c, so adding/removing a user moves the
+     triangle of G by ||tri(x x^T)|| <= ||x||^2 <= c^2 = Delta_G.
+   * ``relation=rating``: x_ui = clamp(r_ui - r~_i, -B, B) |R_u|^(-1/4) (the outer product carries w_u = |R_u|^(-1/2));
+     no user offset here, since it would tie every entry to every rating of u. Changing r_ui moves row/column i:
+     ||tri||^2 <= (4 B^2 (n-1) B^2 + B^4) / n < 4 B^4; adding a rating to a user with n: ||tri||^2 <= B^4 ((sqrt(n+1) -
+     sqrt n)^2 / 2 + 1) < 1.09 B^4. So Delta_G = 2 B^2.
 
-Learning S from (r~, g, G~) only (post-processing); for user u the prediction adds the user's own term
-(joint DP / billboard model: u's ratings are read only for u's predictions):
+Learning S from (r~, g, G~) only (post-processing); for user u the prediction adds the user's own term (joint DP /
+billboard model: u's ratings are read only for u's predictions):
 
     r^_ui = clip(r~_i + b_u + f_i(y_u)),  y_uj = r_uj - r~_j - b_u on u's rated items,
 
 with ``estimator``:
 
-* ``knn`` (a): PCC/COS on noisy statistics. s_ij = G~_ij / sqrt((G~_ii^+ + tau)(G~_jj^+ + tau)) with
-  tau = variance_floor x noise std (the statistics are centred by r~, so this is a Pearson-type correlation of
-  residuals; with ``centre=false`` at user level it is a cosine), the k largest positive s_ij per row kept;
-  f_i = sum_j s_ij y_uj / (lambda + sum_j s_ij [j in R_u]).
-* ``ease`` (b): closed-form item-item ridge regression (EASE, Steck 2019) on the denoised Gram:
-  P = (G~_+ + lambda I)^-1 (G~_+ = G~ with negative eigenvalues set to 0), W = I - P diag(P)^-1, f = y_u W.
-* ``lowrank`` (c): G~ = V L V^T; keep the eigen-directions with L_k > eig_threshold x 2 s sqrt(M) (the
-  spectral edge of the symmetric Gaussian noise, s = its entry std), at most ``rank``; each user fits
-  p_u = argmin ||y_u - V_Ru p||^2 + lambda sum_k (L'_1 / L'_k)^prior_power p_k^2 (L' = L - edge, a
-  per-direction prior from the denoised spectrum), f_i = v_i . p_u.
-* ``pnbm`` (c): PNBM's Eq. (2), r^_ui = r~_i + b_u + sum_{j in R_u} s_ij y_uj / (lambda + sum_{j in R_u} |s_ij|),
-  with S fitted to the noisy statistics by the quadratic surrogate of Eq. (2)'s squared error with the
-  denominator frozen at a per-item constant D_i: then s_i / D_i = w_i solves the ridge regression of item i's
-  clipped residual on those of its k neighbours N_i (the k largest noisy-PCC s_ij, as ``knn``),
+* ``knn`` (a): PCC/COS on noisy statistics. s_ij = G~_ij / sqrt((G~_ii^+ + tau)(G~_jj^+ + tau)) with tau =
+  variance_floor x noise std (the statistics are centred by r~, so this is a Pearson-type correlation of residuals; with
+  ``centre=false`` at user level it is a cosine), the k largest positive s_ij per row kept; f_i = sum_j s_ij y_uj /
+  (lambda + sum_j s_ij [j in R_u]).
+* ``ease`` (b): closed-form item-item ridge regression (EASE, Steck 2019) on the denoised Gram: P = (G~_+ + lambda I)^-1
+  (G~_+ = G~ with negative eigenvalues set to 0), W = I - P diag(P)^-1, f = y_u W.
+* ``lowrank`` (c): G~ = V L V^T; keep the eigen-directions with L_k > eig_threshold x 2 s sqrt(M) (the spectral edge of
+  the symmetric Gaussian noise, s = its entry std), at most ``rank``; each user fits p_u = argmin ||y_u - V_Ru p||^2 +
+  lambda sum_k (L'_1 / L'_k)^prior_power p_k^2 (L' = L - edge, a per-direction prior from the denoised spectrum), f_i =
+  v_i . p_u.
+* ``pnbm`` (c): PNBM's Eq. (2), r^_ui = r~_i + b_u + sum_{j in R_u} s_ij y_uj / (lambda + sum_{j in R_u} |s_ij|), with S
+  fitted to the noisy statistics by the quadratic surrogate of Eq. (2)'s squared error with the denominator frozen at a
+  per-item constant D_i: then s_i / D_i = w_i solves the ridge regression of item i's clipped residual on those of its k
+  neighbours N_i (the k largest noisy-PCC s_ij, as ``knn``),
       w_i = argmin_w sum_u (x_ui - sum_{j in N_i} w_j x_uj)^2 + rho ||w||^2 = (G~_{N_i N_i} + rho I)^-1 G~_{N_i i},
-  rho = ``reg`` + 2 s sqrt(k) (the k x k noise block's spectral edge, so the system stays positive definite),
-  batched over items in closed form. Eq. (2) is invariant to the row scale D_i except through lambda, so the
-  prediction uses s = w (``knn_shrinkage`` = lambda in w units). Pure post-processing of G~: no extra privacy cost.
+  rho = ``reg`` + 2 s sqrt(k) (the k x k noise block's spectral edge, so the system stays positive definite), batched
+  over items in closed form. Eq. (2) is invariant to the row scale D_i except through lambda, so the prediction uses s =
+  w (``knn_shrinkage`` = lambda in w units). Pure post-processing of G~: no extra privacy cost.
 * ``none``: f = 0 (DP item means + the user's own offset; the reference every learned S must beat).
 
-``epsilon=inf`` runs the same pipeline with sigma = 0 (the estimator's bias without noise).
-``item_features=true`` (public catalogue metadata, :mod:`dprec_torch.data.item_features`: genres and release
-decade): each user also fits their own weights q_u = (Phi_Ru^T Phi_Ru + feature_reg I)^-1 Phi_Ru^T y_u on the public
-features phi_i, the estimator's f then reads the residuals y_u - Phi q_u, and r^_ui gains q_u . phi_i. No rating
-enters Phi and q_u is never released, so the releases -- and the privacy claim -- are exactly those without it.
+``epsilon=inf`` runs the same pipeline with sigma = 0 (the estimator's bias without noise). ``item_features=true``
+(public catalogue metadata, :mod:`dprec_torch.data.item_features`: genres and release decade): each user also fits their
+own weights q_u = (Phi_Ru^T Phi_Ru + feature_reg I)^-1 Phi_Ru^T y_u on the public features phi_i, the estimator's f then
+reads the residuals y_u - Phi q_u, and r^_ui gains q_u . phi_i. No rating enters Phi and q_u is never released, so the
+releases -- and the privacy claim -- are exactly those without it.
 
 Privacy report: what is released (r~, g, G~: item-side only) and that predictions for u read u's ratings.
 """
@@ -61,22 +61,14 @@ from typing import Any
 import torch
 
 from dprec_torch.data.ratings import Ratings, dense_rows
-from dprec_torch.errors import ConfigError, DataError
-from dprec_torch.predictors.base import BasePredictor, query_pairs
-from dprec_torch.models.content import (JOINT_DP_SUFFIX, check_item_features, feature_weights, public_features_text,
-                                            resolve_item_features)
+from dprec_torch.errors import ConfigError
+from dprec_torch.models.content import JOINT_DP_SUFFIX, check_item_features, feature_weights, public_features_text, resolve_item_features
+from dprec_torch.predictors.base import BasePredictor, gather_pair_scores, query_pairs, user_offsets, user_residuals
+from dprec_torch.predictors.dpals import solve_rows, symmetric_noise
 from dprec_torch.predictors.release import fallback_release
 from dprec_torch.privacy.budget import check_epsilon_delta
 from dprec_torch.privacy.calibration import calibrate_gaussian, gaussian_epsilon, gdp_epsilon, split_mu
-from dprec_torch.privacy.item_means import (
-    NOISES,
-    RELATION_TEXT,
-    RELATIONS,
-    ItemMeansSpec,
-    install_private_fallback,
-    item_stats_sensitivity,
-    release_item_means,
-)
+from dprec_torch.privacy.item_means import NOISES, RELATION_TEXT, RELATIONS, ItemMeansSpec, item_stats_sensitivity
 from dprec_torch.seeding import SecretGenerator, noise_generator
 
 log = logging.getLogger(__name__)
@@ -90,13 +82,11 @@ WEIGHTINGS = ("clip", "normalize")
 def unit_vectors(train: Ratings, means: torch.Tensor, relation: str, clamp_b: float, clip_norm: float,
                  weighting: str = "clip", beta_p: float = 0.0) -> torch.Tensor:
     """Per-rating entries x_ui of each unit's clipped vector (module docstring), aligned with ``train``."""
-    e = train.values.double() - means.double()[train.items]
-    n = torch.bincount(train.users, minlength=train.n_users).double()
     if relation == "rating":
-        return e.clamp(-clamp_b, clamp_b) * n.clamp_min(1)[train.users].pow(-0.25)
-    offset = torch.zeros(train.n_users, dtype=torch.float64, device=e.device).index_add_(0, train.users, e) / (n + beta_p).clamp_min(1e-12)
-    y = (e - offset[train.users]).clamp(-clamp_b, clamp_b)
-    norm = torch.zeros(train.n_users, dtype=torch.float64, device=e.device).index_add_(0, train.users, y * y).sqrt()
+        n = torch.bincount(train.users, minlength=train.n_users).double()
+        return (train.values.double() - means.double()[train.items]).clamp(-clamp_b, clamp_b) * n.clamp_min(1)[train.users].pow(-0.25)
+    _, y = user_residuals(train, means, beta_p, clamp_b)
+    norm = torch.zeros(train.n_users, dtype=torch.float64, device=y.device).index_add_(0, train.users, y * y).sqrt()
     if weighting == "normalize":
         scale = torch.where(norm > 0, clip_norm / norm.clamp_min(1e-300), torch.zeros_like(norm))
     else:
@@ -170,13 +160,6 @@ def symmetric_solve(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def symmetric_noise(m: int, std: float, gen: SecretGenerator, device: torch.device) -> torch.Tensor:
-    """An M x M symmetric matrix whose upper triangle (incl. diagonal) is iid N(0, std^2)."""
-    z = gen.randn(m, m, device=gen.device, dtype=torch.float64).to(device) * std
-    up = torch.triu(z)
-    return up + torch.triu(z, 1).t()
-
-
 # ------------------------------------------------------------------ predictor
 class NoisyGram(BasePredictor):
     """DP item means + noisy item Gram (one GDP budget), then kNN / EASE / low-rank learned from them.
@@ -203,48 +186,23 @@ class NoisyGram(BasePredictor):
     name = "noisy_gram"
     task = "rating"
 
-    def __init__(
-        self,
-        epsilon: float = 1.0,
-        delta: float = 1e-6,
-        relation: str = "rating",
-        estimator: str = "lowrank",
-        clamp_b: float = 1.0,
-        clip_norm: float = 1.0,
-        weighting: str = "clip",
-        mean_fraction: float = 0.2,
-        mean_noise: str = "gaussian",
-        mean_prior_std: float = 0.5,
-        mean_popularity_alpha: float = 0.0,
-        mean_popularity_share: float = 0.1,
-        count_weight: float | None = None,
-        beta_p: float = 5.0,
-        k: int = 100,
-        variance_floor: float = 3.0,
-        knn_shrinkage: float = 1.0,
-        reg: float = 5.0,
-        rank: int = 20,
-        eig_threshold: float = 1.0,
-        prior_power: float = 1.0,
-        support: int | None = None,
-        item_features: bool | str = False,
-        feature_reg: float = 10.0,
-        block: int = 1024,
-        seed: int | None = None,
-        device: torch.device | str | None = None,
-    ) -> None:
+    def __init__(self, epsilon: float = 1.0, delta: float = 1e-6, relation: str = "rating", estimator: str = "lowrank",
+                 clamp_b: float = 1.0, clip_norm: float = 1.0, weighting: str = "clip", mean_fraction: float = 0.2,
+                 mean_noise: str = "gaussian", mean_prior_std: float = 0.5, mean_popularity_alpha: float = 0.0,
+                 mean_popularity_share: float = 0.1, count_weight: float | None = None, beta_p: float = 5.0, k: int = 100,
+                 variance_floor: float = 3.0, knn_shrinkage: float = 1.0, reg: float = 5.0, rank: int = 20,
+                 eig_threshold: float = 1.0, prior_power: float = 1.0, support: int | None = None,
+                 item_features: bool | str = False, feature_reg: float = 10.0, block: int = 1024, seed: int | None = None,
+                 device: torch.device | str | None = None) -> None:
         super().__init__(device)
         self.epsilon, self.delta = check_epsilon_delta(epsilon, delta, "noisy_gram")
-        if relation not in RELATIONS:
-            raise ConfigError(f"noisy_gram: relation={relation!r}; use one of {RELATIONS}")
-        if estimator not in ESTIMATORS:
-            raise ConfigError(f"noisy_gram: estimator={estimator!r}; use one of {ESTIMATORS}")
-        if mean_noise not in NOISES:
-            raise ConfigError(f"noisy_gram: mean_noise={mean_noise!r}; use one of {NOISES}")
+        for key, value, allowed in (("relation", relation, RELATIONS), ("estimator", estimator, ESTIMATORS),
+                                    ("mean_noise", mean_noise, NOISES)):
+            if value not in allowed:
+                raise ConfigError(f"noisy_gram: {key}={value!r}; use one of {allowed}")
         #: the item-mean release's estimator and options (the mean_* keys; validated here)
-        self.means_spec = ItemMeansSpec("posterior", relation, mean_noise, float(mean_prior_std),
-                                        None if count_weight is None else float(count_weight), float(mean_popularity_alpha),
-                                        float(mean_popularity_share))
+        self.means_spec = ItemMeansSpec("posterior", relation, mean_noise, float(mean_prior_std), None if count_weight is None
+                                        else float(count_weight), float(mean_popularity_alpha), float(mean_popularity_share))
         if weighting not in WEIGHTINGS:
             raise ConfigError(f"noisy_gram: weighting={weighting!r}; use one of {WEIGHTINGS}")
         if not (clamp_b > 0 and clip_norm > 0 and 0 < mean_fraction < 1 and beta_p >= 0 and reg >= 0):
@@ -268,10 +226,6 @@ class NoisyGram(BasePredictor):
         self.item_features, self.feature_reg = check_item_features(item_features, "noisy_gram"), float(feature_reg)
         self.block, self.seed = int(block), None if seed is None else int(seed)  # None: secret noise (seeding.py)
 
-    @property
-    def private(self) -> bool:
-        return math.isfinite(self.epsilon)
-
     def release_sensitivities(self) -> dict[str, float]:
         """What ``fit`` calibrates its noise to: item statistics (L2, or L1 for Laplace) and the Gram triangle (L2)."""
         spec = self.means_spec
@@ -281,30 +235,21 @@ class NoisyGram(BasePredictor):
     # ----------------------------------------------------------------- fit
     def fit(self, train: Ratings) -> "NoisyGram":
         """Release (r~, g, G~) once, then learn the estimator from them and index each user's own residuals."""
-        if len(train) == 0:
-            raise DataError("noisy_gram: the training set is empty; check the data split")
-        train = self._prepare(train)
+        train = self._prepare(train, require_ratings=True)
         dev, m = train.device, train.n_items
         # public catalogue metadata (no rating enters it): read first, so a missing file fails before any release
         self.features_ = resolve_item_features(self.item_features, train, "noisy_gram")
-        gen = noise_generator(self.seed, dev, private=math.isfinite(self.epsilon))
+        gen = noise_generator(self.seed, dev, private=self.private)
+        self.mean_epsilon_ = None
         if not self.private:
-            self.mean_epsilon_ = None
             self.mu_ = {"item_stats": math.inf, "gram": math.inf}
-            rel = release_item_means(train, self.means_spec, gen, epsilon=math.inf)
         elif self.means_spec.noise == "laplace":  # pure eps_m + (eps - eps_m, delta) Gaussian, basic composition
             self.mean_epsilon_ = self.mean_fraction * self.epsilon
             self.mu_ = {"gram": calibrate_gaussian(self.epsilon - self.mean_epsilon_, self.delta, accountant="gdp").mu}
-            rel = release_item_means(train, self.means_spec, gen, epsilon=self.mean_epsilon_)
         else:  # one GDP budget split between the two Gaussian releases
-            self.mean_epsilon_ = None
             self.mu_ = split_mu(calibrate_gaussian(self.epsilon, self.delta, accountant="gdp").mu,
                                 {"item_stats": (self.mean_fraction, 1), "gram": (1.0 - self.mean_fraction, 1)})
-            rel = release_item_means(train, self.means_spec, gen, mu=self.mu_["item_stats"])
-        self.means_release_ = rel
-        self.item_avg_, self.global_avg_ = rel.means.to(dev), rel.global_mean
-        install_private_fallback(self, self.item_avg_, self.global_avg_)
-
+        rel = self._release_means(train, gen)  # r~, g: also the private fallback
         sub, idx = restrict_to_support(train, rel.counts.to(dev), self.support)
         x = unit_vectors(sub, self.item_avg_[idx], self.relation, self.clamp_b, self.clip_norm, self.weighting, self.beta_p)
         g = gram(sub, x)
@@ -414,7 +359,7 @@ class NoisyGram(BasePredictor):
         if state["estimator"] != self.estimator:
             raise ConfigError(f"noisy_gram: the release was learned by estimator={state['estimator']}, the config says "
                               f"{self.estimator}; load it with the run's own config")
-        train = self._prepare_restored(train, state)
+        train = self._prepare(train, state)
         dev = train.device
         self.item_avg_, self.global_avg_ = state["item_means"].to(dev), float(state["global_mean"])
         self.support_items_, self.noise_std_ = state["support_items"].to(dev), float(state["noise_std"])
@@ -432,10 +377,8 @@ class NoisyGram(BasePredictor):
 
     def _index_users(self, train: Ratings) -> None:
         """Each user's own residuals y_u (CSR rows) and offset b_u; for lowrank, the user factors p_u."""
-        e = train.values - self.item_avg_[train.items]
-        n = train.user_counts().float()
-        self.user_offset_ = torch.zeros(train.n_users, device=e.device).index_add_(0, train.users, e) / (n + self.beta_p).clamp_min(1e-6)
-        y = e - self.user_offset_[train.users]
+        self.user_offset_ = user_offsets(train, self.item_avg_, self.beta_p)
+        y = train.values - self.item_avg_[train.items] - self.user_offset_[train.users]
         self.content_factors_ = None
         if self.features_ is not None:  # the user's own weights on the public features; f then reads what they leave
             self.content_factors_, y = feature_weights(train, y, self.features_, self.feature_reg)
@@ -443,13 +386,8 @@ class NoisyGram(BasePredictor):
         self.mask_csr_ = train.indicator_csr()
         self.user_counts_ = train.user_counts()
         self.train_ = train
-        if self.estimator == "lowrank":
-            v = self.components_
-            k = v.shape[1]
-            outer = (v[:, :, None] * v[:, None, :]).reshape(train.n_items, k * k)
-            a = (self.mask_csr_ @ outer).reshape(train.n_users, k, k) + torch.diag(self.component_reg_)[None]
-            b = self.resid_csr_ @ v
-            self.user_factors_ = torch.linalg.solve(a, b.unsqueeze(-1)).squeeze(-1)
+        if self.estimator == "lowrank":  # p_u = (V_Ru^T V_Ru + diag(component_reg))^-1 V_Ru^T y_u
+            self.user_factors_ = solve_rows(self.mask_csr_, self.resid_csr_, self.components_, self.component_reg_)
 
     def _content_term(self, users: torch.Tensor) -> torch.Tensor:
         """q_u . phi_i over all items for distinct known users (0 without item features), ``[B, M]``."""
@@ -478,20 +416,12 @@ class NoisyGram(BasePredictor):
 
     def predict(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
         """r^_ui = clip(r~_i + b_u + f_i(y_u)); unknown users get r~_i, unknown item ids g (private fallback)."""
-        if self.fallback_ is None:
-            raise RuntimeError("NoisyGram.predict called before fit()")
+        self._check_fitted()
         uc, ic, ok_i, known = query_pairs(users, items, self.train_, self.user_counts_, self.device, "noisy_gram")
         term = torch.zeros(uc.numel(), device=uc.device)
-        uniq, inv = torch.unique(uc[known], return_inverse=True)
-        kidx = torch.nonzero(known).squeeze(1)
-        for start in range(0, uniq.numel(), self.block):  # blocks of distinct users, vectorised over items
-            sel = (inv >= start) & (inv < start + self.block)
-            block = uniq[start:start + self.block]
-            scores = self._user_term(block) + self._content_term(block)
-            term[kidx[sel]] = scores[inv[sel] - start, ic[kidx[sel]]]
-        base = torch.where(ok_i, self.item_avg_[ic], torch.full_like(term, self.global_avg_))
-        pred = torch.where(known, base + self.user_offset_[uc] + term, base)
-        return self.train_.scale.clip(pred)
+        term[known] = gather_pair_scores(lambda block: self._user_term(block) + self._content_term(block), uc[known], ic[known],
+                                         self.train_.n_items, self.block, dtype=term.dtype)  # blocks of distinct known users
+        return self._offset_predict(uc, ic, ok_i, known, term)
 
     # ------------------------------------------------------------- privacy
     def privacy_report(self) -> dict[str, Any]:
@@ -506,16 +436,13 @@ class NoisyGram(BasePredictor):
         mean_eps = self.mean_epsilon_ or 0.0
         return {
             "mechanism": f"noisy_gram/{self.estimator}: one-shot Gaussian release of item statistics + item Gram",
-            "relation": self.relation,
-            "relation_text": RELATION_TEXT[self.relation],
+            "relation": self.relation, "relation_text": RELATION_TEXT[self.relation],
             "sensitivity": {"item_stats_l2": self.means_release_.sensitivity, "gram_triangle_l2": self.sensitivity_,
                             "gram_rule": ("2 B^2, B = %g" % self.clamp_b) if self.relation == "rating" else ("c^2, c = %g" % self.clip_norm)},
             "item_means_release": self.means_release_.describe(),
             "noise": (f"N(0, {self.means_release_.noise_std:.4g}^2) on each of the 2M item statistics; "
                       f"N(0, {self.noise_std_:.4g}^2) on each upper-triangle entry of G (mirrored)"),
-            "epsilon": self.epsilon,
-            "delta": self.delta,
-            "mu_gdp": {k: v for k, v in self.mu_.items()},
+            "epsilon": self.epsilon, "delta": self.delta, "mu_gdp": {k: v for k, v in self.mu_.items()},
             "epsilon_exact": mean_eps + gdp_epsilon(math.sqrt(sum(v * v for v in self.mu_.values())), self.delta),
             "epsilon_rdp_crosscheck": mean_eps + gaussian_epsilon([(1.0 / v, 1.0, 1) for v in self.mu_.values()], self.delta),
             "accountant": ("Gaussian DP, exact composition of the Gaussian releases (Dong, Roth & Su 2022, Cor. 3.3 and 2.13)"
@@ -524,8 +451,7 @@ class NoisyGram(BasePredictor):
             "released": released,
             "learned_from_release": (f"estimator={self.estimator}: S is learned from (r~, g, G~) only (post-processing, "
                                      "zero extra privacy cost; no further access to the data)"),
-            "joint_dp": joint,
-            "public_item_features": public,
+            "joint_dp": joint, "public_item_features": public,
             "analysis": (f"(eps, delta) = ({self.epsilon:g}, {self.delta:g}) under '{RELATION_TEXT[self.relation]}'. "
                          "Everything after the two releases is post-processing. " + joint),
             "not_private": "metrics.json's baselines (PCC/COS) and test metrics read the data without noise",

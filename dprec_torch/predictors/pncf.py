@@ -1,59 +1,57 @@
 """PNCF: Private Neighbor Collaborative Filtering (Zhu et al., ASONAM 2013, as described by Sun).
 
-Source: ``shared/papers/sun-pncf-private-neighbor-cf.txt`` (Alg. 1, Alg. 2, Sec. 3.1-3.2).
-How the garbled equations were read:
+Source: ``shared/papers/sun-pncf-private-neighbor-cf.txt`` (Alg. 1, Alg. 2, Sec. 3.1-3.2). How the garbled equations
+were read:
 
 * Similarity (Zhu's item-based PCC over co-raters U_ij)::
 
       s(i, j) = sum_x a_xi a_xj / sqrt(sum_x a_xi^2 * sum_x a_xj^2),  x in U_ij,  a_xi = r_xi - rbar_i
 
-  optionally shrunk by support, ``s * n_ij / (n_ij + shrinkage)`` (our addition, 0 = the paper).
-  User-based PNCF is the same with users and items swapped (a_xa = r_ax - rbar_a).
-* Recommendation-aware sensitivity (Sec. 3.1 A): ``RS(i, j) = max_x |s(i, j) - s_{-x}(i, j)|``, the
-  largest change of the similarity when one rating record of a co-rater ``x`` is deleted (means held
-  fixed, as in Zhu). Alg. 2 line 5 writes ``RS(i, j)`` in the exponent but also puts all of C0 behind
-  one factor ``|C0| exp(...)``, which only makes sense with one bound per target; Alg. 1 line 3 writes
-  ``LS(i, .)``. We therefore use the row bound ``RS_i = max_j RS(i, j)``: an exponential mechanism
-  needs one sensitivity for all candidates' scores. The "smooth bound" ``B(RS) = exp(-beta) RS`` is not
-  implemented: scaling a local sensitivity down is not a smooth upper bound and would only hide noise.
-* Truncated similarity (Sec. 3.1 A): ``s_hat(i, j) = max(s(i, j), s_k(i) - w)`` with ``s_k(i)`` the
-  k-th largest similarity of row i. Alg. 2 line 2: ``C1 = {j : s(i, j) >= s_k(i) - w}``, ``C0`` the rest.
-  ``w=None`` uses ``w_i = max(s_k(i), 0)``, i.e. everything below 0 is truncated to 0 (the cap on w).
+  optionally shrunk by support, ``s * n_ij / (n_ij + shrinkage)`` (our addition, 0 = the paper). User-based PNCF is
+  the same with users and items swapped (a_xa = r_ax - rbar_a).
+* Recommendation-aware sensitivity (Sec. 3.1 A): ``RS(i, j) = max_x |s(i, j) - s_{-x}(i, j)|``, the largest change of
+  the similarity when one rating record of a co-rater ``x`` is deleted (means held fixed, as in Zhu). Alg. 2 line 5
+  writes ``RS(i, j)`` in the exponent but also puts all of C0 behind one factor ``|C0| exp(...)``, which only makes
+  sense with one bound per target; Alg. 1 line 3 writes ``LS(i, .)``. We therefore use the row bound
+  ``RS_i = max_j RS(i, j)``: an exponential mechanism needs one sensitivity for all candidates' scores. The "smooth
+  bound" ``B(RS) = exp(-beta) RS`` is not implemented: scaling a local sensitivity down is not a smooth upper bound
+  and would only hide noise.
+* Truncated similarity (Sec. 3.1 A): ``s_hat(i, j) = max(s(i, j), s_k(i) - w)`` with ``s_k(i)`` the k-th largest
+  similarity of row i. Alg. 2 line 2: ``C1 = {j : s(i, j) >= s_k(i) - w}``, ``C0`` the rest. ``w=None`` uses
+  ``w_i = max(s_k(i), 0)``, i.e. everything below 0 is truncated to 0 (the cap on w).
 * Alg. 2 lines 3-8: k rounds; in each, candidate j (not yet chosen) has probability
-  ``exp(eps s_hat / (4k RS_i)) / (sum_{C1} exp(...) + |C0| exp(eps (s_k - w) / (4k RS_i)))``, i.e. an
-  exponential mechanism at eps/(2k) per round (score sensitivity RS_i), sampled without replacement.
-* Perturbation: ``perturb="similarity"`` adds Laplace noise to the k selected similarities.
-  Alg. 1 line 3 writes ``Lap(2k LS(i,.)/eps)``; Sec. 3.1 B writes ``Lap(2 RS/eps)``. Only the former
-  makes the k values together eps/2 (each similarity can move by RS_i under one deletion), so it is
-  the default (``perturb_scale="alg1"``); ``"section_b"`` reproduces the other reading.
-  ``perturb="rating"`` (Sun's variant) instead adds ``Lap(2 (r_max - r_min)/eps)`` once to every
-  training rating deviation used in predictions.
-* Prediction (Alg. 1 line 4, item-based): ``r_ai = rbar_i + sum_{j in N_k(i) cap R_a} s~_ij (r_aj - rbar_j)
-  / sum |s~_ij|``, falling back to ``rbar_i`` when the user rated none of the k neighbours.
+  ``exp(eps s_hat / (4k RS_i)) / (sum_{C1} exp(...) + |C0| exp(eps (s_k - w) / (4k RS_i)))``, i.e. an exponential
+  mechanism at eps/(2k) per round (score sensitivity RS_i), sampled without replacement.
+* Perturbation: ``perturb="similarity"`` adds Laplace noise to the k selected similarities. Alg. 1 line 3 writes
+  ``Lap(2k LS(i,.)/eps)``; Sec. 3.1 B writes ``Lap(2 RS/eps)``. Only the former makes the k values together eps/2
+  (each similarity can move by RS_i under one deletion), so it is the default (``perturb_scale="alg1"``);
+  ``"section_b"`` reproduces the other reading. ``perturb="rating"`` (Sun's variant) instead adds
+  ``Lap(2 (r_max - r_min)/eps)`` once to every training rating deviation used in predictions.
+* Prediction (Alg. 1 line 4, item-based):
+  ``r_ai = rbar_i + sum_{j in N_k(i) cap R_a} s~_ij (r_aj - rbar_j) / sum |s~_ij|``, falling back to ``rbar_i`` when
+  the user rated none of the k neighbours.
 
-Privacy, stated exactly: relation = one rating (deletion). Per target the paper claims eps/2
-(selection, k rounds x eps/(2k), sequential composition) + eps/2 (perturbation) = eps. That claim
-holds only if RS_i were a *global* bound; it is a data-dependent local sensitivity, for which the
-exponential and Laplace mechanisms are not eps-DP in general. Moreover every rating enters the
-similarity rows of many targets and the (unperturbed) means, so the per-target budgets compose over
-all targets. No end-to-end epsilon is therefore claimed (``privacy_report()["epsilon"] = inf``);
-the per-target value is reported as ``epsilon_nominal``. ``epsilon=inf`` gives non-private kNN: the
-top-k neighbours by similarity, no noise.
+Privacy, stated exactly: relation = one rating (deletion). Per target the paper claims eps/2 (selection, k rounds x
+eps/(2k), sequential composition) + eps/2 (perturbation) = eps. That claim holds only if RS_i were a *global* bound;
+it is a data-dependent local sensitivity, for which the exponential and Laplace mechanisms are not eps-DP in general.
+Moreover every rating enters the similarity rows of many targets and the (unperturbed) means, so the per-target
+budgets compose over all targets. No end-to-end epsilon is therefore claimed (``privacy_report()["epsilon"] = inf``);
+the per-target value is reported as ``epsilon_nominal``. ``epsilon=inf`` gives non-private kNN: the top-k neighbours
+by similarity, no noise.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from dprec_torch.data.ratings import Ratings
-from dprec_torch.errors import ConfigError, DataError
+from dprec_torch.data.ratings import Ratings, dense_rows
+from dprec_torch.errors import ConfigError
 from dprec_torch.privacy.budget import check_epsilon
-from dprec_torch.predictors.base import BasePredictor
+from dprec_torch.predictors.base import BasePredictor, query_ids
 from dprec_torch.predictors.release import fallback_release
 from dprec_torch.seeding import SecretGenerator, noise_generator
 
@@ -97,10 +95,8 @@ def pcc_from_statistics(num: torch.Tensor, sq_i: torch.Tensor, sq_j: torch.Tenso
     return s
 
 
-def row_sensitivity(
-    ent: torch.Tensor, oth: torch.Tensor, dev: torch.Tensor, n_ent: int, n_oth: int,
-    num: torch.Tensor, sq: torch.Tensor, support: torch.Tensor, shrinkage: float,
-) -> torch.Tensor:
+def row_sensitivity(ent: torch.Tensor, oth: torch.Tensor, dev: torch.Tensor, n_ent: int, n_oth: int,
+                    num: torch.Tensor, sq: torch.Tensor, support: torch.Tensor, shrinkage: float) -> torch.Tensor:
     """``RS_i = max_j max_{x in U_ij} |s(i,j) - s_{-x}(i,j)|`` for every entity i (Sec. 3.1 A, row bound).
 
     Enumerates every (co-rater x, entity i, entity j) triple with both ratings present, batched over
@@ -230,18 +226,9 @@ class PNCF(BasePredictor):
     #: query cells (queries x candidates) scored per batch: bounds predict's working memory
     cell_budget = 1 << 22
 
-    def __init__(
-        self,
-        epsilon: float = 1.0,
-        k: int = 5,
-        mode: str = "item",
-        perturb: str = "similarity",
-        w: float | None = None,
-        perturb_scale: str = "alg1",
-        shrinkage: float = 0.0,
-        seed: int | None = None,
-        device: torch.device | str | None = None,
-    ) -> None:
+    def __init__(self, epsilon: float = 1.0, k: int = 5, mode: str = "item", perturb: str = "similarity",
+                 w: float | None = None, perturb_scale: str = "alg1", shrinkage: float = 0.0, seed: int | None = None,
+                 device: torch.device | str | None = None) -> None:
         super().__init__(device)
         self.epsilon = check_epsilon(epsilon, "pncf")
         if int(k) != k or k < 1:
@@ -262,10 +249,6 @@ class PNCF(BasePredictor):
         self.seed = None if seed is None else int(seed)  # None: secret noise (seeding.py)
         self.rs_: torch.Tensor | None = None  # learned in fit: RS_i per entity
 
-    @property
-    def private(self) -> bool:
-        return math.isfinite(self.epsilon)
-
     # ------------------------------------------------------------------ fit
     def _orient(self, r: Ratings) -> tuple[torch.Tensor, torch.Tensor, int, int]:
         """(entity, other) ids: entities are compared, others are the co-raters."""
@@ -275,23 +258,19 @@ class PNCF(BasePredictor):
 
     def fit(self, train: Ratings) -> "PNCF":
         """Similarities and RS (Alg. 1 line 1); the rating variant's noise. Neighbours are chosen per query."""
-        if len(train) == 0:
-            raise DataError("pncf: the training set is empty; check the data split")
-        train = self._prepare(train)
+        train = self._prepare(train, require_ratings=True)
         ent, oth, n_ent, n_oth = self._orient(train)
         # two noise streams: the rating variant's fit-time noise (stream 0) and the per-query draws (stream 1), so a
         # restored predictor's queries never replay the fit-time draws (with an explicit seed they replay the queries')
-        self.gen_ = noise_generator(self.seed, train.device, stream=QUERY_STREAM, private=math.isfinite(self.epsilon))
+        self.gen_ = noise_generator(self.seed, train.device, stream=QUERY_STREAM, private=self.private)
         self.means_ = train.item_means() if self.mode == "item" else train.user_means()
         dev = train.values - self.means_[ent]
         num, sq, support = pcc_statistics(ent, oth, dev, n_ent, n_oth)
         self.sim_ = pcc_from_statistics(num, sq, sq.t(), support, self.shrinkage)
-        if self.private:
-            self.rs_ = row_sensitivity(ent, oth, dev, n_ent, n_oth, num, sq, support, self.shrinkage)
-        else:
-            self.rs_ = torch.zeros(n_ent, device=self.sim_.device)
+        self.rs_ = (row_sensitivity(ent, oth, dev, n_ent, n_oth, num, sq, support, self.shrinkage) if self.private
+                    else torch.zeros(n_ent, device=self.sim_.device))
         if self.noisy_deviations:
-            gen = noise_generator(self.seed, train.device, private=math.isfinite(self.epsilon))
+            gen = noise_generator(self.seed, train.device, private=self.private)
             dev = dev + laplace(tuple(dev.shape), 2.0 * train.scale.span / self.epsilon, gen, dev.device)
         self._index_candidates(train, dev)
         log.info("pncf(%s, k=%d, eps=%g): RS_i in [%.3g, %.3g]", self.mode, self.k, self.epsilon, float(self.rs_.min()), float(self.rs_.max()))
@@ -329,8 +308,8 @@ class PNCF(BasePredictor):
     def restore(self, train: Ratings, state: dict[str, Any]) -> "PNCF":
         """Similarities, RS_i and the means from ``state``; the candidates from ``train``. Queries draw from a fresh
         generator (secret, or stream 1 of an explicit seed: the first queries then repeat those of the fitted run)."""
-        train = self._prepare_restored(train, state)
-        self.gen_ = noise_generator(self.seed, train.device, stream=QUERY_STREAM, private=math.isfinite(self.epsilon))
+        train = self._prepare(train, state)
+        self.gen_ = noise_generator(self.seed, train.device, stream=QUERY_STREAM, private=self.private)
         self.sim_, self.rs_ = state["similarity"].to(train.device), state["row_sensitivity"].to(train.device)
         self.means_ = state["means"].to(train.device)
         ent, _, _, _ = self._orient(train)
@@ -403,18 +382,11 @@ class PNCF(BasePredictor):
         usable = wsum > 0
         return torch.where(usable, base + num / wsum.clamp_min(1e-12), base), usable
 
-    def _check_ids(self, users: torch.Tensor, items: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        users = torch.as_tensor(users, dtype=torch.long, device=self.device)
-        items = torch.as_tensor(items, dtype=torch.long, device=self.device)
-        if users.shape != items.shape or users.dim() != 1:
-            raise DataError(f"pncf.predict: users {tuple(users.shape)} and items {tuple(items.shape)} must be 1-D of equal length")
-        return users, items
-
     def predict(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
         """Predicted ratings, clipped; unknown users/items, and queries none of whose selected neighbours
         carries weight, get the item mean, then the global mean (counted in ``fallback_rate_``)."""
         self._check_fitted()
-        users, items = self._check_ids(users, items)
+        users, items = query_ids(users, items, self.device, "pncf")
         raw, usable = self._raw(users.clamp(0, self.train_.n_users - 1), items.clamp(0, self.train_.n_items - 1))
         return self._finish_and_count(users, items, raw, usable)
 
@@ -466,22 +438,13 @@ def _topn_by_score(score_fn: Any, users: torch.Tensor, n: int, train: Ratings, b
         raise ConfigError(f"recommend: n={n} must be a positive integer")
     n_items = train.n_items
     n = min(int(n), n_items)
-    counts = train.user_counts()
-    crow = torch.zeros(train.n_users + 1, dtype=torch.long, device=users.device)
-    crow[1:] = torch.cumsum(counts, 0)
-    srt = train.sorted_by_user()
+    indicator = train.indicator_csr()
     out = []
     items_all = torch.arange(n_items, device=users.device)
     for start in range(0, users.numel(), batch):  # batches of users, each vectorised over all items
         u = users[start:start + batch]
-        uu = u.repeat_interleave(n_items)
-        scores = score_fn(uu, items_all.repeat(u.numel())).reshape(u.numel(), n_items).double()
-        known = (u >= 0) & (u < train.n_users)
-        uk = u.clamp(0, train.n_users - 1)
-        lens = torch.where(known, counts[uk], torch.zeros_like(counts[uk]))
-        row = torch.repeat_interleave(torch.arange(u.numel(), device=u.device), lens)
-        pos = crow[uk].repeat_interleave(lens) + (torch.arange(int(lens.sum()), device=u.device) - torch.repeat_interleave(torch.cumsum(lens, 0) - lens, lens))
-        scores[row, srt.items[pos]] = float("-inf")
-        top = torch.topk(scores, n, dim=1)
+        scores = score_fn(u.repeat_interleave(n_items), items_all.repeat(u.numel())).reshape(u.numel(), n_items).double()
+        rated = (dense_rows(indicator, u.clamp(0, train.n_users - 1)) > 0) & ((u >= 0) & (u < train.n_users))[:, None]
+        top = torch.topk(scores.masked_fill(rated, float("-inf")), n, dim=1)
         out.append(torch.where(torch.isfinite(top.values), top.indices, torch.full_like(top.indices, -1)))
     return torch.cat(out) if out else torch.empty(0, n, dtype=torch.long, device=users.device)

@@ -1,32 +1,31 @@
 """A fitted predictor's release: what it learned, written to the run dir and restored without refitting.
 
-A fitted predictor has two set-up paths with one job each (as a trainable model's ``attach``/``restore``,
-:mod:`dprec_torch.models.release`):
+A fitted predictor has two set-up paths with one job each (as a trainable model's, :mod:`dprec_torch.models.release`):
 
 * ``fit(train)`` BUILDS from data: it draws the noise, makes the release and learns from it;
-* ``restore(train, state)`` RESTORES what ``released_state()`` returned. Every item-side quantity (DP item means,
-  the noisy Gram's learned matrix or factors, the item factors U or V, a similarity, the fallback's means) comes
-  from ``state``; ``train`` supplies only the user-side part: each user's offset and factors are recomputed from
-  that user's own ratings and the released item side (what the user does on their own device in the billboard
-  model of joint DP), exactly as ``fit`` computed them. No noise is drawn and no item statistic is read from ``train``.
+* ``restore(train, state)`` RESTORES what ``released_state()`` returned. Every item-side quantity (DP item means, the
+  noisy Gram's learned matrix or factors, the item factors U or V, a similarity, the fallback's means) comes from
+  ``state``; ``train`` supplies only the user-side part: each user's offset and factors are recomputed from that user's
+  own ratings and the released item side (what the user does on their own device in the billboard model of joint DP),
+  exactly as ``fit`` computed them. No noise is drawn and no item statistic is read from ``train``.
 
-``released_state()`` holds tensors and numbers only: never the noise seed, a generator's state or the training
-ratings (:func:`check_no_secrets` refuses a state that names them). ``train.py`` writes it per fold to
-``release_fold<k>.pt`` (:func:`write_release`, atomic) with a copy of the fold's privacy report;
+``released_state()`` holds tensors and numbers only: never the noise seed, a generator's state or the training ratings
+(:func:`check_no_secrets` refuses a state that names them). ``train.py`` writes it per fold to ``release_fold<k>.pt``
+(:func:`write_release`, atomic) with a copy of the fold's privacy report;
 :func:`dprec_torch.training.evaluate.restore_predictor` reads it back for ``load_run`` and ``evaluate.py run=``.
 
 What the file is depends on the claim (``meta["covered_by_epsilon"]``): for a predictor whose own epsilon is finite
-(``noisy_gram``, ``dpals``, ``mcsherry``) it is the release that epsilon covers, and publishing it
-costs nothing more. For a non-private predictor (epsilon = inf), for PNCF (per-query noise, no end-to-end claim)
-and for an output mechanism (``laplace_output``, ``exponential_topk``, whose epsilon covers the noised answers, not
-the model) it is the curator's fitted state: keep it as private as the training data.
+(``noisy_gram``, ``dpals``, ``mcsherry``) it is the release that epsilon covers, and publishing it costs nothing more.
+For a non-private predictor (epsilon = inf), for PNCF (per-query noise, no end-to-end claim) and for an output mechanism
+(``laplace_output``, ``exponential_topk``, whose epsilon covers the noised answers, not the model) it is the curator's
+fitted state: keep it as private as the training data.
 
 A trained model (PNBM, its low-rank and top-k forms, MF) writes the same file at the end of its fold
-(:func:`write_trained_release`): its ``state_dict`` (the learned parameters and the buffers it predicts with, e.g. U
-and the DP item means) with a copy of the fold's privacy report and ``meta`` (model, mechanism, fold, sizes, epochs,
-the resolved model config without its public init seed); :func:`dprec_torch.training.evaluate.restore_fold` restores
-it with ``model.restore``. The checkpoint ``checkpoint_fold<k>.pt`` is the resume state and holds the secret noise
-key: a release never reads or copies it.
+(:func:`write_trained_release`): its ``state_dict`` (the learned parameters and the buffers it predicts with, e.g. U and
+the DP item means) with a copy of the fold's privacy report and ``meta`` (model, mechanism, fold, sizes, epochs, the
+resolved model config without its public init seed); :func:`dprec_torch.training.evaluate.restore_fold` restores it with
+``model.restore``. The checkpoint ``checkpoint_fold<k>.pt`` is the resume state and holds the secret noise key: a
+release never reads or copies it.
 """
 
 from __future__ import annotations
@@ -142,11 +141,10 @@ def _cpu_copy(obj: Any) -> Any:
 
 
 def model_released_state(model: torch.nn.Module) -> dict[str, Any]:
-    """What a trained model released: its ``state_dict`` -- the learned parameters (U, S, or MF's biases and factors),
-    the buffers it predicts with (the item means r_bar: the DP release where the mechanism made one; MF's public
-    mu_0; top-k PNBM's support) and, as ``_extra_state``, the fallback as released and MF's public rating scale --,
-    as CPU tensors and plain values. ``model.restore(train, state)`` takes it as it took a checkpoint's ``model``
-    entry. Nothing of the mechanism (optimizer, noise generators, accountant) is in a model's ``state_dict``."""
+    """What a trained model released: its ``state_dict`` (the learned parameters, the buffers it predicts with -- the
+    item means r_bar: the DP release where the mechanism made one; MF's public mu_0; top-k PNBM's support -- and, as
+    ``_extra_state``, the fallback as released and MF's public rating scale) as CPU tensors and plain values, for
+    ``model.restore(train, state)``. Nothing of the mechanism (optimizer, noise generators, accountant) is in it."""
     state = _cpu_copy(dict(model.state_dict()))
     check_no_secrets(state)
     bad = sorted(CHECKPOINT_ONLY_KEYS & set(state))
@@ -176,10 +174,9 @@ def write_trained_release(path: str | Path, model: torch.nn.Module, report: dict
     """Write a trained model's release (:func:`model_released_state`) to ``path`` atomically, as :func:`write_release`
     writes a fitted predictor's, and return the privacy report's ``release`` entry (also copied into ``meta``).
 
-    Covered by epsilon when the mechanism's epsilon is finite and every part of the model the file holds is covered
-    (the privacy scope of the model lists nothing it does not cover: non-DP item means, top-k PNBM's data-chosen
-    support, MF's ``fallback=mean`` means make it not covered). No generator state, seed, key, optimizer or
-    accountant state and no pre-noise statistic is in the file: those live in the (secret) checkpoint only."""
+    Covered by epsilon when the mechanism's epsilon is finite and the model's privacy scope lists nothing the file
+    holds that epsilon does not cover (non-DP item means, top-k PNBM's data-chosen support, MF's ``fallback=mean``
+    means). No generator state, seed, optimizer or accountant state or pre-noise statistic is in the file."""
     import json
     import math
 

@@ -35,32 +35,24 @@ def gram(ratings: Ratings, a: torch.Tensor, b: torch.Tensor | None) -> torch.Ten
 
 
 def pearson(ratings: Ratings, min_support: int = 1, shrinkage: float = 0.0) -> torch.Tensor:
-    """Item-based Pearson correlation over co-rating users.
+    """Item-based Pearson correlation over co-rating users (all sums over users who rated both i and j):
 
     s_ij = sum_u x_ui x_uj / sqrt(sum_u x_ui^2 I_uj * sum_u x_uj^2 I_ui),  x_ui = r_ui - r_bar_i,
-    with all sums over users who rated both i and j. Optional shrinkage
-    s * n_ij / (n_ij + shrinkage). Diagonal and pairs with < min_support co-raters are 0.
+    optionally shrunk to s * n_ij / (n_ij + shrinkage). Diagonal and pairs with < min_support co-raters are 0.
     """
-    x = ratings.values - ratings.item_means()[ratings.items]
-    num, sq = grams(ratings, [(x, x), (x * x, None)])  # sq[i, j] = sum over co-raters of x_ui^2
-    den = torch.sqrt(sq * sq.T)
-    sim = torch.where(den > 0, num / den.clamp_min(1e-12), torch.zeros_like(num))
-    return _finish(ratings, sim, min_support, shrinkage)
+    return _normalised(ratings, ratings.values - ratings.item_means()[ratings.items], min_support, shrinkage)
 
 
 def cosine(ratings: Ratings, min_support: int = 1, shrinkage: float = 0.0) -> torch.Tensor:
-    """Item-based cosine similarity of raw ratings over co-rating users.
+    """Item-based cosine similarity of raw ratings over co-rating users: :func:`pearson` with x_ui = r_ui."""
+    return _normalised(ratings, ratings.values, min_support, shrinkage)
 
-    s_ij = sum_u r_ui r_uj / sqrt(sum_u r_ui^2 I_uj * sum_u r_uj^2 I_ui).
-    """
-    r = ratings.values
-    num, sq = grams(ratings, [(r, r), (r * r, None)])
+
+def _normalised(ratings: Ratings, x: torch.Tensor, min_support: int, shrinkage: float) -> torch.Tensor:
+    """The body of :func:`pearson` and :func:`cosine` for the per-rating values ``x``."""
+    num, sq = grams(ratings, [(x, x), (x * x, None)])  # sq[i, j] = sum over co-raters of x_ui^2
     den = torch.sqrt(sq * sq.T)
     sim = torch.where(den > 0, num / den.clamp_min(1e-12), torch.zeros_like(num))
-    return _finish(ratings, sim, min_support, shrinkage)
-
-
-def _finish(ratings: Ratings, sim: torch.Tensor, min_support: int, shrinkage: float) -> torch.Tensor:
     if min_support > 1 or shrinkage > 0:
         support = gram(ratings, torch.ones_like(ratings.values), None)
         sim = torch.where(support >= min_support, sim, torch.zeros_like(sim))

@@ -2,38 +2,34 @@
 
 How the converted PDF was read
 ------------------------------
-* Eq. (3): ``s_jk = sum_{i in Phi(j,k)} (r_ij - r_ik) / |Phi(j,k)|`` -- the mean rating
-  difference between items j and k over their co-raters ``Phi(j,k)``.
+* Eq. (3): ``s_jk = sum_{i in Phi(j,k)} (r_ij - r_ik) / |Phi(j,k)|`` -- the mean rating difference between items j
+  and k over their co-raters ``Phi(j,k)``.
 * Eq. (4): ``s_jk`` as in Eq. (3) when ``|Phi(j,k)| > phi_m`` (strictly), else 0.
 * Eq. (5)/(6): ``r_hat_ij = (1/|r_i.|) sum_{k in r_i.} (s_jk + r_ik) = r_bar_i + (1/|r_i.|) sum_{k in r_i.} s_jk``.
-  The denominator is the user's *whole* rating count ``|r_i.|`` (pairs without enough
-  co-raters contribute ``s_jk = 0``), unlike Lemire's original which averages only
-  over supported pairs. Theorem 3.1 is proved for this form, so we keep it.
-* Eq. (6) is served only to users with at least ``T`` training ratings (Sec. 3.2/3.4).
-  Users below ``T`` (and unknown users) get the training global mean: the paper serves
-  them nothing, and the global mean moves by at most ``delta_r/|R|`` when one rating
-  changes, so the Laplace wrapper's guarantee still covers every released value.
+  The denominator is the user's *whole* rating count ``|r_i.|`` (pairs without enough co-raters contribute
+  ``s_jk = 0``), unlike Lemire's original which averages only over supported pairs. Theorem 3.1 is proved for this
+  form, so we keep it.
+* Eq. (6) is served only to users with at least ``T`` training ratings (Sec. 3.2/3.4). Users below ``T`` (and unknown
+  users) get the training global mean: the paper serves them nothing, and the global mean moves by at most
+  ``delta_r/|R|`` when one rating changes, so the Laplace wrapper's guarantee still covers every released value.
   Unknown items need no fallback: Eq. (6) gives ``r_bar_i`` for them (all ``s_jk = 0``).
-* Theorem 3.1 / Eq. (11): ``Delta f <= max(delta_r/T * (1 + 2/phi_m), delta_r/phi_m)``,
-  ``delta_r = r_max - r_min``. (T, phi_m, delta_r) = (20, 10, 5) gives 0.5.
+* Theorem 3.1 / Eq. (11): ``Delta f <= max(delta_r/T * (1 + 2/phi_m), delta_r/phi_m)``, ``delta_r = r_max - r_min``.
+  (T, phi_m, delta_r) = (20, 10, 5) gives 0.5.
 
 What Theorem 3.1 really covers (see :meth:`SlopeOne.sensitivity_report`)
 ----------------------------------------------------------------------------
 Checked case by case for a query (i, j) with j unrated by i:
 
-* *Substitution* (R and R' have the same rated positions and differ in the value of one
-  rating): user i changing one of their ratings moves ``r_bar_i`` by ``<= delta_r/|r_i.|``
-  and no ``s_jk`` (i is not a co-rater of j); another user changing a rating moves each
-  ``s_jk`` by ``<= delta_r/(phi_m+1)`` (co-rater counts are fixed, so no pair crosses the
-  ``phi_m`` threshold). Hence ``Delta f = max(delta_r/T, delta_r/(phi_m+1))``, which is
-  below the paper's Eq. (11): Eq. (11) is a valid (slightly loose) bound here.
-* *Add/remove one rating*: Eq. (11) does NOT hold. A new co-rater can lift a pair over
-  the ``phi_m`` threshold, switching ``s_jk`` from 0 to up to ``delta_r`` for every k the
-  user rated at once (``tests/predictors/test_slope_one.py`` builds a case that moves the output by
-  ``delta_r``, ten times Eq. (11)), and the paper's bound ``|s'_jl| <= delta_r/phi_m`` in
-  case (i) has no basis (``|s_jl| <= delta_r``). The only bound we can defend is the
-  width of the output range, ``3 * delta_r`` (Eq. (6) lies in
-  ``[r_min - delta_r, r_max + delta_r]``).
+* *Substitution* (R and R' have the same rated positions and differ in the value of one rating): user i changing one
+  of their ratings moves ``r_bar_i`` by ``<= delta_r/|r_i.|`` and no ``s_jk`` (i is not a co-rater of j); another user
+  changing a rating moves each ``s_jk`` by ``<= delta_r/(phi_m+1)`` (co-rater counts are fixed, so no pair crosses
+  the ``phi_m`` threshold). Hence ``Delta f = max(delta_r/T, delta_r/(phi_m+1))``, which is below the paper's
+  Eq. (11): Eq. (11) is a valid (slightly loose) bound here.
+* *Add/remove one rating*: Eq. (11) does NOT hold. A new co-rater can lift a pair over the ``phi_m`` threshold,
+  switching ``s_jk`` from 0 to up to ``delta_r`` for every k the user rated at once
+  (``tests/predictors/test_slope_one.py`` builds a case that moves the output by ``delta_r``, ten times Eq. (11)), and
+  the paper's bound ``|s'_jl| <= delta_r/phi_m`` in case (i) has no basis (``|s_jl| <= delta_r``). The only bound we
+  can defend is the width of the output range, ``3 * delta_r`` (Eq. (6) lies in ``[r_min - delta_r, r_max + delta_r]``).
 """
 
 from __future__ import annotations
@@ -47,7 +43,6 @@ import torch
 from dprec_torch.data.ratings import Ratings, dense_rows
 from dprec_torch.errors import ConfigError, DataError
 from dprec_torch.predictors.base import BasePredictor, gather_pair_scores
-from dprec_torch.predictors.release import check_release_items
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +51,11 @@ _BLOCK = 1024
 
 
 def item_gram(train: Ratings, left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
-    """Dense ``[M, M]`` float64 product ``A^T B`` of two users x items sparse matrices
-    that share the rating pattern of ``train`` (values ``left`` and ``right``).
+    """Dense ``[M, M]`` float64 product ``A^T B`` of two users x items sparse matrices that share the rating pattern of
+    ``train`` (values ``left`` and ``right``).
 
-    ``item_gram(train, 1, 1)`` is the co-rating count ``I^T I``; ``item_gram(train, r, 1)``
-    is ``sum_{i in Phi(j,k)} r_ij`` -- the ingredients of Eq. (3) and Eq. (7).
+    ``item_gram(train, 1, 1)`` is the co-rating count ``I^T I``; ``item_gram(train, r, 1)`` is
+    ``sum_{i in Phi(j,k)} r_ij`` -- the ingredients of Eq. (3) and Eq. (7).
     """
     idx_t = torch.stack([train.items, train.users])
     idx = torch.stack([train.users, train.items])
@@ -85,13 +80,43 @@ def slope_one_substitution_sensitivity(T: int, phi_m: int, delta_r: float) -> fl
     return max(delta_r / T, delta_r / (phi_m + 1))
 
 
-class SlopeOne(BasePredictor):
+class _ServedUsers:
+    """What Slope One and the cosine recommender (Park & Acharya 2011) share: users with >= ``T`` ratings (purchases)
+    are served by ``score(users) -> [B, M]``; ``_learned`` names the fitted item-item matrix."""
+
+    _learned = "dev_"
+
+    def _check(self) -> None:
+        if getattr(self, self._learned) is None:
+            raise RuntimeError(f"{type(self).__name__} used before fit()")
+
+    def _ids(self, ids: Any) -> torch.Tensor:
+        return torch.as_tensor(ids, dtype=torch.long, device=getattr(self, self._learned).device)
+
+    def _users(self, users: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Clamped user ids and the mask of users served by ``score`` (out-of-range ids are unknown)."""
+        users = self._ids(users)
+        ok = (users >= 0) & (users < self.n_users)
+        u = users.clamp(0, self.n_users - 1)
+        return u, ok & self.served_[u]
+
+    def rated_mask(self, users: torch.Tensor) -> torch.Tensor:
+        """``[len(users), M]`` bool: items each user rated in training (never recommended)."""
+        self._check()
+        u, _ = self._users(users)
+        return dense_rows(self.indicator_, u) > 0
+
+    def recommend(self, users: torch.Tensor, n: int) -> torch.Tensor:
+        """Top-``n`` unrated items by ``score``, ``-1`` padded (ties broken arbitrarily)."""
+        return top_n_unrated(self.score(users), self.rated_mask(users), n)
+
+
+class SlopeOne(_ServedUsers, BasePredictor):
     """Slope One with the co-rater threshold ``phi_m`` and the user threshold ``T``.
 
-    Learned state: ``dev_`` (``[M, M]`` float64, Eq. (4)), ``user_means_``, ``user_counts_``,
-    ``served_`` (users with ``>= T`` ratings), ``global_mean_``.
-    Non-private by itself; ``mechanism=laplace_output`` adds ``Lap(Delta f/eps)`` to every
-    released prediction using :meth:`output_sensitivity`.
+    Learned state: ``dev_`` (``[M, M]`` float64, Eq. (4)), ``user_means_``, ``user_counts_``, ``served_`` (users with
+    ``>= T`` ratings), ``global_mean_``. Non-private by itself; ``mechanism=laplace_output`` adds
+    ``Lap(Delta f/eps)`` to every released prediction using :meth:`output_sensitivity`.
     """
 
     name = "slope_one"
@@ -105,8 +130,7 @@ class SlopeOne(BasePredictor):
         if delta_r is not None and not delta_r > 0:
             raise ConfigError(f"slope_one delta_r={delta_r} must be > 0, or null to use the data's r_max - r_min")
         super().__init__(device=None if device in (None, "auto") else device)
-        self.T = int(T)
-        self.phi_m = int(phi_m)
+        self.T, self.phi_m = int(T), int(phi_m)
         self.delta_r = None if delta_r is None else float(delta_r)
         self.dev_: torch.Tensor | None = None
 
@@ -153,26 +177,13 @@ class SlopeOne(BasePredictor):
 
     def restore(self, train: Ratings, state: dict[str, Any]) -> "SlopeOne":
         """s_jk, the global mean and delta_r from ``state``; each user's part of Eq. (6) from their own ratings."""
-        if self.device is not None:
-            train = train.to(self.device)
-        check_release_items(state, train, self.name)
+        train = self._prepare(train, state)
         self.dev_ = state["deviations"].to(train.device)
         self.global_mean_, self.delta_r_ = float(state["global_mean"]), float(state["delta_r"])
         self._index_users(train)
         return self
 
     # ---------------------------------------------------------- prediction
-    def _check(self) -> None:
-        if self.dev_ is None:
-            raise RuntimeError("SlopeOne used before fit()")
-
-    def _users(self, users: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Clamped user ids and the mask of users served by Eq. (6) (out-of-range ids are unknown)."""
-        users = torch.as_tensor(users, dtype=torch.long, device=self.dev_.device)
-        ok = (users >= 0) & (users < self.n_users)
-        u = users.clamp(0, self.n_users - 1)
-        return u, ok & self.served_[u]
-
     def score(self, users: torch.Tensor) -> torch.Tensor:
         """Unclipped Eq. (6) for every item: ``[len(users), M]`` float64 (the output ``f_ij`` of Eq. (9)).
 
@@ -192,8 +203,7 @@ class SlopeOne(BasePredictor):
     def raw_predict(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
         """Unclipped Eq. (6) at the given pairs (float64): the value the Laplace wrapper perturbs."""
         self._check()
-        users = torch.as_tensor(users, dtype=torch.long, device=self.dev_.device)
-        items = torch.as_tensor(items, dtype=torch.long, device=self.dev_.device)
+        users, items = self._ids(users), self._ids(items)
         ok_i = (items >= 0) & (items < self.n_items)
         out = gather_pair_scores(self.score, users, items, self.n_items, _BLOCK)
         # an out-of-range item has no co-raters: Eq. (6) reduces to r_bar_i
@@ -202,23 +212,14 @@ class SlopeOne(BasePredictor):
         return torch.where(ok_i, out, fallback)
 
     def predict(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
-        """Eq. (6) clipped to the rating scale (float32). Pairs of users below T (global mean) and of unknown
-        items (the user's mean) are counted in ``fallback_rate_``."""
+        """Eq. (6) clipped to the rating scale (float32). Pairs of users below T (global mean) and of unknown items (the
+        user's mean) are counted in ``fallback_rate_``."""
         out = self.scale.clip(self.raw_predict(users, items)).float()
         items = torch.as_tensor(items, dtype=torch.long, device=out.device)
         _, served = self._users(users)
         answered = served & (items >= 0) & (items < self.n_items)
         self.fallback_rate_ = float((~answered).float().mean()) if answered.numel() else 0.0
         return out
-
-    def rated_mask(self, users: torch.Tensor) -> torch.Tensor:
-        """``[len(users), M]`` bool: items each user rated in training (excluded from recommendations)."""
-        u, _ = self._users(users)
-        return dense_rows(self.indicator_, u) > 0
-
-    def recommend(self, users: torch.Tensor, n: int) -> torch.Tensor:
-        """Top-``n`` unrated items by Eq. (6), ``-1`` padded (ties broken arbitrarily)."""
-        return top_n_unrated(self.score(users), self.rated_mask(users), n)
 
     # ------------------------------------------------------------- privacy
     def output_sensitivity(self) -> float:
@@ -266,13 +267,12 @@ class SlopeOne(BasePredictor):
         found = self._keys[pos] == keys
         return found, torch.where(found, self._vals[pos], torch.zeros_like(self._vals[pos]))
 
-    def lia_side_information(
-        self, users: torch.Tensor, query_items: torch.Tensor, target_items: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def lia_side_information(self, users: torch.Tensor, query_items: torch.Tensor,
+                             target_items: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Theorem 3.3, Eq. (23): ``(a, b, truth)`` with ``LIA = a * A_ij + b`` recovering ``r_il``.
 
-        ``a = |r_i.|``, ``b = -(sum_{k in r_i.} s_jk + sum_{k in r_i. minus l} r_ik)``, ``truth = r_il``
-        for user i, released (query) item j and attacked (target) item l.
+        ``a = |r_i.|``, ``b = -(sum_{k in r_i.} s_jk + sum_{k in r_i. minus l} r_ik)``, ``truth = r_il`` for user i,
+        released (query) item j and attacked (target) item l.
         """
         self._check()
         u, served = self._users(users)
@@ -284,9 +284,7 @@ class SlopeOne(BasePredictor):
             raise DataError("LIA needs target items the user rated and query items the user did not rate")
         sum_s = self.raw_predict(u, query_items) - self.user_means_[u]  # (1/|r_i.|) sum_k s_jk
         n = self.user_counts_[u].double()
-        a = n
-        b = -(n * sum_s + n * self.user_means_[u] - r_il)
-        return a, b, r_il
+        return n, -(n * sum_s + n * self.user_means_[u] - r_il), r_il  # (a, b, truth)
 
 
 def top_n_unrated(scores: torch.Tensor, rated: torch.Tensor, n: int) -> torch.Tensor:

@@ -1,10 +1,9 @@
 """Privacy accountants behind one small interface (Opacus's ``IAccountant``):
 ``step(...)``, ``get_epsilon(delta)``, ``steps``, ``state_dict()`` / ``load_state_dict()``.
 
-A mechanism holds its accountant in ONE attribute, ``MechanismOptimizer.accountant``; the base
-class saves and restores it with the optimizer's state (so a resumed run keeps the epsilon it has
-spent) and the checkpoint loader refuses a checkpoint that lacks it. Implementations:
-:class:`PureDPAccountant` (Laplace steps, below) and
+A mechanism holds its accountant in ONE attribute, ``MechanismOptimizer.accountant``; the base class saves and
+restores it with the optimizer's state (so a resumed run keeps the epsilon it has spent) and the checkpoint loader
+refuses a checkpoint that lacks it. Implementations: :class:`PureDPAccountant` (Laplace steps, below) and
 :class:`dprec_torch.privacy.opacus_accounting.OpacusAccountant` (Gaussian steps, RDP/PRV).
 
 Several whole releases about the same people (the fold models of a ``data.fold=all`` run, a sweep's jobs on

@@ -1,10 +1,9 @@
 """Privacy analysis of every training mechanism, as code: relation, sensitivity, noise, amplification, composition.
 
-Conventions. *user level*: neighbouring datasets differ by adding or removing one user's whole
-profile; *rating level*: by adding, removing or changing one rating. A rating-level change is
-a change of one user's profile, i.e. two user-level add/remove steps, so a mechanism that is
-eps-DP at user level (add/remove) is 2 eps-DP at rating level (group privacy; for Poisson
-subsampling this is tighter than ln(1 + q(e^{2 eps} - 1)), since
+Conventions. *user level*: neighbouring datasets differ by adding or removing one user's whole profile; *rating
+level*: by adding, removing or changing one rating. A rating-level change is a change of one user's profile, i.e. two
+user-level add/remove steps, so a mechanism that is eps-DP at user level (add/remove) is 2 eps-DP at rating level
+(group privacy; for Poisson subsampling this is tighter than ln(1 + q(e^{2 eps} - 1)), since
 (1 + q(e^eps - 1))^2 <= 1 + q(e^{2 eps} - 1)).
 
 Pure-DP building blocks (Laplace mechanism, Poisson subsampling, basic composition):
@@ -23,11 +22,10 @@ and :func:`laplace_step_epsilon` inverts it. Gaussian mechanisms are composed an
 :mod:`dprec_torch.privacy.calibration` (``gaussian_epsilon``, ``calibrate_gaussian``), including any one-off Gaussian
 release as an extra history entry (sigma, q = 1, 1 step).
 
-:func:`analyse_dpsgd_l1` (``mechanism=dpsgd_l1``'s report) and :func:`analyse_dpsgd_paper` (the
-whole-update analysis of Wang & Tang's Alg. 1, docs/privacy.md) return a :class:`MechanismAnalysis`
-whose ``epsilon`` is the *defended* figure for the released model under ``relation`` (``inf`` when
-nothing is defended), and whose ``claimed`` is what the source paper states, when it differs. The
-Gaussian and SGLD mechanisms state theirs in their own ``privacy_report()``.
+:func:`analyse_dpsgd_l1` (``mechanism=dpsgd_l1``'s report) and :func:`analyse_dpsgd_paper` (the whole-update analysis
+of Wang & Tang's Alg. 1, docs/privacy.md) return a :class:`MechanismAnalysis` whose ``epsilon`` is the *defended*
+figure for the released model under ``relation`` (``inf`` when nothing is defended), and whose ``claimed`` is what the
+source paper states, when it differs. The Gaussian and SGLD mechanisms state theirs in their own ``privacy_report()``.
 """
 
 from __future__ import annotations
@@ -43,8 +41,6 @@ USER, RATING = "user", "rating"
 
 
 # --------------------------------------------------------------------------- pure-DP maths
-
-
 def deamplified_epsilon(amplified: float, q: float) -> float:
     """Inverse of :func:`amplified_epsilon`: the per-sample eps whose amplification is ``amplified``."""
     if q >= 1 or math.isinf(amplified):
@@ -96,13 +92,12 @@ def analyse_dpsgd_paper(epsilon: float, steps: int, q: float, phi: float, floor_
     """Wang & Tang Alg. 1 as implemented (``mechanism=dpsgd``, PNBM).
 
     Noise: Lap(q K Delta F(t) / eps) per entry with Delta F(t) = 2 e_max(t) phi / C (one ENTRY's range).
-    The exact gradient entry obeys |e (x_uj/d - (n/d^2) sgn s_ij)| <= e_max 2 phi / C (|x| <= phi,
-    |n/d| <= phi), so one rating moves the whole update by at most Delta_1 = 2 n (n-1) e_max 2 phi / C
-    and each step is really eps_t = Delta_1 / b_t = 2 n (n-1) eps / (q K) -DP, with e_max cancelling.
-    A rating-sampled batch carries the whole history of every sampled user, so the changed rating
-    is present whenever any of its user's n ratings is sampled: q_eff = 1 - (1 - q)^n.
-    The released model also holds r_bar computed exactly from the data (not DP at all) unless
-    ``item_means_private``.
+    The exact gradient entry obeys |e (x_uj/d - (n/d^2) sgn s_ij)| <= e_max 2 phi / C (|x| <= phi, |n/d| <= phi),
+    so one rating moves the whole update by at most Delta_1 = 2 n (n-1) e_max 2 phi / C and each step is really
+    eps_t = Delta_1 / b_t = 2 n (n-1) eps / (q K) -DP, with e_max cancelling. A rating-sampled batch carries the
+    whole history of every sampled user, so the changed rating is present whenever any of its user's n ratings is
+    sampled: q_eff = 1 - (1 - q)^n. The released model also holds r_bar computed exactly from the data (not DP at
+    all) unless ``item_means_private``.
     """
     n = int(max_profile)
     eps_t_true = 2.0 * n * max(n - 1, 1) * epsilon / (q * steps)
@@ -130,10 +125,10 @@ def analyse_dpsgd_paper(epsilon: float, steps: int, q: float, phi: float, floor_
 def dpsgd_l1_group_factor(relation: str, unit: str) -> int:
     """g of ``analyse_dpsgd_l1``: 2 for ``relation=rating`` (add/remove/CHANGE one rating), else 1.
 
-    Changing one rating's value replaces one clipped contribution by another -- the rating's own
-    (unit=rating) or its user's whole G_u (unit=user) -- so the clipped sum moves by up to 2c in L1
-    (two add/remove steps); adding or removing one rating under unit=user also replaces G_u.
-    ``relation=user`` with ``unit=user``: add/remove a whole profile moves the sum by c, g = 1.
+    Changing one rating's value replaces one clipped contribution by another -- the rating's own (unit=rating) or
+    its user's whole G_u (unit=user) -- so the clipped sum moves by up to 2c in L1 (two add/remove steps); adding or
+    removing one rating under unit=user also replaces G_u. ``relation=user`` with ``unit=user``: add/remove a whole
+    profile moves the sum by c, g = 1.
     """
     return 2 if relation == RATING else 1
 
@@ -142,12 +137,11 @@ def analyse_dpsgd_l1(epsilon: float, steps: int, q: float, clip_norm: float, mea
                      relation: str = USER, unit: str = USER) -> MechanismAnalysis:
     """``mechanism=dpsgd_l1`` (:mod:`dprec_torch.mechanisms.dpsgd`).
 
-    Per step: release sum_{x in batch} clip_1(G_x, c) + Lap(c/eps_s)^{#params}; G_x is unit x's whole
-    gradient contribution (PNBM: user u's G_u over rows and columns R_u), clipped in L1 to c, so the
-    add/remove-one-unit L1 sensitivity is c and the step is eps_s-DP on its sample. Poisson(q) over
-    units amplifies it to ln(1 + q(e^{eps_s} - 1)); with the item-mean release eps_0 (PNBM only) and
-    T steps: eps = eps_0 + g T ln(1 + q(e^{eps_s} - 1)), g = :func:`dpsgd_l1_group_factor` (2 for
-    ``relation=rating``: a changed rating moves the clipped sum by 2c; 1 for ``relation=user``).
+    Per step: release sum_{x in batch} clip_1(G_x, c) + Lap(c/eps_s)^{#params}; G_x is unit x's whole gradient
+    contribution (PNBM: user u's G_u over rows and columns R_u), clipped in L1 to c, so the add/remove-one-unit L1
+    sensitivity is c and the step is eps_s-DP on its sample. Poisson(q) over units amplifies it to
+    ln(1 + q(e^{eps_s} - 1)); with the item-mean release eps_0 (PNBM only) and T steps:
+    eps = eps_0 + g T ln(1 + q(e^{eps_s} - 1)), g = :func:`dpsgd_l1_group_factor`.
     """
     group = dpsgd_l1_group_factor(relation, unit)
     eps_s = laplace_step_epsilon(epsilon, steps, q, mean_epsilon, group)

@@ -1,6 +1,5 @@
-"""Gaussian noise calibration, written once: the epsilon of a Gaussian history under an
-accountant (:func:`gaussian_epsilon`) and the noise that meets a target (epsilon, delta) under it
-(:func:`calibrate_gaussian`).
+"""Gaussian noise calibration, written once: the epsilon of a Gaussian history under an accountant
+(:func:`gaussian_epsilon`) and the noise that meets a target (epsilon, delta) under it (:func:`calibrate_gaussian`).
 
 A *history* is a list of (sigma, q, steps) entries: ``steps`` applications of the Poisson(q)-subsampled Gaussian
 mechanism with noise multiplier sigma (noise std / L2 sensitivity); a one-off release is (sigma, 1, 1).
@@ -91,7 +90,6 @@ def analytic_gaussian_sigma(sensitivity: float, epsilon: float, delta: float) ->
     while gaussian_delta(sigma, sensitivity, epsilon) > delta:
         sigma *= 1.0 + 1e-9
     return float(sigma)
-
 
 
 # --------------------------------------------------------------------------- Gaussian DP
@@ -274,7 +272,6 @@ def _history_epsilon(history: tuple[tuple[float, float, int], ...], delta: float
     if accountant == "rdp":  # RDPAccountant's sum over the history of compute_rdp(q, sigma, steps) = steps x one step's
         from opacus.accountants.analysis.rdp import get_privacy_spent
 
-
         rdp = sum(steps * _rdp_of_one_step(q, sigma) for sigma, q, steps in history)
         return float(get_privacy_spent(orders=RDP_ORDERS, rdp=rdp, delta=delta)[0])
     if accountant == "gdp":
@@ -297,8 +294,7 @@ def gaussian_epsilon(history: Iterable[Sequence[float]], delta: float, accountan
 @dataclass(frozen=True)
 class Noise:
     """A calibrated noise level: the noise multiplier ``sigma`` (noise std / L2 sensitivity) and ``mu`` = 1 / sigma,
-    its Gaussian-DP parameter as one unsampled release. The accountant's own parameter is exact (sigma for rdp/prv,
-    mu for gdp), the other is its reciprocal."""
+    its Gaussian-DP parameter as one unsampled release (module docstring: which of the two is exact)."""
 
     sigma: float
     mu: float
@@ -308,10 +304,8 @@ def calibrate_gaussian(target_epsilon: float, delta: float, q: float = 1.0, step
                        prior: History | None = None, tolerance: float | None = None, search: str = "bisect") -> Noise:
     """The noise of ``steps`` Poisson(``q``) Gaussian steps such that the history ``prior + [(sigma, q, steps)]``
     meets (``target_epsilon``, ``delta``) under ``accountant`` (module docstring: ``search``, ``tolerance``).
-
     ``tolerance`` (None: :data:`DEFAULT_TOLERANCE`): ``bisect`` stops once the epsilon is within ``tolerance`` x
-    the target below it; ``opacus`` within ``tolerance`` (absolute). ``gdp`` is exact (the largest mu that holds).
-    """
+    the target below it; ``opacus`` within ``tolerance`` (absolute). ``gdp`` is exact (the largest mu that holds)."""
     if accountant not in CALIBRATION_ACCOUNTANTS:
         raise ConfigError(f"accountant must be one of {CALIBRATION_ACCOUNTANTS}, got '{accountant}'")
     if search not in SEARCHES:
@@ -343,10 +337,9 @@ def _calibrate(target_epsilon: float, delta: float, q: float, steps: int, accoun
 def _opacus_search(target_epsilon: float, delta: float, q: float, steps: int, accountant: str, tolerance: float) -> float:
     from opacus.accountants.utils import get_noise_multiplier
 
-    kwargs = {"alphas": RDP_ORDERS} if accountant == "rdp" else {}
     try:
         return float(get_noise_multiplier(target_epsilon=target_epsilon, target_delta=delta, sample_rate=q, steps=steps,
-                                          accountant=accountant, epsilon_tolerance=tolerance, **kwargs))
+                                          accountant=accountant, epsilon_tolerance=tolerance, **_epsilon_kwargs(accountant)))
     except ValueError as err:  # "The privacy budget is too low."
         raise ConfigError(f"no noise multiplier reaches epsilon={target_epsilon} at delta={delta}, "
                           f"q={q}, {steps} steps ({err})") from err

@@ -219,12 +219,9 @@ class ItemMeansSpec:
     shrinkage: float = 8.0
 
     def __post_init__(self) -> None:
-        if self.estimator not in ESTIMATORS:
-            raise ConfigError(f"item-mean estimator must be one of {ESTIMATORS}, got '{self.estimator}'")
-        if self.relation not in RELATIONS:
-            raise ConfigError(f"item-mean relation must be one of {RELATIONS}, got '{self.relation}'")
-        if self.noise not in NOISES:
-            raise ConfigError(f"item-mean noise must be one of {NOISES}, got '{self.noise}'")
+        for key, allowed in (("estimator", ESTIMATORS), ("relation", RELATIONS), ("noise", NOISES)):
+            if getattr(self, key) not in allowed:
+                raise ConfigError(f"item-mean {key} must be one of {allowed}, got '{getattr(self, key)}'")
         if self.estimator == "posterior":
             if not self.prior_std > 0:
                 raise ConfigError(f"mean_prior_std must be > 0, got {self.prior_std}")
@@ -298,12 +295,7 @@ def release_item_means(train: Any, spec: ItemMeansSpec, generator: SecretGenerat
         raise ConfigError(f"{spec.noise} item means take " + ("epsilon" if spec.noise == "laplace" else "mu or noise_multiplier")
                           + f", got {given[0]}")
     if spec.estimator == "posterior":
-        if epsilon is not None:
-            budget = epsilon
-        elif mu is not None:
-            budget = mu
-        else:
-            budget = math.inf if noise_multiplier == 0 else 1.0 / noise_multiplier
+        budget = epsilon if epsilon is not None else mu if mu is not None else math.inf if noise_multiplier == 0 else 1.0 / noise_multiplier
         return _posterior(train, spec, budget, generator)
     if no_noise:
         raise ConfigError("the centred item-mean estimator needs a finite budget")
@@ -312,17 +304,22 @@ def release_item_means(train: Any, spec: ItemMeansSpec, generator: SecretGenerat
 
 
 # ------------------------------------------------------------------ the posterior estimator
+def _laplace(n: int, scale: float, gen: SecretGenerator, device: torch.device) -> torch.Tensor:
+    u = gen.rand(n, device=gen.device, dtype=torch.float64).to(device) - 0.5
+    return -scale * torch.sign(u) * torch.log1p(-2 * u.abs())
+
+
+def _gauss(n: int, std: float, gen: SecretGenerator, device: torch.device) -> torch.Tensor:
+    return gen.randn(n, device=gen.device, dtype=torch.float64).to(device) * std
+
+
 def _posterior(train: Any, spec: ItemMeansSpec, budget: float, gen: SecretGenerator) -> ItemMeansRelease:
     """(S, gamma C) + noise on all 2M entries, then the shrunk means (module docstring).
 
     ``budget`` is mu (GDP) for ``noise=gaussian`` and the pure epsilon for ``noise=laplace``; inf = no noise.
-    ``count_weight``: gamma (None: the default of (relation, noise)).
-    ``popularity_alpha`` > 0 (Gaussian only): first release the counts K (:func:`popularity_counts`) with
-    mu_0 = sqrt(share) mu, then (S, gamma C) re-weighted by a_i = (K~_i / floor)^(-alpha) (:func:`popularity_weights`,
-    floor = 2 x K~'s noise std) with mu_1 = sqrt(1 - share) mu: mu_0^2 + mu_1^2 = mu^2, so the two releases are
-    together exactly the caller's mu-GDP (one Gaussian mechanism of multiplier 1/mu for an RDP/PRV accountant).
-    Each user's unit norm then leans towards rare items, whose means have the fewest contributions, and the
-    counts C~ are pooled with the stage-0 counts (:func:`pooled_counts`).
+    ``popularity_alpha`` > 0 (module docstring): the two stages (floor = 2 x K~'s noise std) are together exactly the
+    caller's mu-GDP (one Gaussian mechanism of multiplier 1/mu for an RDP/PRV accountant); each user's unit norm then
+    leans towards rare items, whose means have the fewest contributions.
     """
     relation, noise, prior_std, count_weight = spec.relation, spec.noise, spec.prior_std, spec.count_weight
     popularity_alpha, popularity_share = spec.popularity_alpha, spec.popularity_share
@@ -338,7 +335,7 @@ def _posterior(train: Any, spec: ItemMeansSpec, budget: float, gen: SecretGenera
         std0 = 0.0 if math.isinf(budget) else 1.0 / mu0
         k = popularity_counts(train, relation)
         if std0 > 0:
-            k = k + gen.randn(m, device=gen.device, dtype=torch.float64).to(k.device) * std0
+            k = k + _gauss(m, std0, gen, k.device)
         floor = 2.0 * std0 if std0 > 0 else 1.0
         weight = popularity_weights(k, popularity_alpha, floor).to(train.values.device)
         budget = math.sqrt(1.0 - popularity_share) * budget
@@ -349,11 +346,10 @@ def _posterior(train: Any, spec: ItemMeansSpec, budget: float, gen: SecretGenera
     elif noise == "laplace":
         b = delta / budget
         std = math.sqrt(2.0) * b
-        u = gen.rand(2 * m, device=gen.device, dtype=torch.float64).to(stats.device) - 0.5
-        stats = stats - b * torch.sign(u) * torch.log1p(-2.0 * u.abs())
+        stats = stats + _laplace(2 * m, b, gen, stats.device)
     else:
         std = delta / budget
-        stats = stats + gen.randn(2 * m, device=gen.device, dtype=torch.float64).to(stats.device) * std
+        stats = stats + _gauss(2 * m, std, gen, stats.device)
     gamma = resolve_count_weight(relation, noise, count_weight)
     # back to per-item units: S_i / a_i and C_i / a_i carry noise std / a_i (a = 1 without re-weighting)
     s, c, std_i = stats[:m] / weight, stats[m:] / (gamma * weight), std / weight
@@ -374,17 +370,9 @@ def _posterior(train: Any, spec: ItemMeansSpec, budget: float, gen: SecretGenera
 
 
 # ------------------------------------------------------------------ the centred estimator
-def _laplace(n: int, scale: float, gen: SecretGenerator, device: torch.device) -> torch.Tensor:
-    u = gen.rand(n, device=gen.device, dtype=torch.float64).to(device) - 0.5
-    return -scale * torch.sign(u) * torch.log1p(-2 * u.abs())
-
-
-def _gauss(n: int, std: float, gen: SecretGenerator, device: torch.device) -> torch.Tensor:
-    return gen.randn(n, device=gen.device, dtype=torch.float64).to(device) * std
-
-
-def _global_stats(train: Any, relation: str) -> tuple[float, float, float, float]:
-    """(S_g, C_g) and the public centre/half-width (m0, a0) of step 1."""
+def _centred_global_mean(train: Any, relation: str, noise: str, budget: float, gen: SecretGenerator) -> tuple[float, dict]:
+    """Step 1: (S_g, C_g) about the public centre/half-width (m0, a0), plus noise. ``budget`` is eps_g (Laplace) or the
+    noise multiplier sigma_g (Gaussian, L2 sensitivity sqrt(2))."""
     lo, hi = train.scale.lo, train.scale.hi
     m0, a0 = (lo + hi) / 2, (hi - lo) / 2
     z = (train.values.double() - m0) / a0
@@ -392,24 +380,14 @@ def _global_stats(train: Any, relation: str) -> tuple[float, float, float, float
         n_u = _per_user(train, torch.ones_like(z))
         s_u = _per_user(train, z)
         has = n_u > 0
-        return float((s_u[has] / n_u[has]).sum()), float(has.sum()), m0, a0
-    return float(z.sum()), float(len(train)), m0, a0
-
-
-def _centred_global_mean(train: Any, relation: str, noise: str, budget: float, gen: SecretGenerator) -> tuple[float, dict]:
-    """Step 1. ``budget`` is eps_g (Laplace) or the noise multiplier sigma_g (Gaussian, L2 sensitivity sqrt(2))."""
-    s, c, m0, a0 = _global_stats(train, relation)
-    dev = train.values.device
-    if noise == "laplace":
-        b = 2.0 / budget
-        s_n, c_n = s + float(_laplace(1, b, gen, dev)), c + float(_laplace(1, b, gen, dev))
-        info = {"global_laplace_scale": b}
+        s, c = float((s_u[has] / n_u[has]).sum()), float(has.sum())
     else:
-        std = budget * math.sqrt(2.0)
-        s_n, c_n = s + float(_gauss(1, std, gen, dev)), c + float(_gauss(1, std, gen, dev))
-        info = {"global_gaussian_std": std}
-    mu = min(max(m0 + a0 * s_n / max(c_n, 1.0), train.scale.lo), train.scale.hi)
-    return mu, info
+        s, c = float(z.sum()), float(len(train))
+    dev, laplace = train.values.device, noise == "laplace"
+    scale, draw = (2.0 / budget, _laplace) if laplace else (budget * math.sqrt(2.0), _gauss)
+    s_n, c_n = s + float(draw(1, scale, gen, dev)), c + float(draw(1, scale, gen, dev))
+    info = {"global_laplace_scale" if laplace else "global_gaussian_std": scale}
+    return min(max(m0 + a0 * s_n / max(c_n, 1.0), lo), hi), info
 
 
 def _centred(train: Any, spec: ItemMeansSpec, epsilon: float | None, noise_multiplier: float | None,
@@ -419,45 +397,35 @@ def _centred(train: Any, spec: ItemMeansSpec, epsilon: float | None, noise_multi
     (sensitivity 1 after the weights; the global step scales its sqrt(2) sensitivity into the std), i.e. the release
     is two Gaussian mechanisms with noise multiplier sigma, to be composed by the caller's RDP/PRV accountant."""
     relation, noise, global_fraction, shrinkage = spec.relation, spec.noise, spec.global_fraction, spec.shrinkage
-    if noise == "laplace":
-        if epsilon is None or not epsilon > 0:
-            raise ConfigError(f"DP item means need an epsilon > 0, got {epsilon}")
-        eps_g, eps_i = global_fraction * epsilon, (1 - global_fraction) * epsilon
-        mu, info = _centred_global_mean(train, relation, noise, eps_g, generator)
-    else:
-        if noise_multiplier is None or not noise_multiplier > 0:
-            raise ConfigError(f"Gaussian DP item means need a noise multiplier > 0, got {noise_multiplier}")
-        mu, info = _centred_global_mean(train, relation, noise, noise_multiplier, generator)
+    laplace = noise == "laplace"
+    if laplace and (epsilon is None or not epsilon > 0):
+        raise ConfigError(f"DP item means need an epsilon > 0, got {epsilon}")
+    if not laplace and (noise_multiplier is None or not noise_multiplier > 0):
+        raise ConfigError(f"Gaussian DP item means need a noise multiplier > 0, got {noise_multiplier}")
+    mu, info = _centred_global_mean(train, relation, noise, global_fraction * epsilon if laplace else noise_multiplier, generator)
     lo, hi = train.scale.lo, train.scale.hi
     a = max(mu - lo, hi - mu)
     z = (train.values.double() - mu) / a
     dev = train.values.device
     m = train.n_items
-    if relation == "rating":
-        w = torch.ones_like(z)
-        b = 2.0 / eps_i
-        count_std = math.sqrt(2) * b
-        s_n = _per_item(train, w * z) + _laplace(m, b, generator, dev)
-        c_n = _per_item(train, w) + _laplace(m, b, generator, dev)
-        info.update(item_laplace_scale=b, item_sensitivity_l1=2.0)
-    elif noise == "laplace":
-        w = (1.0 / _per_user(train, 1.0 + z.abs()).clamp_min(1e-12))[train.users]
-        b = 1.0 / eps_i
-        count_std = math.sqrt(2) * b
-        s_n = _per_item(train, w * z) + _laplace(m, b, generator, dev)
-        c_n = _per_item(train, w) + _laplace(m, b, generator, dev)
-        info.update(item_laplace_scale=b, item_sensitivity_l1=1.0)
+    if laplace:  # rating level: w = 1, sensitivity 2; user level: L1-normalised, sensitivity 1 (module docstring)
+        sens = 2.0 if relation == "rating" else 1.0
+        w = torch.ones_like(z) if relation == "rating" else (1.0 / _per_user(train, 1.0 + z.abs()).clamp_min(1e-12))[train.users]
+        scale = sens / ((1 - global_fraction) * epsilon)
+        count_std = math.sqrt(2) * scale
+        info.update(item_laplace_scale=scale, item_sensitivity_l1=sens)
     else:
         w = (1.0 / _per_user(train, 1.0 + z * z).clamp_min(1e-12).sqrt())[train.users]
-        count_std = float(noise_multiplier)
-        s_n = _per_item(train, w * z) + _gauss(m, count_std, generator, dev)
-        c_n = _per_item(train, w) + _gauss(m, count_std, generator, dev)
+        scale = count_std = float(noise_multiplier)
         info.update(item_gaussian_std=count_std, item_sensitivity_l2=1.0)
+    draw = _laplace if laplace else _gauss
+    s_n = _per_item(train, w * z) + draw(m, scale, generator, dev)
+    c_n = _per_item(train, w) + draw(m, scale, generator, dev)
     kappa = shrinkage * count_std
     means = (mu + a * s_n / (c_n.clamp_min(0) + kappa).clamp_min(1e-12)).clamp(lo, hi)
     info.update(shrinkage_kappa=kappa, centre=mu, half_width=a)
-    return ItemMeansRelease(means.to(torch.float32), float(mu), spec, epsilon=float(epsilon) if noise == "laplace" else None,
-                            noise_multiplier=float(noise_multiplier) if noise == "gaussian" else None, details=info)
+    return ItemMeansRelease(means.to(torch.float32), float(mu), spec, epsilon=float(epsilon) if laplace else None,
+                            noise_multiplier=None if laplace else float(noise_multiplier), details=info)
 
 
 # ------------------------------------------------------------------ installing a release
@@ -469,10 +437,8 @@ def install_item_means(model: Any, release: ItemMeansRelease) -> None:
         model.item_means.copy_(release.means.to(model.item_means.device))
     fb = model.fallback_  # BaseModel's default: None
     if fb is not None:
-        fb.item_means_ = release.means.to(fb.item_means_.device)
-        fb.global_mean = release.global_mean
-        fb.item_counts_ = torch.ones_like(fb.item_counts_)  # "known" must not depend on who rated what
-        fb.user_counts_ = torch.ones_like(fb.user_counts_)
+        install_private_fallback(model, release.means, release.global_mean)
+        fb.user_counts_ = torch.ones_like(fb.user_counts_)  # "known" must not depend on who rated what
 
 
 def install_private_fallback(predictor: Any, means: torch.Tensor, global_mean: float) -> None:

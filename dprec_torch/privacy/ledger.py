@@ -1,49 +1,47 @@
 """Privacy ledger: what a whole sweep spent on the same people, and whether it tuned on the test split.
 
-Every run writes ``metrics.json`` with ``privacy`` (its mechanism's report: ``epsilon``, ``delta``,
-``relation``). The ledger charges every released model to the POPULATION it was trained on, i.e.
-the dataset: ML-100K's five folds (and ML-1M's repeated hold-outs, and a fold's validation split)
-all train on the same 943 (6,040) people, so their epsilons compose. By basic composition a set of
-releases with (eps_k, delta_k) on the same people is (sum eps_k, sum delta_k)-DP. Choosing the best
-run afterwards by its validation RMSE is NOT post-processing: the score reads those people's
-validation ratings, so the SUM (never the chosen run's eps) bounds the releases only, not the released
+Every run writes ``metrics.json`` with ``privacy`` (its mechanism's report: ``epsilon``, ``delta``, ``relation``). The
+ledger charges every released model to the POPULATION it was trained on, i.e. the dataset: ML-100K's five folds (and
+ML-1M's repeated hold-outs, and a fold's validation split) all train on the same 943 (6,040) people, so their epsilons
+compose. By basic composition a set of releases with (eps_k, delta_k) on the same people is (sum eps_k, sum
+delta_k)-DP. Choosing the best run afterwards by its validation RMSE is NOT post-processing: the score reads those
+people's validation ratings, so the SUM (never the chosen run's eps) bounds the releases only, not the released
 choice, and no end-to-end epsilon follows from it (choose on other people's data, or privately:
 :mod:`dprec_torch.privacy.provenance`).
 
 What one run charges (:func:`charged_epsilon`):
 
-* one model per fold it trained: a ``fold=all`` run released five models, so it charges their joint
-  epsilon, ``privacy.joint`` (:func:`run_privacy`: the fold models composed by the mechanism's own
-  accountant), once; a record written before that field charges the sum of its folds' epsilons (each
-  fold record's ``privacy_epsilon`` when the runner wrote it, else the run's ``privacy.epsilon`` once per fold);
-* per-query mechanisms (``laplace_output``, Park & Acharya) whose report gives the epsilon of one
-  released value charge its composition over all ``released_values`` (basic composition: every
-  released value reads the same ratings, so parallel composition does not apply). Reports that
-  already headline the composed total (``epsilon_scope`` "total ...") are charged as they are.
+* one model per fold it trained: a ``fold=all`` run released five models, so it charges their joint epsilon,
+  ``privacy.joint`` (:func:`run_privacy`: the fold models composed by the mechanism's own accountant), once; a record
+  written before that field charges the sum of its folds' epsilons (each fold record's ``privacy_epsilon`` when the
+  runner wrote it, else the run's ``privacy.epsilon`` once per fold);
+* per-query mechanisms (``laplace_output``, Park & Acharya) whose report gives the epsilon of one released value
+  charge its composition over all ``released_values`` (basic composition: every released value reads the same ratings,
+  so parallel composition does not apply). Reports that already headline the composed total (``epsilon_scope`` "total
+  ...") are charged as they are.
 
-Units: a user-level eps_k gives 2 eps_k at rating level (a changed rating is a changed profile); a
-rating-level guarantee gives nothing at user level, and any other relation (e.g. one entry of a
-score matrix) gives nothing about the training data. A run whose epsilon is ``None`` (not
-established) or ``inf`` makes the total ``inf``. A finite epsilon whose ``delta`` is ``None`` or absent
-(e.g. SGLD's chain, whose distance from the posterior nobody bounds) has an UNESTABLISHED delta, never 0:
-the run's delta is NaN and the totals it enters are (inf, NaN), printed "not established".
+Units: a user-level eps_k gives 2 eps_k at rating level (a changed rating is a changed profile); a rating-level
+guarantee gives nothing at user level, and any other relation (e.g. one entry of a score matrix) gives nothing about
+the training data. A run whose epsilon is ``None`` (not established) or ``inf`` makes the total ``inf``. A finite
+epsilon whose ``delta`` is ``None`` or absent (e.g. SGLD's chain, whose distance from the posterior nobody bounds) has
+an UNESTABLISHED delta, never 0: the run's delta is NaN and the totals it enters are (inf, NaN), printed "not
+established".
 
-Validation runs (data name ending in ``+validation``, :mod:`dprec_torch.data.validation`) train
-on a subset of the same people, so they are charged to the same ledger entry. Several runs of the
-same cell (mechanism, model, nominal epsilon, folds) evaluated on the TEST split of one dataset
-trigger a warning: picking among them by ``test_rmse`` tunes hyperparameters on the test set.
+Validation runs (data name ending in ``+validation``, :mod:`dprec_torch.data.validation`) train on a subset of the
+same people, so they are charged to the same ledger entry. Several runs of the same cell (mechanism, model, nominal
+epsilon, folds) evaluated on the TEST split of one dataset trigger a warning: picking among them by ``test_rmse``
+tunes hyperparameters on the test set.
 
 Tuning cost (``tuning`` in each entry, the two-stage study of ``scripts/study.py``): the validation runs of one
-(mechanism, model, nominal epsilon) are the configurations tried for that cell. Their releases cost, by
-basic composition on the same people, sum_k eps_k (= n x eps when every configuration has the same eps)
-at the mechanism's relation, before the final runs' own eps; the choice among them reads the validation
-ratings and is not counted in that sum (the statement says so).
-For mechanisms whose epsilon is null (the paper-faithful ``dpsgd_paper`` and ``sgld_paper`` on
-PNBM), nothing is defended, for tuning or otherwise.
+(mechanism, model, nominal epsilon) are the configurations tried for that cell. Their releases cost, by basic
+composition on the same people, sum_k eps_k (= n x eps when every configuration has the same eps) at the mechanism's
+relation, before the final runs' own eps; the choice among them reads the validation ratings and is not counted in
+that sum (the statement says so). For mechanisms whose epsilon is null (the paper-faithful ``dpsgd_paper`` and
+``sgld_paper`` on PNBM), nothing is defended, for tuning or otherwise.
 
-When every run of a dataset carries an accountant history under one Opacus accountant, one delta and one
-relation (the Gaussian mechanisms), the entry's ``composed`` is their composition by that accountant (tighter
-than the basic sum, which stays in the table's columns).
+When every run of a dataset carries an accountant history under one Opacus accountant, one delta and one relation (the
+Gaussian mechanisms), the entry's ``composed`` is their composition by that accountant (tighter than the basic sum,
+which stays in the table's columns).
 
 ``python scripts/ledger.py SWEEP_DIR`` prints the table; :func:`ledger_report` returns it as a dict.
 """
@@ -108,17 +106,15 @@ class LedgerEntry:
         return eps, delta
 
     def composed(self) -> dict[str, Any] | None:
-        """All the runs' releases composed by their own accountant when every run carries an accountant history under
-        one Opacus accountant, one delta and one relation (:func:`joint_epsilon`:
-        the concatenated histories, tighter than :meth:`total`'s sum); None otherwise (:meth:`total` is then the figure)."""
+        """All the runs' releases composed by their own accountant (module docstring; :func:`joint_epsilon` of the
+        concatenated histories); None otherwise (:meth:`total` is then the figure)."""
         records = [r.accounting for r in self.runs]
         if len(records) < 2 or any(a is None for a in records) or len({r.relation for r in self.runs}) != 1:
             return None
         joint = joint_epsilon(records, what="jobs")  # type: ignore[arg-type]
         if "accountant_history" not in joint:
             return None
-        return {"epsilon": joint["epsilon"], "delta": joint["delta"], "relation": self.runs[0].relation,
-                "method": joint["method"]}
+        return {"epsilon": joint["epsilon"], "delta": joint["delta"], "relation": self.runs[0].relation, "method": joint["method"]}
 
     @property
     def test_runs(self) -> list[LedgerRun]:
@@ -165,14 +161,17 @@ class LedgerEntry:
         return out
 
 
+def _float_or_none(value: Any) -> float | None:
+    try:
+        return None if value is None else float(value)
+    except (TypeError, ValueError):
+        return None
+
+
 def _epsilon(value: Any) -> float:
     """A reported epsilon as a float; ``None`` or garbage (not established) is ``inf``."""
-    if value is None:
-        return math.inf
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.inf
+    eps = _float_or_none(value)
+    return math.inf if eps is None else eps
 
 
 def is_per_query(privacy: dict[str, Any]) -> bool:
@@ -207,15 +206,6 @@ def _delta_text(delta: float) -> str:
 HISTORY_ACCOUNTANTS = ("rdp", "prv")
 
 
-def _float_or_none(value: Any) -> float | None:
-    if value is None:
-        return None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
-
-
 def joint_epsilon(reports: list[dict[str, Any]], what: str = "models") -> dict[str, Any]:
     """The joint (epsilon, delta) of releasing everything ``reports`` describe, when they are releases about the SAME
     people (the fold models of one ``data.fold=all`` run, the jobs of a sweep on one dataset).
@@ -228,8 +218,7 @@ def joint_epsilon(reports: list[dict[str, Any]], what: str = "models") -> dict[s
       concatenated and that accountant gives epsilon at that delta
       (:func:`~dprec_torch.privacy.calibration.gaussian_epsilon`, the figure each report's own ``epsilon`` is);
     * every ``delta`` is 0 (pure epsilon, e.g. Laplace DP-SGD and its Laplace item means): the sum of the epsilons
-      (exact basic composition), a per-query report counted over all its released values
-      (:func:`charged_epsilon`);
+      (exact basic composition), a per-query report counted over all its released values (:func:`charged_epsilon`);
     * otherwise: basic composition, (sum eps_k, sum delta_k);
     * any ``epsilon`` null (not established): null; any infinite (not private): inf.
 
@@ -349,8 +338,7 @@ def read_run(path: Path) -> LedgerRun | None:
                          str(m.get("model", "?")), nominal, int(joint.get("models") or len(fold_records) or 1),
                          _epsilon(priv.get("epsilon_per_model")), _history(priv))
     per_model = charged_epsilon(priv)
-    # one released model per fold record; a fold's own privacy record wins over the run's (fold 1's). Records written
-    # before the joint figure (run_privacy) headline fold 1's epsilon: basic composition over the fold models
+    # a record written before the joint figure (module docstring): a fold's own privacy record wins over the run's
     charges = [charged_epsilon(f["privacy"]) if isinstance(f.get("privacy"), dict)
                else _epsilon(f["privacy_epsilon"]) if "privacy_epsilon" in f else per_model
                for f in fold_records] or [per_model]
@@ -381,20 +369,22 @@ def collect(sweep_dir: str | Path) -> list[LedgerEntry]:
     return list(entries.values())
 
 
+def _entry_record(e: LedgerEntry, tuning: list, warnings: list, **composed: Any) -> dict[str, Any]:
+    """One dataset's line of the report: its runs, totals at user and rating level (``composed`` when given), warnings."""
+    eu, du = e.total("user")
+    er, _ = e.total("rating")
+    return {"data": e.data, "folds": list(e.folds), "runs": len(e.runs), "validation_runs": len(e.runs) - len(e.test_runs),
+            "models": sum(r.models for r in e.runs), "epsilon_user_level": eu, "epsilon_rating_level": er, "delta": du, **composed,
+            "per_run": [{"path": r.path, "mechanism": r.mechanism, "relation": r.relation, "epsilon": r.epsilon,
+                         "models": r.models, "epsilon_per_model": r.epsilon_per_model, "folds": list(r.folds),
+                         "delta": r.delta, "validation": r.validation, "test_rmse": r.test_rmse} for r in e.runs],
+            "tuning": tuning, "warnings": warnings}
+
+
 def ledger_report(sweep_dir: str | Path) -> dict[str, Any]:
     """The ledger as a dict: per dataset the runs, totals at user and rating level, warnings."""
-    out = []
-    for e in collect(sweep_dir):
-        eu, du = e.total("user")
-        er, dr = e.total("rating")
-        out.append({"data": e.data, "folds": list(e.folds), "runs": len(e.runs), "validation_runs": len(e.runs) - len(e.test_runs),
-                    "models": sum(r.models for r in e.runs),
-                    "epsilon_user_level": eu, "epsilon_rating_level": er, "delta": du, "composed": e.composed(),
-                    "per_run": [{"path": r.path, "mechanism": r.mechanism, "relation": r.relation, "epsilon": r.epsilon,
-                                 "models": r.models, "epsilon_per_model": r.epsilon_per_model, "folds": list(r.folds),
-                                 "delta": r.delta, "validation": r.validation, "test_rmse": r.test_rmse} for r in e.runs],
-                    "tuning": e.tuning(), "warnings": e.warnings()})
-    return {"sweep_dir": str(sweep_dir), "entries": out}
+    entries = [_entry_record(e, e.tuning(), e.warnings(), composed=e.composed()) for e in collect(sweep_dir)]
+    return {"sweep_dir": str(sweep_dir), "entries": entries}
 
 
 #: the statement every ledger (and so every sweep report) prints above its table
@@ -463,15 +453,5 @@ def merge_legacy(report: dict[str, Any]) -> dict[str, Any]:
         tuning.setdefault(old["data"], []).extend(old.get("tuning", []))
         warnings.setdefault(old["data"], [])
         warnings[old["data"]] += [w for w in old.get("warnings", []) if w not in warnings[old["data"]]]
-    out = []
-    for data, e in grouped.items():
-        eu, du = e.total("user")
-        er, _ = e.total("rating")
-        out.append({"data": data, "folds": list(e.folds), "runs": len(e.runs), "validation_runs": len(e.runs) - len(e.test_runs),
-                    "models": sum(r.models for r in e.runs), "epsilon_user_level": eu, "epsilon_rating_level": er,
-                    "delta": du,
-                    "per_run": [{"path": r.path, "mechanism": r.mechanism, "relation": r.relation, "epsilon": r.epsilon,
-                                 "models": r.models, "epsilon_per_model": r.epsilon_per_model, "folds": list(r.folds),
-                                 "delta": r.delta, "validation": r.validation, "test_rmse": r.test_rmse} for r in e.runs],
-                    "tuning": tuning[data], "warnings": warnings[data]})
-    return {"sweep_dir": report.get("sweep_dir"), "entries": out}
+    return {"sweep_dir": report.get("sweep_dir"),
+            "entries": [_entry_record(e, tuning[data], warnings[data]) for data, e in grouped.items()]}

@@ -1,23 +1,13 @@
-"""Opacus's RDP / PRV accountants behind our accountant interface.
+"""Opacus's RDP / PRV accountants behind the interface of :mod:`dprec_torch.privacy.accountants`: the epsilon is
+whatever Opacus computes for the recorded history of (noise multiplier sigma, Poisson sampling rate q, number of steps)
+of the subsampled Gaussian mechanism, under ``rdp`` or ``prv`` as :mod:`dprec_torch.privacy.calibration` states them
+(its :func:`~dprec_torch.privacy.calibration.calibrate_gaussian` calibrates sigma to a target (eps, delta)).
 
-Same shape as :mod:`dprec_torch.privacy.accountants`: ``step(...)``,
-``get_epsilon(delta)``, ``state_dict()`` / ``load_state_dict()``. The epsilon is
-whatever Opacus computes for the recorded history of (noise multiplier sigma,
-Poisson sampling rate q, number of steps) of the subsampled Gaussian mechanism:
-
-* ``rdp``: Renyi-DP of the Poisson-subsampled Gaussian mechanism (Mironov et al.
-  2019), composed over steps and converted to (eps, delta) by Opacus's
-  ``RDPAccountant``, minimised over :data:`RDP_ORDERS` = Opacus's default orders
-  (1.1 ... 63) plus 64 ... 1024. The conversion adds log(1/delta)/(alpha - 1), so the
-  default orders alone cannot certify eps < log(1/delta)/62 (0.22 at delta = 1e-6);
-  extra orders only add candidates to a minimum, every one of them a valid bound;
-* ``prv``: numerical composition of privacy random variables (Gopi et al. 2021;
-  Opacus's ``PRVAccountant``), tighter, with Opacus's default ``eps_error``.
-
-Calibrating sigma to a target (eps, delta) under these accountants is
-:func:`dprec_torch.privacy.calibration.calibrate_gaussian` (its ``search="opacus"`` is Opacus's ``get_noise_multiplier``).
+``rdp`` is minimised over :data:`RDP_ORDERS` = Opacus's default orders (1.1 ... 63) plus 64 ... 1024. The conversion
+adds log(1/delta)/(alpha - 1), so the default orders alone cannot certify eps < log(1/delta)/62 (0.22 at delta = 1e-6);
+extra orders only add candidates to a minimum, every one of them a valid bound. ``prv`` (tighter) runs with Opacus's
+default ``eps_error``.
 """
-
 from __future__ import annotations
 
 from typing import Any

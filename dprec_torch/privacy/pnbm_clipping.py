@@ -9,14 +9,13 @@ so the gradient of target (u, i) is supported on row i, columns j in R_u:
 
     d r_hat_ui / d s_ij = x_uj / d_ui - a_ui sign(s_ij) I_uj,   a_ui = [D_ui >= C] n_ui / d_ui^2      (*)
 
-(the second term is the |s| in the denominator). At the kinks the model fixes the rule
-explicitly (:mod:`dprec_torch.models.pnbm`, ``DENOMINATOR_RULE``): where D_ui >= C -- the
-boundary D = C included -- d = D and the |s| term is KEPT; where D_ui < C, d = C and the term is 0;
-sign(0) = 0. The mask [D >= C] is not recomputed here: it is the batch's one cached mask
-(``PNBM.floor_mask``), the same tensor the forward and the released gradient use, so the
-norm that is clipped and the gradient that is released cannot follow different rules (a user
-with D = C exactly, e.g. S = constant 1, C = 10 and 11 ratings, is the case that matters).
-User u's whole contribution to the summed gradient is
+(the second term is the |s| in the denominator). At the kinks the model fixes the rule explicitly
+(:mod:`dprec_torch.models.pnbm`, ``DENOMINATOR_RULE``): where D_ui >= C -- the boundary D = C included -- d = D and
+the |s| term is KEPT; where D_ui < C, d = C and the term is 0; sign(0) = 0. The mask [D >= C] is not recomputed here:
+it is the batch's one cached mask (``PNBM.floor_mask``), the same tensor the forward and the released gradient use, so
+the norm that is clipped and the gradient that is released cannot follow different rules (a user with D = C exactly,
+e.g. S = constant 1, C = 10 and 11 ratings, is the case that matters). User u's whole contribution to the summed
+gradient is
 
     G_u = sum_{i in R_u} e_ui d r_hat_ui / dS,    supported on rows i in R_u x columns j in R_u,
 
@@ -70,12 +69,9 @@ def _check_pnbm(model: Any) -> None:
 
 @torch.no_grad()
 def target_terms(model: Any, batch: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(n_ui, d_ui, a_ui) of (*) at every batch target, in float64.
-
-    The values are recomputed in float64; WHICH branch of the floor each target takes is the
-    model's shared mask (``model.floor_mask``), never a float64 re-decision: at D ~ C a
-    float32 forward and a float64 norm could otherwise round to opposite sides of C.
-    """
+    """(n_ui, d_ui, a_ui) of (*) at every batch target, in float64; WHICH branch of the floor each target takes is the
+    model's shared mask (module docstring), never a float64 re-decision (at D ~ C a float32 forward and a float64 norm
+    could round to opposite sides of C)."""
     active = model.floor_mask(batch)
     S = model.S.detach().double()
     num = rows_times(batch, "x", S.T)[batch.rows, batch.items]
@@ -147,16 +143,14 @@ def per_user_grad_norms(model: Any, batch: Any, residuals: torch.Tensor, p: floa
             raise ConfigError("the closed form exists for the L2 norm only")
         return _closed_form_l2(model, batch, residuals, include_diagonal).sqrt()
     _check_pnbm(model)
-    if p == 1 and pair_numba.use_numba(model.pair_backend, model.S):  # the same bits, compiled (CPU)
+    kernel = (pair_numba if pair_numba.use_numba(model.pair_backend, model.S)  # the same bits, compiled (CPU)
+              else pair_triton if model.pair_backend != "torch" and pair_triton.available(model.S)  # fused, no pair temporaries (GPU)
+              else None) if p == 1 else None
+    if kernel is not None:
         _, den, a = target_terms(model, batch)
         crow, cols, xv = _history(batch)
-        return pair_numba.user_l1_norms(batch.rows, batch.items, crow, cols, xv, residuals.detach().to(torch.float64),
-                                        den, a, model.S.detach(), n_rows, include_diagonal)
-    if p == 1 and model.pair_backend != "torch" and pair_triton.available(model.S):  # fused, no pair temporaries (GPU)
-        _, den, a = target_terms(model, batch)
-        crow, cols, xv = _history(batch)
-        return pair_triton.user_l1_norms(batch.rows, batch.items, crow, cols, xv, residuals.detach().to(torch.float64),
-                                         den, a, model.S.detach(), n_rows, include_diagonal)
+        return kernel.user_l1_norms(batch.rows, batch.items, crow, cols, xv, residuals.detach().to(torch.float64),
+                                    den, a, model.S.detach(), n_rows, include_diagonal)
     acc = torch.zeros(n_rows, dtype=torch.float64, device=residuals.device)
     for t, i, j, val in _pair_chunks(model, batch, residuals, chunk_pairs):
         if not include_diagonal:  # zeroed, not compacted: the same sums, one pass and no host sync fewer
@@ -172,12 +166,12 @@ def _closed_form_l2(model: Any, batch: Any, residuals: torch.Tensor, include_dia
     e = residuals.detach().to(torch.float64)
     S = model.S.detach().double()
     sgn = torch.sign(S)
-    crow, _, xv = _history(batch)
+    crow, cols, xv = _history(batch)
     rows_of_entry = torch.repeat_interleave(torch.arange(crow.numel() - 1, device=crow.device), crow[1:] - crow[:-1])
     xsq = torch.zeros(crow.numel() - 1, dtype=torch.float64, device=xv.device).index_add_(0, rows_of_entry, xv * xv)
     xs = rows_times(batch, "x", sgn.T)[batch.rows, batch.items]
     cnt = rows_times(batch, "ind", sgn.abs().T)[batch.rows, batch.items]
-    x_self = _self_value(batch)
+    x_self = _self_value(batch, rows_of_entry, cols, xv)
     sq = xsq[batch.rows]
     if not include_diagonal:
         sq = sq - x_self * x_self
@@ -186,11 +180,9 @@ def _closed_form_l2(model: Any, batch: Any, residuals: torch.Tensor, include_dia
     return out.index_add_(0, batch.rows, (e * e) * per_target.clamp_min(0))
 
 
-def _self_value(batch: Any) -> torch.Tensor:
-    """x_ui at every target (0 if i is not in u's history)."""
-    crow, cols, xv = _history(batch)
-    n_rows, m = crow.numel() - 1, batch.x.shape[1]
-    rows_of_entry = torch.repeat_interleave(torch.arange(n_rows, device=crow.device), crow[1:] - crow[:-1])
+def _self_value(batch: Any, rows_of_entry: torch.Tensor, cols: torch.Tensor, xv: torch.Tensor) -> torch.Tensor:
+    """x_ui at every target (0 if i is not in u's history); the history's (row, column, value) per entry."""
+    m = batch.x.shape[1]
     hist_key = rows_of_entry * m + cols
     tgt_key = batch.rows * m + batch.items
     if hist_key.numel() == 0:
@@ -203,11 +195,9 @@ def _self_value(batch: Any) -> torch.Tensor:
 @torch.no_grad()
 def per_user_gradient(model: Any, batch: Any, residuals: torch.Tensor, include_diagonal: bool = False) -> torch.Tensor:
     """All G_u as one sparse COO tensor ``[n_rows, M, M]`` (tests and small batches only)."""
+    empty = torch.zeros(0, dtype=torch.long)
     parts = list(iter_pairs(model, batch, residuals, include_diagonal, chunk_pairs=DEFAULT_CHUNK_PAIRS))
-    rows = torch.cat([p[0] for p in parts]) if parts else torch.zeros(0, dtype=torch.long)
-    i = torch.cat([p[1] for p in parts]) if parts else rows
-    j = torch.cat([p[2] for p in parts]) if parts else rows
-    v = torch.cat([p[3] for p in parts]) if parts else torch.zeros(0, dtype=torch.float64)
+    rows, i, j, v = (torch.cat(c) for c in zip(*(parts or [(empty, empty, empty, torch.zeros(0, dtype=torch.float64))])))
     m = int(model.S.shape[0])
     return torch.sparse_coo_tensor(torch.stack([rows, i, j]), v, (int(batch.users.numel()), m, m),
                                    check_invariants=False).coalesce()
@@ -234,11 +224,8 @@ def zero_diagonal_(grad: torch.Tensor) -> torch.Tensor:
 
 
 def per_example_grad_norms(model: Any, batch: Any, residuals: torch.Tensor, unit: str) -> torch.Tensor:
-    """The hook Gaussian DP-SGD calls (``model.per_example_grad_norms(batch, residuals, unit)``), L2, off-diagonal.
-
-    Only ``unit=user`` is meaningful for PNBM: one rating r_uj enters the gradient of every
-    other target of u through the history x_u, so a per-rating norm does not bound it.
-    """
+    """The hook Gaussian DP-SGD calls (``model.per_example_grad_norms(batch, residuals, unit)``), L2, off-diagonal;
+    ``unit=user`` only (the error says why)."""
     if unit != "user":
         raise ConfigError("PNBM supports per-example clipping with unit=user only: a rating r_uj enters the gradient of "
                           "every other rating of user u (through the history), so per-rating clipping bounds nothing")

@@ -109,7 +109,7 @@ def _people_text(people: str | None, cfg: DictConfig) -> str:
         return f"data={cfg.data.get('name', '?')}{where}, whose people are unknown to the package"
     if people == "synthetic":
         return "synthetic data (generated, no people)"
-    return DESCRIPTIONS.get(people, people)
+    return _desc(people)
 
 
 #: ``chosen_on`` values that name no people: the file's numbers read no ratings / nobody recorded which ones they read
@@ -133,36 +133,33 @@ def _as_list(value: Any) -> list[Any]:
     return list(value) if OmegaConf.is_list(value) or isinstance(value, (list, tuple)) else [value]
 
 
+def _is_dict(value: Any) -> bool:
+    return OmegaConf.is_dict(value) or isinstance(value, dict)
+
+
 def chosen_on(node: DictConfig | None, people: Any = _EVERY) -> list[str]:
-    """The ``chosen_on`` value of a model or mechanism node as a list: population names (``ml-100k``, ``ml-1m``),
-    :data:`DATA_INDEPENDENT`, or :data:`NOT_RECORDED` (also for a node without the key). Every ``conf/model``,
-    ``conf/mechanism`` and ``conf/tuned`` file carries it; a tuned file's value replaces its mechanism file's (Hydra's
-    merge), so the mechanism node's value is the tuned file's wherever the run has one. A per-population mapping
-    (module doc) gives the entry for ``people`` (the population the run trains on); for people without an entry of
-    their own, or when ``people`` is not given, every source the mapping names."""
+    """The ``chosen_on`` value of a model or mechanism node as a list (module doc): population names (``ml-100k``,
+    ``ml-1m``), :data:`DATA_INDEPENDENT`, or :data:`NOT_RECORDED` (also for a node without the key). A per-population
+    mapping gives the entry for ``people`` (the population the run trains on); for people without an entry of their
+    own, or when ``people`` is not given, every source the mapping names."""
     value = node.get("chosen_on") if isinstance(node, DictConfig) else None
     if value is None:
         return [NOT_RECORDED]
-    if OmegaConf.is_dict(value) or isinstance(value, dict):
+    values = _as_list(value)
+    if _is_dict(value):
         spec = {k: v for k, v in value.items() if k != CHOSEN_NOTE}
         if people is not _EVERY and people in spec:
             values = _as_list(spec[people])
         else:
             values = list(dict.fromkeys(v for entry in spec.values() for v in _as_list(entry)))
-        return [str(v) for v in values] or [NOT_RECORDED]
-    values = list(value) if OmegaConf.is_list(value) or isinstance(value, (list, tuple)) else [value]
     return [str(v) for v in values] or [NOT_RECORDED]
 
 
 def chosen_note(node: DictConfig | None, people: str | None) -> str | None:
     """The note of a per-population ``chosen_on`` mapping for ``people`` (module doc), None without one."""
     value = node.get("chosen_on") if isinstance(node, DictConfig) else None
-    if not (OmegaConf.is_dict(value) or isinstance(value, dict)):
-        return None
-    notes = value.get(CHOSEN_NOTE)
-    if not (OmegaConf.is_dict(notes) or isinstance(notes, dict)) or people not in notes:
-        return None
-    return str(notes[people])
+    notes = value.get(CHOSEN_NOTE) if _is_dict(value) else None
+    return str(notes[people]) if _is_dict(notes) and people in notes else None
 
 
 def _desc(source: str) -> str:
@@ -194,9 +191,7 @@ def _override_key(override: str) -> str:
 def _tuned_key(key: str) -> str | None:
     """``mechanism.lr`` / ``model.rank`` for a hyperparameter key (a dotted config path), None for anything else."""
     node, _, rest = key.partition(".")
-    if node not in ("mechanism", "model") or not rest or rest.split(".", 1)[0] in NOT_TUNED:
-        return None
-    return key
+    return None if node not in ("mechanism", "model") or not rest or rest.split(".", 1)[0] in NOT_TUNED else key
 
 
 def _compose(overrides: list[str]) -> DictConfig | None:
@@ -288,10 +283,8 @@ USER_CHOICE = ("chosen by the user: not counted in epsilon (the package cannot t
 
 
 def defaults_provenance(cfg: DictConfig, people: str | None) -> dict[str, Any]:
-    """Provenance of a run without a preset: the ``chosen_on`` values of its model node (``conf/model/<model>.yaml``)
-    and mechanism node (``conf/tuned/<mechanism>_<model>.yaml`` where there is one, else
-    ``conf/mechanism/<mechanism>.yaml``), and the values the user set (:func:`user_values`), which the package cannot
-    vouch for."""
+    """Provenance of a run without a preset (module doc): the ``chosen_on`` values of its model and mechanism nodes, and
+    the values the user set (:func:`user_values`), which the package cannot vouch for."""
     model, mech = cfg.model.get("name", "?"), cfg.mechanism.get("name", "?")
     tuned = (CONF_DIR / "tuned" / f"{mech}_{model}.yaml").exists()
     files = ", ".join([f"conf/model/{model}.yaml", f"conf/mechanism/{mech}.yaml"]
@@ -356,14 +349,12 @@ def hyperparameter_provenance(cfg: DictConfig) -> dict[str, Any]:
             if not (k.startswith("model.") and k.partition(".")[2] in choice["config"]
                     and choice["config"][k.partition(".")[2]] == model.get(k.partition(".")[2]))}
     own_keys = sorted(own)
-    shown = {k if k.startswith("mechanism.") else f"model.{k}": OmegaConf.select(cfg, k if k.startswith("mechanism.")
-                                                                                 else f"model.{k}", default=_ABSENT)
-             for k in own_keys}
+    shown = {k: OmegaConf.select(cfg, k, default=_ABSENT) for k in (k if k.startswith("mechanism.") else f"model.{k}" for k in own_keys)}
     name = cfg.preset.name
     typed, eps = choice["typed_epsilon"], float(choice["epsilon"])
     rule = ("" if typed == eps else f" (the nearest validated epsilon at or below the typed {typed:g})" if eps <= typed
             else f" (the typed {typed:g} is below every validated epsilon: the smallest)")
-    text = (f"preset {name}: the configuration validated at epsilon = {eps:g}{rule}, chosen on {DESCRIPTIONS.get(source, source)} "
+    text = (f"preset {name}: the configuration validated at epsilon = {eps:g}{rule}, chosen on {_desc(source)} "
             f"by the lowest mean validation RMSE over their {choice['folds']} validation folds ({cfg.preset.selection}, "
             f"grid sha256 {str(cfg.preset.grid_sha256)[:12]}); the training data is {_people_text(people, cfg)}: ")
     if shared is True:
@@ -373,11 +364,11 @@ def hyperparameter_provenance(cfg: DictConfig) -> dict[str, Any]:
         text += "no user in common, so the choice is a fixed input for them and the epsilon includes it (end to end)"
     elif people is None:
         text += (f"it cannot tell whose people a custom file holds, so it cannot claim the selection was made on "
-                 f"other people: if the file holds any of {DESCRIPTIONS.get(source, source)}, as a file cut from MovieLens "
+                 f"other people: if the file holds any of {_desc(source)}, as a file cut from MovieLens "
                  "may, the selection read their validation ratings and is NOT counted in epsilon for them")
     else:
-        text += (f"whether they include any of {DESCRIPTIONS.get(source, source)} is unknown; if they do, the selection is "
-                 "not counted in epsilon for those people")
+        text += (f"whether they include any of {_desc(source)} is unknown; if they do, the selection is not counted in "
+                 "epsilon for those people")
     if own_keys:
         if shared is False and people != "synthetic":
             shared = "unknown"

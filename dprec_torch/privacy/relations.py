@@ -118,14 +118,13 @@ def check_privacy_units(cfg: DictConfig, n_ratings: int, n_users: int) -> None:
     """delta < 1 / (number of privacy units): ratings at rating level, users at user level. A larger delta
     allows a mechanism that publishes one unit's data outright, so its epsilon defends nothing: refused.
 
-    delta > 1 / (10 N) is allowed but warned about (one line naming the fix): delta is the probability
-    that the epsilon bound fails outright, and a mechanism that publishes each of the N units' data whole with
-    probability delta is (0, delta)-DP, so at delta near 1/N it expects to leak about one unit's data in full.
-    Dwork & Roth (2014, Sec. 2.3) ask for delta below the inverse of any polynomial in N; 1/(10 N) is the
-    conventional ceiling in practice. Warned, not refused: between 1/(10 N) and 1/N no unit is expected to leak
-    whole (at most 1/10 of one in expectation), the printed (epsilon, delta) is still what the accountant proves,
-    and refusing would break commands (e.g. rating-level runs on ML-1M at the default delta=1e-6) that state their
-    delta openly."""
+    delta > 1 / (10 N) is allowed but warned about (one line naming the fix): delta is the probability that the
+    epsilon bound fails outright, and a mechanism that publishes each of the N units' data whole with probability
+    delta is (0, delta)-DP, so at delta near 1/N it expects to leak about one unit's data in full. Dwork & Roth (2014,
+    Sec. 2.3) ask for delta below the inverse of any polynomial in N; 1/(10 N) is the conventional ceiling in
+    practice. Warned, not refused: between 1/(10 N) and 1/N no unit is expected to leak whole (at most 1/10 of one in
+    expectation), the printed (epsilon, delta) is still what the accountant proves, and refusing would break commands
+    (e.g. rating-level runs on ML-1M at the default delta=1e-6) that state their delta openly."""
     for kind, rel, node in claimed_relations(cfg):
         if "delta" not in declared_parameters(form_target(node, cfg.get("model") if kind == "mechanism" else None)):
             continue  # a pure-epsilon mechanism: delta is not part of its claim

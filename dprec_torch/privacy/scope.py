@@ -1,13 +1,12 @@
 """What a run's epsilon covers, and which reported numbers no mechanism protects.
 
-A run writes more than its model: per-epoch diagnostics, reference baselines, test metrics, dataset
-counts. :func:`privacy_scope` lists, next to the mechanism's epsilon, the released artefacts that
-epsilon covers and the reported quantities it does not. ``log_private_diagnostics`` (top-level key)
-decides whether what is computed from the training data WITHOUT noise FOR THE PRIVATE MODEL -- the exact
-train RMSE, the pre-noise gradient norm -- is written at all: ``null`` (auto) writes it only for runs
-without a finite epsilon (:func:`diagnostics_enabled`). The reference baselines (non-private PCC/COS, and
-DP item means at the run's epsilon) are test metrics like the model's own and follow ``compare_baselines``
-alone; :func:`reference_scope` says what they are and that epsilon does not cover them.
+A run writes more than its model: per-epoch diagnostics, reference baselines, test metrics, dataset counts.
+:func:`privacy_scope` lists, next to the mechanism's epsilon, the released artefacts that epsilon covers and the
+reported quantities it does not. ``log_private_diagnostics`` (top-level key) decides whether what is computed from the
+training data WITHOUT noise FOR THE PRIVATE MODEL -- the exact train RMSE, the pre-noise gradient norm -- is written
+at all: ``null`` (auto) writes it only for runs without a finite epsilon (:func:`diagnostics_enabled`). The reference
+baselines (non-private PCC/COS, and DP item means at the run's epsilon) are test metrics like the model's own and
+follow ``compare_baselines`` alone; :func:`reference_scope` says what they are and that epsilon does not cover them.
 
 The scope also states what the run treats as public without protecting it: the item
 universe (MovieLens: the public catalogue; data without one: the rated items, treated as public) and

@@ -113,9 +113,7 @@ def mean_share(kappa: float) -> float:
 
 
 def noise_level(mechanism: str, n_users: int, epsilon: float, delta: float, accountant: str = "rdp") -> float:
-    """kappa: the users the signal is averaged over, in units of the noise. Gaussian: mu N (mu = 1 / sigma_1(eps,
-    delta)); Laplace: eps N / (sqrt(2 T) L1_SIGNAL) (its per-entry noise after T steps, and the L1 clip's smaller
-    signal, expressed on the Gaussian scale)."""
+    """kappa (module docstring): Gaussian mu N (mu = 1 / sigma_1(eps, delta)); Laplace eps N / (sqrt(2 T) L1_SIGNAL)."""
     if not math.isfinite(epsilon):
         return math.inf
     if mechanism == "dpsgd":
@@ -175,10 +173,10 @@ def apply(cfg: Any, train: Any) -> tuple[Any, dict[str, Any] | None]:
     if not auto_mech and not auto_model:
         return cfg, None
     mechanism = str(cfg.mechanism.get("name"))
+    resolved = [*(f"mechanism.{k}" for k in auto_mech), *(f"model.{k}" for k in auto_model)]
     if mechanism not in RULE_MECHANISMS or "LowRankPNBM" not in str(cfg.model.get("_target_", "")):
-        raise ConfigError(f"{', '.join([*(f'mechanism.{k}' for k in auto_mech), *(f'model.{k}' for k in auto_model)])}=auto: "
-                          f"the size rule (dprec_torch/privacy/size_rule.py) sets the knobs of mechanism="
-                          f"{'|'.join(RULE_MECHANISMS)} on model=pnbm_lowrank only: give a number")
+        raise ConfigError(f"{', '.join(resolved)}=auto: the size rule (dprec_torch/privacy/size_rule.py) sets the knobs of "
+                          f"mechanism={'|'.join(RULE_MECHANISMS)} on model=pnbm_lowrank only: give a number")
     from dprec_torch.data.item_features import ITEM_FEATURES
 
     n_users = int((train.user_counts() > 0).sum())
@@ -192,5 +190,4 @@ def apply(cfg: Any, train: Any) -> tuple[Any, dict[str, Any] | None]:
             out.mechanism[k] = getattr(knobs, k)
         for k in auto_model:
             out.model[k] = getattr(knobs, k)
-    resolved = [*(f"mechanism.{k}" for k in auto_mech), *(f"model.{k}" for k in auto_model)]
     return out, record(knobs, mechanism, n_users, int(train.n_items), epsilon, delta, catalogue, population(cfg), resolved)

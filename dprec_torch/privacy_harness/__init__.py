@@ -1,9 +1,8 @@
 """The sensitivity harness: every privacy claim checked against the real mechanisms.
 
-It sits ABOVE ``mechanisms/``, ``models/`` and ``predictors/`` (its cases build them) and below
-``training/`` (the runner's :func:`~dprec_torch.privacy_harness.registry.check_claim`), so that
-``privacy/`` can stay pure privacy math (accountants, budgets, sensitivity formulas, scope) that
-the mechanisms import from below.
+It sits ABOVE ``mechanisms/``, ``models/`` and ``predictors/`` (its cases build them) and below ``training/`` (the
+runner's :func:`~dprec_torch.privacy_harness.registry.check_claim`), so that ``privacy/`` can stay pure privacy math
+(accountants, budgets, sensitivity formulas, scope) that the mechanisms import from below.
 
 * :mod:`.case`: what a case is (``SensitivityCase``, ``Release``), imported by every case module;
 * :mod:`.registry`: collects the case modules' tables, ``check_claim`` (no finite epsilon without a case);

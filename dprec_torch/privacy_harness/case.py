@@ -1,12 +1,5 @@
-"""What one sensitivity case is: the types every case module builds and :mod:`.registry` collects.
-
-Registration runs one way: a case module (``sensitivity_cases``, ``learned_similarity_cases``,
-``lowrank_pnbm_cases``, ``preprocessing``) imports these types and exports its cases as a table
-(``SENSITIVITY_CASES``: a class's qualified name -> the builder of its cases; ``NON_PRIVATE``: qualified name ->
-why it reports no finite epsilon); the registry imports the case modules and reads their tables. No case module
-imports the registry, and a case module imports the classes it checks only inside its builders, so reading the
-tables (the runner's claim check) stays cheap.
-"""
+"""What one sensitivity case is: the types every case module builds and :mod:`.registry` collects (registration
+runs one way: :mod:`.registry`'s docstring), and the public inputs the case modules share."""
 
 from __future__ import annotations
 
@@ -15,6 +8,7 @@ from typing import Any, Callable
 
 import torch
 
+from dprec_torch.data.ratings import Ratings
 from dprec_torch.errors import ConfigError
 
 RELATIONS = ("user", "rating", "rating_value", "score_entry")
@@ -55,3 +49,19 @@ class SensitivityCase:
 
 
 Builder = Callable[[], list[SensitivityCase]]
+
+
+def public_means(data: Ratings, seed: int) -> torch.Tensor:
+    """Item means drawn from {lo, mid, hi, lo + span/4} (public: independent of the ratings)."""
+    lo, hi = float(data.scale.lo), float(data.scale.hi)
+    choices = torch.tensor([lo, (lo + hi) / 2, hi, lo + (hi - lo) / 4])
+    return choices[torch.randint(0, 4, (data.n_items,), generator=torch.Generator().manual_seed(int(seed) + 1))]
+
+
+def unit_rows(data: Ratings, per_unit: str, fn: Callable[[Ratings], torch.Tensor]) -> torch.Tensor:
+    """``fn`` applied to each unit's own data (one user, or one rating), stacked; ``select`` keeps ``meta``, so a
+    unit's sample is keyed by the raw ids as in the whole release."""
+    if per_unit == "user":
+        return torch.stack([fn(data.select(data.users == u)) for u in range(data.n_users)])
+    idx = torch.arange(len(data))
+    return torch.stack([fn(data.select(idx == k)) for k in range(len(data))])

@@ -10,7 +10,6 @@ Each release runs the predictor module's own pre-noise functions on the harness'
 * :class:`~dprec_torch.predictors.dpals.DPALS`: one ALS round's (tri(A_j), b_j) over all items, and one
   power-iteration round's W = sum_u x_u x_u^T Q; per-user rows at user level; rating level is the
   replace-one-user bound (2x), checked for removed and changed ratings.
-* the low-rank PNBM's mechanisms (the former ``lowrank_dpsgd``): :mod:`dprec_torch.privacy_harness.lowrank_pnbm_cases`.
 * ``count_weight``: the item statistics with a non-default gamma (user and rating level, both noises).
 * ``mean_popularity_alpha``: the popularity counts K (bound 1) and the item statistics re-weighted by public
   a_i in (0, 1] (adversarial: some tiny, some 1), for every class, user and rating level.
@@ -23,31 +22,12 @@ import math
 import torch
 
 from dprec_torch.data.ratings import Ratings
-from dprec_torch.privacy_harness.case import Builder, Release, SensitivityCase
-
-
-def _public_means(data: Ratings, seed: int) -> torch.Tensor:
-    lo, hi = float(data.scale.lo), float(data.scale.hi)
-    choices = torch.tensor([lo, (lo + hi) / 2, hi, lo + (hi - lo) / 4])
-    return choices[torch.randint(0, 4, (data.n_items,), generator=torch.Generator().manual_seed(int(seed) + 1))]
+from dprec_torch.privacy_harness.case import Builder, Release, SensitivityCase, public_means, unit_rows
 
 
 def _public_factors(n_items: int, d: int, seed: int, orthonormal: bool) -> torch.Tensor:
     f = torch.randn(n_items, d, generator=torch.Generator().manual_seed(int(seed) + 7), dtype=torch.float64) * 2.0
     return torch.linalg.qr(f)[0] if orthonormal else f
-
-
-def _subset(data: Ratings, keep: torch.Tensor) -> Ratings:
-    return Ratings(data.users[keep], data.items[keep], data.values[keep], data.n_users, data.n_items, data.scale,
-                   dict(data.meta))  # the raw-id keys too: a unit's sample is keyed as in the whole release
-
-
-def _rows(data: Ratings, per_unit: str, fn) -> torch.Tensor:
-    """``fn`` applied to each unit's own data (one user, or one rating), stacked."""
-    if per_unit == "user":
-        return torch.stack([fn(_subset(data, data.users == u)) for u in range(data.n_users)])
-    idx = torch.arange(len(data))
-    return torch.stack([fn(_subset(data, idx == k)) for k in range(len(data))])
 
 
 def _public_item_weights(n_items: int, seed: int) -> torch.Tensor:
@@ -63,7 +43,7 @@ def _item_stats_case(cls_name: str, relation: str, noise: str, make, count_weigh
     def release(data: Ratings, seed: int, units: bool) -> Release:
         a = _public_item_weights(data.n_items, seed) if weighted else None
         total = item_stats(data, relation, noise, count_weight, a)
-        rows = _rows(data, relation, lambda d: item_stats(d, relation, noise, count_weight, a)) if units and len(data) else None
+        rows = unit_rows(data, relation, lambda d: item_stats(d, relation, noise, count_weight, a)) if units and len(data) else None
         return Release(total, rows, make().release_sensitivities()["item_stats"])
 
     bound = item_stats_sensitivity(relation, noise, count_weight)
@@ -79,7 +59,7 @@ def _popularity_cases(cls_name: str, make, relations: tuple[str, ...]) -> list[S
 
     def counts_case(relation: str) -> SensitivityCase:
         def release(data: Ratings, seed: int, units: bool) -> Release:
-            rows = _rows(data, relation, lambda d: popularity_counts(d, relation)) if units and len(data) else None
+            rows = unit_rows(data, relation, lambda d: popularity_counts(d, relation)) if units and len(data) else None
             return Release(popularity_counts(data, relation), rows, 1.0)
 
         return SensitivityCase(name=f"{cls_name} popularity counts {relation}", relation=relation, norm=2, sensitivity=1.0,
@@ -95,11 +75,9 @@ def _popularity_cases(cls_name: str, make, relations: tuple[str, ...]) -> list[S
 def noisy_gram_cases() -> list[SensitivityCase]:
     from dprec_torch.predictors.noisy_gram import NoisyGram, gram, triangle, unit_vectors
 
-    cases = [_item_stats_case("noisy_gram", rel, noise, lambda rel=rel, noise=noise: NoisyGram(relation=rel, mean_noise=noise))
-             for rel in ("user", "rating") for noise in ("gaussian", "laplace")]
-    cases += [_item_stats_case("noisy_gram", rel, noise, lambda rel=rel, noise=noise, g=g: NoisyGram(relation=rel, mean_noise=noise,
-                                                                                                      count_weight=g), g)
-              for rel in ("user", "rating") for noise in ("gaussian", "laplace") for g in (0.5, 2.5)]
+    cases = [_item_stats_case("noisy_gram", rel, noise, lambda rel=rel, noise=noise, g=g: NoisyGram(relation=rel, mean_noise=noise,
+                                                                                                     count_weight=g), g)
+             for rel in ("user", "rating") for noise in ("gaussian", "laplace") for g in (None, 0.5, 2.5)]
     cases += _popularity_cases("noisy_gram", lambda rel, g=None: NoisyGram(relation=rel, mean_noise="gaussian", count_weight=g,
                                                                              mean_popularity_alpha=0.5), ("user", "rating"))
 
@@ -110,8 +88,8 @@ def noisy_gram_cases() -> list[SensitivityCase]:
             return triangle(gram(d, unit_vectors(d, means, relation, clamp_b, clip_norm, weighting, beta_p)))
 
         def release(data: Ratings, seed: int, units: bool) -> Release:
-            means = _public_means(data, seed)
-            rows = _rows(data, "user", lambda d: tri(d, means)) if units and relation == "user" and len(data) else None
+            means = public_means(data, seed)
+            rows = unit_rows(data, "user", lambda d: tri(d, means)) if units and relation == "user" and len(data) else None
             return Release(tri(data, means), rows, mech.release_sensitivities()["gram"])
 
         bound = mech.release_sensitivities()["gram"]
@@ -139,7 +117,7 @@ def dpals_cases() -> list[SensitivityCase]:
         mech = DPALS(relation=relation, max_ratings_per_user=m, clip_factor=gu, clamp_r=gr, dim=d, reg=1.0, beta_p=2.0)
 
         def stats(data: Ratings, seed: int) -> torch.Tensor:
-            _, y = user_residuals(data, _public_means(data, seed), mech.beta_p, gr)
+            _, y = user_residuals(data, public_means(data, seed), mech.beta_p, gr)
             keep = per_user_sample(data, m, seed, hash="lehmer")  # as DPALS.fit keys it: by the raw ids in data.meta
             if power:
                 q = _public_factors(data.n_items, min(d, data.n_items), seed, orthonormal=True)
@@ -150,7 +128,7 @@ def dpals_cases() -> list[SensitivityCase]:
             return torch.cat([a[:, iu[0], iu[1]].reshape(-1), b.reshape(-1)])
 
         def release(data: Ratings, seed: int, units: bool) -> Release:
-            rows = _rows(data, "user", lambda sub: stats(sub, seed)) if units and relation == "user" and len(data) else None
+            rows = unit_rows(data, "user", lambda sub: stats(sub, seed)) if units and relation == "user" and len(data) else None
             return Release(stats(data, seed), rows, mech.release_sensitivities()["power" if power else "als"])
 
         bound = mech.release_sensitivities()["power" if power else "als"]

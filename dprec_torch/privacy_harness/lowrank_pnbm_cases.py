@@ -1,20 +1,20 @@
 """Sensitivity-harness cases for the low-rank PNBM's mechanisms (``model=pnbm_lowrank``).
 
 The low-rank form is trained by the same mechanism classes as the full form (``gaussian`` = :class:`GaussianPNBM`,
-``sgld`` = the clipped chain :class:`ClippedSGLD`, ``dpsgd`` = :class:`ClippedLaplaceDPSGD`), so its cases
-are ADDED to each class's registered cases (:data:`SENSITIVITY_CASES`, concatenated by the registry). Each release
-runs the model's and the mechanism's own code on the harness's dataset: a :class:`~dprec_torch.models.pnbm_lowrank.LowRankPNBM` whose U and item means
-are public (drawn from the seed and the item count only), one user-level full batch, the Trainer's residuals
-(``batch_predict - training_targets``), the mechanism's ``clip_residuals`` and the model's ``surrogate_loss``
-backward; the release is the gradient of U (the pre-noise clipped sum), and a user's row is the same with every
-other user's residuals zeroed. Claims: (a) each user's clipped gradient has norm <= C (Frobenius for the Gaussian
-mechanisms, L1 for the Laplace one); (b) adding or removing one user moves the sum by <= C.
+``sgld`` = the clipped chain :class:`ClippedSGLD`, ``dpsgd`` = :class:`ClippedLaplaceDPSGD`), so its cases are ADDED
+to each class's registered cases (:data:`SENSITIVITY_CASES`, concatenated by the registry). Each release runs the
+model's and the mechanism's own code on the harness's dataset: a :class:`~dprec_torch.models.pnbm_lowrank.LowRankPNBM`
+whose U and item means are public (drawn from the seed and the item count only), one user-level full batch, the
+Trainer's residuals (``batch_predict - training_targets``), the mechanism's ``clip_residuals`` and the model's
+``surrogate_loss`` backward; the release is the gradient of U (the pre-noise clipped sum), and a user's row is the
+same with every other user's residuals zeroed. Claims: (a) each user's clipped gradient has norm <= C (Frobenius for
+the Gaussian mechanisms, L1 for the Laplace one); (b) adding or removing one user moves the sum by <= C.
 
 With public item features (``model.item_features``): the same steps where each user's y is what their own ridge
 weights on seeded random public genres leave (a function of the user's ratings and public data only).
 
-Plus the item statistics of the DP item means (:func:`~dprec_torch.privacy.item_means.release_item_means`,
-user level, Gaussian L2 / Laplace L1 sensitivity 1) with the count weight the low-rank mechanisms use.
+Plus the item statistics of the DP item means (:func:`~dprec_torch.privacy.item_means.release_item_means`, user level,
+Gaussian L2 / Laplace L1 sensitivity 1) with the count weight the low-rank mechanisms use.
 """
 
 from __future__ import annotations
@@ -24,13 +24,7 @@ import math
 import torch
 
 from dprec_torch.data.ratings import Ratings
-from dprec_torch.privacy_harness.case import Builder, Release, SensitivityCase
-
-
-def _public_means(data: Ratings, seed: int) -> torch.Tensor:
-    lo, hi = float(data.scale.lo), float(data.scale.hi)
-    choices = torch.tensor([lo, (lo + hi) / 2, hi, lo + (hi - lo) / 4])
-    return choices[torch.randint(0, 4, (data.n_items,), generator=torch.Generator().manual_seed(int(seed) + 1))]
+from dprec_torch.privacy_harness.case import Builder, Release, SensitivityCase, public_means, unit_rows
 
 
 def _model(data: Ratings, seed: int, rank: int, init_std: float, clamp_r: float, beta_p: float, features: bool = False):
@@ -44,7 +38,7 @@ def _model(data: Ratings, seed: int, rank: int, init_std: float, clamp_r: float,
                        meta={**data.meta, ITEM_FEATURES: random_item_features(data.n_items, n_genres=3, seed=seed)})
     model.bind(data)
     with torch.no_grad():
-        model.item_means.copy_(_public_means(data, seed))  # public: released before the steps
+        model.item_means.copy_(public_means(data, seed))  # public: released before the steps
     return model
 
 
@@ -119,13 +113,9 @@ def _item_stats_case(mechanism: str, noise: str, count_weight: float | None) -> 
     """The item statistics (S, gamma C) the low-rank mechanisms' DP item means release (user level)."""
     from dprec_torch.privacy.item_means import item_stats, item_stats_sensitivity
 
-    def per_user(data: Ratings) -> torch.Tensor:
-        return torch.stack([item_stats(data.select(data.users == u), "user", noise, count_weight)
-                            for u in range(data.n_users)])
-
     def release(data: Ratings, seed: int, units: bool) -> Release:
         total = item_stats(data, "user", noise, count_weight)
-        rows = per_user(data) if units and len(data) else None
+        rows = unit_rows(data, "user", lambda d: item_stats(d, "user", noise, count_weight)) if units and len(data) else None
         return Release(total, rows, item_stats_sensitivity("user", noise, count_weight))
 
     return SensitivityCase(name=f"{mechanism} lowrank-pnbm item means {noise} gamma={count_weight}", relation="user",

@@ -26,19 +26,17 @@ The builders import the classes they check inside their bodies, so the tables ar
 mechanism or predictor. Code outside the package registers at run time with ``register_sensitivity(cls, builder)``
 (or the ``@harnessed(builder)`` class decorator) and ``declare_non_private(cls, reason)``.
 
-``release(data, seed, units)`` runs the mechanism's code on ``data`` (a small :class:`Ratings`) WITHOUT its
-noise and returns a :class:`Release`: the flattened pre-noise aggregate and, if the mechanism clips
-per unit, the per-unit clipped contributions (one row per unit, in the mechanism's own arithmetic --
-never recomputed from the bound's formula; only when ``units`` is True), and ``stated``, the
-sensitivity the mechanism object itself calibrates its noise to (check (b) uses it, and it must equal
-the case's). Any public state (initial parameters, public item means) must depend on ``seed``
-only, never on ``data``: the harness calls ``release`` on a dataset and its neighbour with the
-same seed; it returns None where the mechanism refuses the dataset (e.g. a ``DataError`` on an empty
-one), and the harness then skips that pair. ``relation``: ``user`` (add/remove one user's profile), ``rating``
-(add/remove one rating), ``rating_value`` (change one rating's value; who rated what is public) or
-``score_entry`` (one entry of a score matrix changes: the case maps each rating to one entry, so a removed
-rating or a changed value is one changed entry);
-a case claiming ``rating`` is also checked for a changed value when ``also_change`` is set (the
+``release(data, seed, units)`` runs the mechanism's code on ``data`` (a small :class:`Ratings`) WITHOUT its noise and
+returns a :class:`Release`: the flattened pre-noise aggregate and, if the mechanism clips per unit, the per-unit
+clipped contributions (one row per unit, in the mechanism's own arithmetic -- never recomputed from the bound's
+formula; only when ``units`` is True), and ``stated``, the sensitivity the mechanism object itself calibrates its
+noise to (check (b) uses it, and it must equal the case's). Any public state (initial parameters, public item means)
+must depend on ``seed`` only, never on ``data``: the harness calls ``release`` on a dataset and its neighbour with the
+same seed; it returns None where the mechanism refuses the dataset (e.g. a ``DataError`` on an empty one), and the
+harness then skips that pair. ``relation``: ``user`` (add/remove one user's profile), ``rating`` (add/remove one
+rating), ``rating_value`` (change one rating's value; who rated what is public) or ``score_entry`` (one entry of a
+score matrix changes: the case maps each rating to one entry, so a removed rating or a changed value is one changed
+entry); a case claiming ``rating`` is also checked for a changed value when ``also_change`` is set (the
 "add/remove/change" relation). ``tau``: the case caps users at tau ratings before releasing.
 
 Enforcement. The harness test enumerates every ``MechanismOptimizer`` subclass and every class of
@@ -49,7 +47,6 @@ declared predictor and checks its report says epsilon = inf), nor listed in :dat
 mechanism file fails the fast suite until it registers. :func:`check_claim` is the runtime form (a
 finite epsilon from an unregistered class raises a ``ConfigError``): the runner calls it in ``train_fold``
 (mechanisms) and ``fit_fold`` (fitted predictors and output mechanisms) before anything is scored.
-Built-in registrations live in the case modules (:data:`CASE_MODULES`), resolved to classes on first lookup.
 """
 
 from __future__ import annotations
@@ -131,11 +128,10 @@ def _load_builtin() -> None:
     for module in CASE_MODULES:
         for name, builder in module.SENSITIVITY_CASES.items():
             collected.setdefault(name, []).append(builder)
-    for name, builders in collected.items():
-        _BUILDERS.setdefault(class_named(name), _concatenated(builders))
-    for module in CASE_MODULES:
         for name, reason in getattr(module, "NON_PRIVATE", {}).items():
             _NON_PRIVATE.setdefault(class_named(name), reason)
+    for name, builders in collected.items():
+        _BUILDERS.setdefault(class_named(name), _concatenated(builders))
 
 
 def builder_for(cls: type) -> Builder | None:
@@ -163,11 +159,8 @@ def qualified_name(cls: type) -> str:
 
 
 def check_claim(obj: Any, report: dict[str, Any]) -> None:
-    """Raise if ``obj`` (a mechanism or predictor) reports a finite epsilon without a registered harness.
-
-    Called by the runner before anything is scored or logged (``train_fold`` for mechanisms, ``fit_fold`` for
-    fitted predictors). A class listed in :data:`PENDING` passes with a warning naming the known gap.
-    """
+    """Raise if ``obj`` (a mechanism or predictor) reports a finite epsilon without a registered harness (module
+    docstring); a class listed in :data:`PENDING` passes with a warning naming the known gap."""
     eps = report.get("epsilon") if isinstance(report, dict) else None
     if eps is None:
         return

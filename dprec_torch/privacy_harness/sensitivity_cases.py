@@ -1,21 +1,19 @@
 """The built-in mechanisms' sensitivity cases (:mod:`dprec_torch.privacy_harness.registry`).
 
-Each ``release(data, seed, units)`` runs the mechanism's OWN code -- its ``clip_residuals``, the
-model's ``surrogate_loss`` backward (dense / sparse-pair torch / numba kernels) and the mechanism's
-``add_noise`` at epsilon = inf, which for these mechanisms zeroes what is data-independent (PNBM's
-diagonal) and adds nothing -- on a tiny dataset and returns the released pre-noise aggregate; with
-``units`` it also materialises every unit's clipped contribution by releasing that unit alone
-(a loop over the units of a tiny dataset: a verification tool, never a training path).
+Each ``release(data, seed, units)`` runs the mechanism's OWN code -- its ``clip_residuals``, the model's
+``surrogate_loss`` backward (dense / sparse-pair torch / numba kernels) and the mechanism's ``add_noise`` at
+epsilon = inf, which for these mechanisms zeroes what is data-independent (PNBM's diagonal) and adds nothing; with
+``units`` it materialises every unit's clipped contribution by releasing that unit alone (a loop over the units of a
+tiny dataset: a verification tool, never a training path).
 
-Public state is a function of ``seed`` only (the harness releases a dataset and its neighbour with
-the same seed): PNBM's S is constant 1, constant 0.5 or a symmetric matrix of dyadic values
-{-1, -0.5, 0, 0.5, 1} (so |S_i| I_u sums hit the floor C exactly), and the item means r_bar are
-public values from the scale (the mechanisms release them by their own DP release, accounted
-separately: the gradient step is analysed with r_bar fixed). Harness floor: C = 3, so a user with
-4 ratings has D = C exactly at S = 1 (7 ratings at S = 0.5).
+Public state is a function of ``seed`` only (registry docstring): PNBM's S is constant 1, constant 0.5 or a symmetric
+matrix of dyadic values {-1, -0.5, 0, 0.5, 1} (so |S_i| I_u sums hit the floor C exactly), and the item means r_bar
+are public values from the scale (the mechanisms release them by their own DP release, accounted separately: the
+gradient step is analysed with r_bar fixed). Harness floor: C = 3, so a user with 4 ratings has D = C exactly at S = 1
+(7 ratings at S = 0.5).
 
-Stated sensitivities are read from the mechanism objects themselves (``group`` x ``clip_norm``,
-``clip_norm``, ``phi``, ``B_true``), so a change of calibration in a mechanism is what gets tested.
+Stated sensitivities are read from the mechanism objects themselves (``group`` x ``clip_norm``, ``clip_norm``,
+``phi``, ``B_true``), so a change of calibration in a mechanism is what gets tested.
 """
 
 from __future__ import annotations
@@ -28,7 +26,7 @@ import torch
 from dprec_torch.data.ratings import Ratings
 from dprec_torch.errors import DataError
 from dprec_torch.models.batching import full_batch
-from dprec_torch.privacy_harness.case import Builder, Release, SensitivityCase
+from dprec_torch.privacy_harness.case import Builder, Release, SensitivityCase, public_means, unit_rows
 
 if TYPE_CHECKING:  # the classes are imported by the builders that use them (reading the tables below imports none)
     from dprec_torch.mechanisms.base import MechanismOptimizer
@@ -54,14 +52,6 @@ def public_S(n_items: int, seed: int) -> torch.Tensor:
         S = DYADIC[torch.randint(0, DYADIC.numel(), (n_items, n_items), generator=gen)]
         S = torch.triu(S, 1) + torch.triu(S, 1).T
     return S.fill_diagonal_(0.0)
-
-
-def public_means(data: Ratings, seed: int) -> torch.Tensor:
-    """Item means drawn from {lo, mid, hi, lo + span/4} (public: independent of the ratings)."""
-    lo, hi = float(data.scale.lo), float(data.scale.hi)
-    choices = torch.tensor([lo, (lo + hi) / 2, hi, lo + (hi - lo) / 4])
-    gen = torch.Generator().manual_seed(int(seed) + 1)
-    return choices[torch.randint(0, 4, (data.n_items,), generator=gen)]
 
 
 def _context(data: Ratings, model: Any, tau: int | None = None) -> TrainingContext:
@@ -109,17 +99,12 @@ def _cap(data: Ratings, tau: int | None, seed: int) -> Ratings:
     return cap_user_ratings(data, tau, int(seed))[0]
 
 
-def _flat_grad(model: torch.nn.Module) -> torch.Tensor:
-    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).double()
-                      for p in model.parameters()])
-
-
 def _released_gradient(model: Any, opt: MechanismOptimizer, batch: Any, residuals: torch.Tensor) -> torch.Tensor:
     """G = sum e d r_hat/d theta by the model's backward, then the mechanism's add_noise (eps = inf: no noise)."""
     opt.zero_grad(set_to_none=True)
     model.surrogate_loss(batch, residuals).backward()
     opt.add_noise()
-    return _flat_grad(model)
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).double() for p in model.parameters()])
 
 
 def _gradient_release(model: Any, opt: MechanismOptimizer, data: Ratings, units: bool, per_rating: bool) -> Release:
@@ -143,25 +128,20 @@ def _gradient_release(model: Any, opt: MechanismOptimizer, data: Ratings, units:
 # ------------------------------------------------------------------ dpsgd_l1
 def _dpsgd_l1_case(model_kind: str, unit: str, relation: str, clip: float, tau: int | None = None,
                    backend: tuple[str, str] = PNBM_BACKENDS[0]) -> SensitivityCase:
-    def make(data: Ratings, seed: int):
+    def release(data: Ratings, seed: int, units: bool) -> Release:
         from dprec_torch.mechanisms.dpsgd import ClippedLaplaceDPSGD
 
+        data = _cap(data, tau, seed)
         model = _pnbm(data, seed, *backend) if model_kind == "pnbm" else _mf(data, seed)
         opt = ClippedLaplaceDPSGD(model.parameters(), _context(data, model, tau), math.inf, clip_norm=clip,
                                   sampling_ratio=1.0, unit=unit, relation=relation, init="random", model=model)
         opt.prepare(model)  # at epsilon = inf with init=random: releases nothing, keeps the public S
-        return model, opt
-
-    def release(data: Ratings, seed: int, units: bool) -> Release:
-        data = _cap(data, tau, seed)
-        model, opt = make(data, seed)
         out = _gradient_release(model, opt, data, units, per_rating=(unit == "rating"))
         out.stated = opt.group * opt.clip_norm  # the L1 sensitivity the Laplace scale c/eps_s and g assume
         return out
 
-    name = f"dpsgd_l1 {model_kind} unit={unit} relation={relation}" + (f" tau={tau}" if tau else "")
-    if model_kind == "pnbm":
-        name += f" {backend[0]}/{backend[1]}"
+    name = (f"dpsgd_l1 {model_kind} unit={unit} relation={relation}" + (f" tau={tau}" if tau else "")
+            + (f" {backend[0]}/{backend[1]}" if model_kind == "pnbm" else ""))
     group = 2 if relation == "rating" else 1  # the claim under test: g x c (read back from the object as `stated`)
     return SensitivityCase(name=name, relation=relation, norm=1, sensitivity=group * clip, clip_bound=clip,
                            release=release, also_change=(relation == "rating"), tau=tau,
@@ -184,8 +164,7 @@ def dpsgd_l1_cases() -> list[SensitivityCase]:
 # ------------------------------------------------------------------ gaussian
 def _gaussian_case(model_kind: str, unit: str, clip: float, backend: tuple[str, str] = PNBM_BACKENDS[0]) -> SensitivityCase:
     def release(data: Ratings, seed: int, units: bool) -> Release:
-        from dprec_torch.mechanisms.gaussian import GaussianDPSGD
-        from dprec_torch.mechanisms.gaussian import GaussianPNBM
+        from dprec_torch.mechanisms.gaussian import GaussianDPSGD, GaussianPNBM
 
         if model_kind == "pnbm":
             model = _pnbm(data, seed, *backend)
@@ -225,9 +204,8 @@ def dpsgd_mf_cases() -> list[SensitivityCase]:
         opt = DPSGDMF(model.parameters(), _context(data, model), math.inf, sampling_ratio=1.0)
         opt.prepare(model)
         batch = full_batch(data, data.item_means())
-        out = Release((model.batch_predict(batch) - batch.values).detach().double())  # what perturb_residuals_ noises
-        out.stated = float(opt.privacy_report()["sensitivity"]["delta_r"])
-        return out
+        errors = (model.batch_predict(batch) - batch.values).detach().double()  # what perturb_residuals_ noises
+        return Release(errors, None, float(opt.privacy_report()["sensitivity"]["delta_r"]))
 
     return [SensitivityCase(name="dpsgd mf (residual perturbation)", relation="rating_value", norm=1,
                             sensitivity=4.0, release=release, max_items=6)]
@@ -253,9 +231,7 @@ def _sgld_case(model_kind: str, tau: int) -> SensitivityCase:
             batch = full_batch(data, means)
             e = (model.batch_predict(batch) - batch.values).detach().double()
             total = (e * e).sum().reshape(1) / 2
-        out = Release(total)
-        out.stated = float(opt.B_true)
-        return out
+        return Release(total, None, float(opt.B_true))
 
     bound = (2 * 4.0 if model_kind == "pnbm" else 4.0) ** 2 * tau  # e_max^2 tau on the 1-5 scale
     return SensitivityCase(name=f"sgld {model_kind} tau={tau}", relation="user", norm=1, sensitivity=bound,
@@ -292,18 +268,14 @@ def laplace_output_cases() -> list[SensitivityCase]:
         rated = torch.zeros(data.n_users, data.n_items, dtype=torch.bool)
         rated[data.users, data.items] = True
         u, i = torch.nonzero(~rated, as_tuple=True)
-        out = Release(pred.release(u, i).double())
-        out.stated = stated(pred)
-        return out
+        return Release(pred.release(u, i).double(), None, stated(pred))
 
     def cosine_release(data: Ratings, seed: int, units: bool) -> Release | None:
         try:
             pred = LaplaceOutputPredictor(CosineImplicit(T=2, threshold=4.0), math.inf).fit(data)
         except DataError:
             return None
-        out = Release(pred.release_scores(torch.arange(data.n_users)).double().reshape(-1))
-        out.stated = stated(pred)
-        return out
+        return Release(pred.release_scores(torch.arange(data.n_users)).double().reshape(-1), None, stated(pred))
 
     return [
         SensitivityCase(name="laplace_output slope_one T=2 phi_m=1", relation="rating_value", norm=math.inf,
@@ -339,9 +311,6 @@ def mcsherry_cases() -> list[SensitivityCase]:
     """
     from dprec_torch.predictors.mcsherry import McSherryMironov, global_effect_sums, weighted_covariance
 
-    def subset(data: Ratings, keep: torch.Tensor) -> Ratings:
-        return Ratings(data.users[keep], data.items[keep], data.values[keep], data.n_users, data.n_items, data.scale)
-
     def effects_case(key: str) -> SensitivityCase:
         def release(data: Ratings, seed: int, units: bool) -> Release:
             mid = (float(data.scale.lo) + float(data.scale.hi)) / 2
@@ -349,9 +318,8 @@ def mcsherry_cases() -> list[SensitivityCase]:
             total = global_effect_sums(data, mid)[key].double().reshape(-1)
             rows = None
             if units:  # one rating at a time, through the same function
-                idx = torch.arange(len(data))
-                rows = torch.stack([global_effect_sums(subset(data, idx == k), mid)[key].double().reshape(-1)
-                                    for k in range(len(data))]) if len(data) else torch.zeros(0, total.numel())
+                rows = (unit_rows(data, "rating", lambda d: global_effect_sums(d, mid)[key].double().reshape(-1)) if len(data)
+                        else torch.zeros(0, total.numel()))
             return Release(total, rows, stated)
 
         bound = 2.0 if key in ("gsum", "msum") else 1.0  # span/2 on the harness's 1-5 scale; a count moves by 1
@@ -365,8 +333,7 @@ def mcsherry_cases() -> list[SensitivityCase]:
             cov = weighted_covariance(data, means, mech.clamp_b, mech.beta_p)[0].double().reshape(-1)
             rows = None
             if units:  # one user at a time, through the same function
-                rows = torch.stack([weighted_covariance(subset(data, data.users == u), means, mech.clamp_b,
-                                                        mech.beta_p)[0].double().reshape(-1) for u in range(data.n_users)])
+                rows = unit_rows(data, "user", lambda d: weighted_covariance(d, means, mech.clamp_b, mech.beta_p)[0].double().reshape(-1))
             return Release(cov, rows, mech.release_sensitivities(data.scale, data.n_items)["cov"])
 
         def bound_for(n_items: int) -> float:  # the case's own statement: the covariance bound at alpha = 2 span

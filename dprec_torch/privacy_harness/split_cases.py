@@ -88,10 +88,6 @@ def _same(a: tuple[np.ndarray, ...], b: tuple[np.ndarray, ...]) -> bool:
     return all(x.shape == y.shape and np.array_equal(x, y) for x, y in zip(a, b))
 
 
-def _p_norm(x: torch.Tensor, p: float) -> float:
-    return float(torch.linalg.vector_norm(x.double(), ord=p)) if x.numel() else 0.0
-
-
 def check_file_neighbour(dataset: RatingDataset, neighbour: RatingDataset, user: Any,
                          cases: Sequence[SensitivityCase] = (), seed: int = 0) -> list[str]:
     """The violations of "other users' ratings stay put" between ``dataset`` (the whole file) and ``neighbour`` (the
@@ -115,7 +111,8 @@ def check_file_neighbour(dataset: RatingDataset, neighbour: RatingDataset, user:
             if base is None or other is None or base.total.shape != other.total.shape:
                 continue
             bound = base.stated if base.stated is not None else case.claimed(fd.train.n_items)
-            moved = _p_norm(other.total - base.total, case.norm)
+            diff = other.total - base.total
+            moved = float(torch.linalg.vector_norm(diff.double(), ord=case.norm)) if diff.numel() else 0.0
             if moved > bound * (1 + TOL) + 1e-6:
                 problems.append(f"{fd.name} {case.name}: the file minus user {user!r} moved the release by "
                                 f"{moved:.6g} > the stated sensitivity {bound}")

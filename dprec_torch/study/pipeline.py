@@ -25,7 +25,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -67,10 +66,6 @@ def launcher_overrides(cfg: DictConfig) -> list[str]:
     raise ConfigError(f"launcher must be basic or joblib, got {cfg.launcher}")
 
 
-def _eps_list(values: Any) -> str:
-    return ",".join(f"{float(e):g}" for e in values)
-
-
 def stage1_commands(cfg: DictConfig, m: DictConfig | dict, out: Path) -> list[list[str]]:
     """``train.py -m`` command lines of stage 1 for one method (one per epsilon with optuna)."""
     grid, _ = grid_file(cfg, m)
@@ -82,7 +77,7 @@ def stage1_commands(cfg: DictConfig, m: DictConfig | dict, out: Path) -> list[li
         common.append(f"hydra.searchpath=[file://{Path(cfg.grid_root).resolve()}]")
     sweep = out / "stage1" / method_name(m)
     if cfg.sweeper == "basic":
-        return [common + [f"epsilon={_eps_list(cfg.study.epsilons)}", f"hydra.sweep.dir={sweep}"]]
+        return [common + ["epsilon=" + ",".join(f"{float(e):g}" for e in cfg.study.epsilons), f"hydra.sweep.dir={sweep}"]]
     if cfg.sweeper == "optuna":
         return [common + [f"epsilon={float(e):g}", "hydra/sweeper=optuna", f"hydra.sweeper.n_trials={int(cfg.n_trials)}",
                           "hydra.sweeper.n_jobs=1", "hydra.sweeper.direction=minimize",

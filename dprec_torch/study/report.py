@@ -1,20 +1,17 @@
 """Collect a sweep's ``metrics.json`` files into RMSE-versus-epsilon tables and figures.
 
-``python scripts/report.py <sweep dir>`` (or ``build_report(dir)``) walks the directory,
-groups runs by (data, method = mechanism-model, epsilon), and writes
-``report.md``, ``report.csv`` and one ``rmse_vs_epsilon_<data>.png`` per dataset. Every run reports its
-references on the same folds and k (``metrics.json["baselines"]``, :mod:`dprec_torch.evaluation.baselines`):
-the non-private PCC and COS become horizontal reference lines on the figure (and ``baselines.csv``), the DP
-item means + user offset at each run's epsilon a dotted curve (and ``references_dp.csv``).
-For a two-stage study (``scripts/study.py``) it also tabulates the configuration chosen per
-(method, epsilon) on the validation split (``selected.yaml``), and the privacy ledger
+``python scripts/report.py <sweep dir>`` (or ``build_report(dir)``) walks the directory, groups runs by
+(data, method = mechanism-model, epsilon), and writes ``report.md``, ``report.csv`` and one
+``rmse_vs_epsilon_<data>.png`` per dataset. Every run reports its references on the same folds and k
+(``metrics.json["baselines"]``, :mod:`dprec_torch.evaluation.baselines`): the non-private PCC and COS become
+horizontal reference lines on the figure (and ``baselines.csv``), the DP item means + user offset at each run's
+epsilon a dotted curve (and ``references_dp.csv``). For a two-stage study (``scripts/study.py``) it also tabulates
+the configuration chosen per (method, epsilon) on the validation split (``selected.yaml``), and the privacy ledger
 covers both stages (``ledger_dir``), including the epsilon spent on tuning.
 
-Method names are ``<mechanism>-<model>`` with the mechanism's config name. ``dpsgd_paper`` and
-``sgld_paper`` are Wang & Tang's Alg. 1 and 2 as printed; ``dpsgd`` and ``sgld`` are the provable
-forms whose reported epsilon is the typed one. Runs written before that rename called
-the paper-faithful forms ``dpsgd``/``sgld``; :func:`mechanism_name` recognises them by their privacy
-record and labels them ``*_paper``, and :func:`relabel` rewrites an old report folder accordingly.
+Method names are ``<mechanism>-<model>`` with the mechanism's config name. ``dpsgd_paper`` and ``sgld_paper`` are
+Wang & Tang's Alg. 1 and 2 as printed; ``dpsgd`` and ``sgld`` are the provable forms whose reported epsilon is the
+typed one. Runs written before that rename are relabelled ``*_paper`` (:func:`mechanism_name`, :func:`relabel`).
 """
 
 from __future__ import annotations
@@ -29,11 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 from dprec_torch.errors import ConfigError
 from dprec_torch.io import atomic_write_json
 from dprec_torch.privacy.ledger import format_ledger, ledger_report, merge_legacy
-from dprec_torch.study.selection import load_selected
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +64,7 @@ def mechanism_name(metrics: dict) -> str:
     privacy record: the provable ``dpsgd`` reports ``dpsgd_l1 ...``, the provable ``sgld`` a "provable form") gets ``*_paper``."""
     name = str(metrics.get("mechanism", "none"))
     record = str((metrics.get("privacy") or {}).get("mechanism", ""))
-    if name == "dpsgd" and not record.startswith("dpsgd_l1"):
-        return PAPER_FORMS[name]
-    if name == "sgld" and "provable form" not in record:
+    if (name == "dpsgd" and not record.startswith("dpsgd_l1")) or (name == "sgld" and "provable form" not in record):
         return PAPER_FORMS[name]
     return name
 
@@ -116,7 +111,7 @@ def collect(sweep_dir: Path) -> tuple[dict, dict, dict]:
 
 def selection_table(selected_path: Path, ledger: dict) -> list[str]:
     """Markdown rows: per (method, epsilon) the chosen overrides, validation RMSE and tuning epsilon."""
-    doc = load_selected(selected_path)
+    doc = yaml.safe_load(Path(selected_path).read_text())
     meta = doc.get("study", {})
     tuning = {(t["method"], float(t["epsilon_nominal"])): t for e in ledger["entries"] for t in e.get("tuning", [])}
     lines = ["", "## Stage 1: configuration chosen per ε on the validation split", "",
@@ -135,6 +130,13 @@ def selection_table(selected_path: Path, ledger: dict) -> list[str]:
     return lines
 
 
+def _write_csv(path: Path, header: list[str], rows: list[list]) -> None:
+    with open(path, "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(header)
+        writer.writerows(rows)
+
+
 def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None, ledger_dir: str | Path | None = None,
                  selected: str | Path | None = None) -> Path:
     """Write report.md / report.csv / figures into ``out_dir`` (default: the sweep dir).
@@ -151,28 +153,21 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None, ledge
         rows.append({"data": data, "method": method, "epsilon": eps, "rmse_mean": float(np.mean(c.rmse)),
                      "rmse_std": float(np.std(c.rmse)), "mae_mean": float(np.nanmean(c.mae)), "n": len(c.rmse),
                      "epsilon_guaranteed": ";".join(sorted(c.eps_guaranteed))})
-    with open(out / "report.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    _write_csv(out / "report.csv", list(rows[0]), [list(r.values()) for r in rows])
     lines = ["| data | method | ε | RMSE (mean ± std) | MAE | folds×runs | ε guaranteed |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['data']} | {r['method']} | {r['epsilon']:g} | {r['rmse_mean']:.4f} ± {r['rmse_std']:.4f} | "
                      f"{r['mae_mean']:.4f} | {r['n']} | {r['epsilon_guaranteed']} |")
-    with open(out / "baselines.csv", "w", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(["data", "method", "rmse_mean", "rmse_std", "n"])
-        for (data, name), vals in sorted(baselines.items()):
-            writer.writerow([data, name, float(np.mean(vals)), float(np.std(vals)), len(vals)])
+    _write_csv(out / "baselines.csv", ["data", "method", "rmse_mean", "rmse_std", "n"],
+               [[data, name, float(np.mean(vals)), float(np.std(vals)), len(vals)] for (data, name), vals in sorted(baselines.items())])
     for (data, name), vals in sorted(baselines.items()):
         lines.append(f"| {data} | {name} (non-private reference) | – | {np.mean(vals):.4f} ± {np.std(vals):.4f} | | {len(vals)} | ∞ |")
-    with open(out / "references_dp.csv", "w", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(["data", "method", "epsilon", "rmse_mean", "rmse_std", "n"])
-        for (data, name, eps), vals in sorted(dp_refs.items()):
-            writer.writerow([data, name, eps, float(np.mean(vals)), float(np.std(vals)), len(vals)])
-            lines.append(f"| {data} | {name}: separate DP release at this ε | {eps:g} | {np.mean(vals):.4f} ± {np.std(vals):.4f} "
-                         f"| | {len(vals)} | {eps:g} (δ = 0) |")
+    _write_csv(out / "references_dp.csv", ["data", "method", "epsilon", "rmse_mean", "rmse_std", "n"],
+               [[data, name, eps, float(np.mean(vals)), float(np.std(vals)), len(vals)]
+                for (data, name, eps), vals in sorted(dp_refs.items())])
+    for (data, name, eps), vals in sorted(dp_refs.items()):
+        lines.append(f"| {data} | {name}: separate DP release at this ε | {eps:g} | {np.mean(vals):.4f} ± {np.std(vals):.4f} "
+                     f"| | {len(vals)} | {eps:g} (δ = 0) |")
     if any(r["method"].split("-", 1)[0] in PAPER_FORMS.values() for r in rows):
         lines += ["", FORMS_NOTE]
     ledger = ledger_report(ledger_dir or sweep_dir)

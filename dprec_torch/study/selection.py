@@ -72,11 +72,6 @@ def grid_spec(grid_file: Path) -> tuple[list[str], list[str]]:
     return swept, fixed
 
 
-def _job_overrides(job_dir: Path) -> list[str]:
-    path = job_dir / ".hydra" / "overrides.yaml"
-    return list(yaml.safe_load(path.read_text()) or []) if path.exists() else []
-
-
 def read_trials(stage1_dir: Path, method: str, swept: list[str]) -> list[Trial]:
     """Every stage-1 job under ``stage1_dir`` (a job = a folder holding ``.hydra/``)."""
     trials = []
@@ -84,7 +79,7 @@ def read_trials(stage1_dir: Path, method: str, swept: list[str]) -> list[Trial]:
         job = hydra_dir.parent
         if job == Path(stage1_dir) or not (hydra_dir / "overrides.yaml").exists():
             continue
-        ovr = _job_overrides(job)
+        ovr = list(yaml.safe_load((hydra_dir / "overrides.yaml").read_text()) or [])
         keys = set(swept)
         hydra_yaml = hydra_dir / "hydra.yaml"
         if hydra_yaml.exists():  # plus the keys this job's sweeper actually searched over
@@ -95,9 +90,7 @@ def read_trials(stage1_dir: Path, method: str, swept: list[str]) -> list[Trial]:
         rmse, data, priv = math.nan, "", None
         if metrics_path.exists():
             m = json.loads(metrics_path.read_text())
-            rmse = float(m.get("test_rmse", math.nan))
-            data = str(m.get("data", ""))
-            priv = m.get("privacy", {}).get("epsilon")
+            rmse, data, priv = float(m.get("test_rmse", math.nan)), str(m.get("data", "")), m.get("privacy", {}).get("epsilon")
             if eps is None:
                 eps = float(m["epsilon"])
             if not data.endswith(VALIDATION_SUFFIX):
@@ -121,11 +114,8 @@ def fixed_as_run(job_dir: str | Path, fixed: list[str]) -> list[str]:
 
 
 def select_best(trials: list[Trial], fixed: list[str]) -> dict[float, Choice]:
-    """Per epsilon: the trial with the lowest finite validation RMSE (ties: first by path).
-
-    The chosen overrides are the trial's swept grid overrides plus the grid's fixed keys with the values
-    read back from the trial's own ``.hydra/config.yaml``.
-    """
+    """Per epsilon: the trial with the lowest finite validation RMSE (ties: first by path). Its chosen overrides: its swept
+    grid overrides plus the grid's fixed keys with the values read back from the trial's own ``.hydra/config.yaml``."""
     by_eps: dict[float, list[Trial]] = {}
     for t in trials:
         by_eps.setdefault(t.epsilon, []).append(t)
@@ -146,10 +136,6 @@ def write_selected(choices: dict[str, dict[float, Choice]], path: Path, meta: di
     """``selected.yaml``: the study's settings and, per method and epsilon, the chosen overrides."""
     doc = {"study": meta, "selected": {m: {f"{e:g}": asdict(c) for e, c in cs.items()} for m, cs in choices.items()}}
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
-
-
-def load_selected(path: Path) -> dict[str, Any]:
-    return yaml.safe_load(Path(path).read_text())
 
 
 def write_stage2_configs(choices: dict[float, Choice], folds: list[int], root: Path, prefix: str) -> list[str]:

@@ -3,21 +3,19 @@ model, optimizer (with its noise RNG and accountant), all RNG states, epoch, and
 
 Resume trusts nothing it is given:
 
-* the run dir's ``config_resolved.json`` (written before training) and each checkpoint's own copy of
-  the config are compared with the new config; any difference outside :data:`RESUME_SAFE_KEYS`
-  refuses to resume, naming the keys (a model trained at epsilon=20 must not be reported at 5);
-* a truncated or corrupt checkpoint, or one that lacks the mechanism's accountant state or the record of
-  its DP item-mean release (a resume restores what ``MechanismOptimizer.prepare`` made, never makes it again),
-  gives one line naming the file and the fix, and nothing is written over it.
+* the run dir's ``config_resolved.json`` (written before training) and each checkpoint's own copy of the config are
+  compared with the new config; any difference outside :data:`RESUME_SAFE_KEYS` refuses to resume, naming the keys (a
+  model trained at epsilon=20 must not be reported at 5);
+* a truncated or corrupt checkpoint, or one that lacks the mechanism's accountant state or the record of its DP
+  item-mean release (a resume restores what ``MechanismOptimizer.prepare`` made, never makes it again), gives one line
+  naming the file and the fix, and nothing is written over it.
 
-The checkpoint is SECRET: besides the model it holds the noise and Poisson-sampler generators' states
-(the run's secret key material: whoever has them can replay the noise and undo it), the global RNG states, the
-mechanism's accountant and its record of the DP item-mean release. It is resume state, never a release: the model
-that was released is ``release_fold<k>.pt`` (:mod:`dprec_torch.predictors.release`), which ``load_run``,
-``evaluate.py run=``, ``Run.predict`` and ``Run.recommend`` read. After a successful run whose noise was secret (a
-private mechanism: its epsilon is finite or not established; not ``mechanism=none``/``epsilon=inf``), every fold's
-checkpoint is deleted once ``metrics.json`` and every release are on disk (:func:`discard_secret_checkpoints`), unless
-``resume=true`` or ``keep_checkpoint=true``. Never publish a kept checkpoint.
+The checkpoint is SECRET: besides the model it holds the noise and Poisson-sampler generators' states (the run's secret
+key material: whoever has them can replay the noise and undo it), the global RNG states, the mechanism's accountant and
+its record of the DP item-mean release. It is resume state, never a release (that is ``release_fold<k>.pt``,
+:mod:`dprec_torch.predictors.release`). After a successful run whose noise was secret (:func:`holds_secret`), every
+fold's checkpoint is deleted once ``metrics.json`` and every release are on disk (:func:`discard_secret_checkpoints`),
+unless ``resume=true`` or ``keep_checkpoint=true``. Never publish a kept checkpoint.
 """
 
 from __future__ import annotations
@@ -72,8 +70,7 @@ def config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 def check_resume_config(old: dict[str, Any], new: dict[str, Any], source: Path) -> None:
     """Refuse to resume when anything but a resume-safe key changed since ``source`` was written."""
-    diff = config_differences(old, new)
-    if diff:
+    if diff := config_differences(old, new):
         a, b = _flatten(normalised_config(old)), _flatten(normalised_config(new))
         shown = ", ".join(f"{k} ({a.get(k, '<absent>')} -> {b.get(k, '<absent>')})" for k in diff[:8])
         more = f" and {len(diff) - 8} more" if len(diff) > 8 else ""
@@ -90,10 +87,8 @@ def prepare_run_dir(out: Path, config: dict[str, Any]) -> None:
         except (OSError, ValueError) as err:
             raise ConfigError(f"{path} is unreadable ({_first_line(err)}); {FIX}") from None
         check_resume_config(old, config, path)
-    elif not config.get("resume"):
-        stale = sorted(p.name for p in out.glob("checkpoint_fold*.pt"))
-        if stale:
-            log.warning("resume=false: %s in %s (an earlier run) will be overwritten", ", ".join(stale), out)
+    elif not config.get("resume") and (stale := sorted(p.name for p in out.glob("checkpoint_fold*.pt"))):
+        log.warning("resume=false: %s in %s (an earlier run) will be overwritten", ", ".join(stale), out)
     atomic_write_json(path, config)
 
 
@@ -108,10 +103,9 @@ def holds_secret(report: dict[str, Any]) -> bool:
 
 
 def discard_secret_checkpoints(out: Path, folds: list[dict[str, Any]], *, resume: bool, keep: bool) -> list[Path]:
-    """Delete ``out/checkpoint_fold<k>.pt`` of every fold record (``train_fold``'s, with ``fold`` and ``privacy``)
-    whose noise was secret (:func:`holds_secret`), unless ``resume`` or ``keep`` (``keep_checkpoint=true``). Call it
-    only once ``metrics.json`` and every ``release_fold<k>.pt`` are on disk (``run_experiment`` does): a run killed
-    before keeps its checkpoints and can be resumed. Returns the files deleted."""
+    """Delete ``out/checkpoint_fold<k>.pt`` of every fold record (``train_fold``'s) whose noise was secret, unless
+    ``resume`` or ``keep``; only once ``metrics.json`` and every release are on disk (a run killed before keeps its
+    checkpoints and can be resumed). Returns the files deleted."""
     if resume or keep:
         return []
     gone = []
@@ -139,28 +133,18 @@ def check_nothing_released(out: Path, fold_index: int) -> None:
                           "or evaluate.py run=, or train again with resume=false or in another hydra.run.dir (a new release)")
 
 
-def save_checkpoint(path: Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, sampler_generator: torch.Generator,
-                    epoch: int, history: list[dict], extra: dict[str, Any] | None = None,
-                    config: dict[str, Any] | None = None) -> None:
-    """Write everything needed to resume after ``epoch`` (temp file + rename)."""
-    atomic_torch_save(path, checkpoint_state(model=model, optimizer=optimizer, sampler_generator=sampler_generator,
-                                             epoch=epoch, history=history, extra=extra, config=config))
+def save_checkpoint(path: Path, **parts: Any) -> None:
+    """Write everything needed to resume after ``epoch`` (temp file + rename); ``parts``: :func:`checkpoint_state`'s."""
+    atomic_torch_save(path, checkpoint_state(**parts))
 
 
 def checkpoint_state(*, model: torch.nn.Module, optimizer: torch.optim.Optimizer, sampler_generator: torch.Generator,
                      epoch: int, history: list[dict], extra: dict[str, Any] | None = None,
                      config: dict[str, Any] | None = None) -> dict[str, Any]:
     """What :func:`save_checkpoint` writes (the keys :data:`CHECKPOINT_KEYS` and more)."""
-    return {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "sampler_generator": sampler_generator.get_state(),
-        "rng": rng_state(),
-        "epoch": epoch,
-        "history": history,
-        "extra": extra or {},
-        "config": None if config is None else normalised_config(config),
-    }
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "sampler_generator": sampler_generator.get_state(),
+            "rng": rng_state(), "epoch": epoch, "history": history, "extra": extra or {},
+            "config": None if config is None else normalised_config(config)}
 
 
 def _on_cpu(obj: Any) -> Any:
@@ -177,13 +161,12 @@ def _on_cpu(obj: Any) -> Any:
 
 
 class CheckpointWriter:
-    """:func:`save_checkpoint` off the training thread.
+    """:func:`save_checkpoint` off the training thread (an M x M checkpoint took ~1 s a save on the H200 machine).
 
-    ``save`` copies the state to the CPU at once (the epoch's state, whatever training does next), then one
-    background thread writes it atomically (temp file, fsync, rename), one save at a time and in order: a
-    later save first waits for the earlier one. A run killed mid-write keeps the previous complete checkpoint,
-    exactly as with a synchronous save. ``wait`` returns when the last save is on disk and re-raises its error.
-    Why: an M x M checkpoint took ~1 s a save on the H200 machine, most of it the disk.
+    ``save`` copies the state to the CPU at once (the epoch's state, whatever training does next), then one background
+    thread writes it atomically, one save at a time and in order: a later save first waits for the earlier one. A run
+    killed mid-write keeps the previous complete checkpoint. ``wait`` returns when the last save is on disk and
+    re-raises its error.
     """
 
     def __init__(self) -> None:
@@ -224,19 +207,15 @@ def read_checkpoint(path: Path, map_location: Any = "cpu") -> dict[str, Any]:
         ckpt = torch.load(path, map_location=map_location, weights_only=False)
     except Exception as err:  # noqa: BLE001 - torch raises RuntimeError, EOFError, UnpicklingError, ...
         raise ConfigError(f"checkpoint {path} is truncated or corrupt ({_first_line(err)}); {FIX}") from None
-    missing = [k for k in CHECKPOINT_KEYS if not isinstance(ckpt, dict) or k not in ckpt]
-    if missing:
+    if missing := [k for k in CHECKPOINT_KEYS if not isinstance(ckpt, dict) or k not in ckpt]:
         raise ConfigError(f"checkpoint {path} is not a dprec-torch checkpoint (missing {', '.join(missing)}); {FIX}")
     return ckpt
 
 
 def load_checkpoint(path: Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     sampler_generator: torch.Generator, config: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Restore a checkpoint written by :func:`save_checkpoint`; returns it (epoch, history, extra).
-
-    Refuses (ConfigError) a damaged file, a config that differs from the checkpoint's in a key that is
-    not resume-safe, and a checkpoint without the accountant state of a mechanism that keeps one.
-    """
+    """Restore a checkpoint written by :func:`save_checkpoint`; returns it (epoch, history, extra). Refuses
+    (ConfigError) what the module doc lists: a damaged file, a changed config, a missing accountant or mean release."""
     ckpt = read_checkpoint(path)
     if config is not None and ckpt.get("config") is not None:
         check_resume_config(ckpt["config"], config, path)
@@ -257,9 +236,8 @@ def load_checkpoint(path: Path, *, model: torch.nn.Module, optimizer: torch.opti
     return ckpt
 
 
-#: Classes moved since runs recorded them (``mechanism=X`` lives in ``mechanisms/X.py``). A run dir's
-#: ``config_resolved.json`` is read through :func:`upgrade_recorded`, so ``evaluate.py run=`` and ``load_run`` keep
-#: working on runs made before.
+#: Classes moved since runs recorded them (``mechanism=X`` lives in ``mechanisms/X.py``): :func:`upgrade_recorded`
+#: renames them in a run dir's ``config_resolved.json``, so ``evaluate.py run=`` and ``load_run`` read older runs.
 RENAMED_TARGETS = {
     "dprec_torch.mechanisms.dpsgd_l1.ClippedLaplaceDPSGD": "dprec_torch.mechanisms.dpsgd.ClippedLaplaceDPSGD",
     "dprec_torch.mechanisms.dpsgd.DPSGDLaplace": "dprec_torch.mechanisms.dpsgd_paper.DPSGDLaplace",

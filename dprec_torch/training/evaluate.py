@@ -1,13 +1,10 @@
-"""``evaluate(cfg)``: the plain function behind ``evaluate.py``.
+"""``evaluate(cfg)``: the plain function behind ``evaluate.py``. Two modes, both writing ``metrics.json`` into this
+command's run dir:
 
-Two modes:
-* ``python evaluate.py model=pcc data.fold=all`` cross-validates a predictor and
-  prints fold, RMSE, MAE, mean +- std and fit time;
-* ``python evaluate.py run=<train run dir>`` reloads a run's releases (``release_fold<k>.pt``, never the secret
-  checkpoints) and prints its test RMSE/MAE next to its references on the same folds and k: non-private PCC and
-  COS, and DP item means + user offset at the run's epsilon (:mod:`dprec_torch.evaluation.baselines`);
-  ``compare_baselines=false`` on this command leaves them out.
-Both write ``metrics.json`` into this command's run dir.
+* ``python evaluate.py model=pcc data.fold=all`` cross-validates a predictor and prints fold, RMSE, MAE, mean +- std
+  and fit time;
+* ``python evaluate.py run=<train run dir>`` reloads a run's releases (never the secret checkpoints) and prints its
+  test RMSE/MAE next to its references on the same folds and k (:func:`evaluate_run`).
 """
 
 from __future__ import annotations
@@ -42,10 +39,8 @@ def evaluate(cfg: DictConfig) -> tuple[dict[str, Any], str]:
     seed_everything(int(cfg.seed))
     out = output_dir(cfg)
     out.mkdir(parents=True, exist_ok=True)
-    if cfg.get("run"):
-        metrics, table = evaluate_run(Path(cfg.run), resolve_device(cfg.device), bool(cfg.compare_baselines))
-    else:
-        metrics, table = evaluate_predictor(cfg)
+    metrics, table = (evaluate_run(Path(cfg.run), resolve_device(cfg.device), bool(cfg.compare_baselines)) if cfg.get("run")
+                      else evaluate_predictor(cfg))
     atomic_write_json(out / "metrics.json", metrics)
     return metrics, table
 
@@ -58,32 +53,21 @@ def evaluate_predictor(cfg: DictConfig) -> tuple[dict[str, Any], str]:
     folds = [f.to(device) for f in dataset.folds]
     cv = cross_validate(lambda: instantiate_node(cfg.model), folds, int(cfg.eval.topn), float(cfg.eval.relevance_threshold))
     keys = cv.keys()
-    metrics: dict[str, Any] = {"model": cfg.model.get("name"), "data": dataset.name, "dataset": dataset.record()}
-    for k in keys:
-        metrics[f"test_{k}"] = cv.mean(k)
-        metrics[f"test_{k}_std"] = cv.std(k)
-    metrics["folds"] = [f.as_dict() for f in cv.folds]
+    metrics: dict[str, Any] = {"model": cfg.model.get("name"), "data": dataset.name, "dataset": dataset.record(),
+                               **{f"test_{k}{s}": f(k) for k in keys for s, f in (("", cv.mean), ("_std", cv.std))},
+                               "folds": [f.as_dict() for f in cv.folds]}
     shown = [k for k in ("rmse", "mae") if k in keys] or keys[:3]
     lines = [f"{cfg.model.get('name')} on {dataset.name}", f"{'fold':>6} " + " ".join(f"{k.upper():>9}" for k in shown) + f" {'fit s':>8}"]
     for f in cv.folds:
         lines.append(f"{f.fold:>6} " + " ".join(f"{f.metrics[k]:>9.4f}" for k in shown) + f" {f.fit_seconds:>8.2f}")
-    lines.append(f"{'mean':>6} " + " ".join(f"{cv.mean(k):>9.4f}" for k in shown))
-    lines.append(f"{'std':>6} " + " ".join(f"{cv.std(k):>9.4f}" for k in shown))
+    lines += [f"{name:>6} " + " ".join(f"{stat(k):>9.4f}" for k in shown) for name, stat in (("mean", cv.mean), ("std", cv.std))]
     return metrics, "\n".join(lines)
 
 
-def run_privacy(run_dir: Path) -> dict[str, Any]:
-    """The privacy report the run's ``metrics.json`` holds (empty for a run that did not finish)."""
-    path = run_dir / "metrics.json"
-    return json.loads(path.read_text()).get("privacy", {}) if path.exists() else {}
-
-
-def restore_fold(cfg: DictConfig, fold: Fold, run_dir: Path,
-                 device: torch.device) -> tuple[Fold, TrainableModel, dict[str, Any]]:
-    """The model that ``run_dir`` released on ``fold``, RESTORED from its release ``release_fold<k>.pt``
-    (``model.restore``: parameters, item means, fallback as released), never re-fitted and never read from the
-    (secret, usually deleted) checkpoint; returns (the fold it was trained on -- capped for a user-level mechanism,
-    whose users' own histories the model re-binds --, the model, the release)."""
+def restore_fold(cfg: DictConfig, fold: Fold, run_dir: Path, device: torch.device) -> tuple[Fold, TrainableModel, dict[str, Any]]:
+    """The model that ``run_dir`` released on ``fold``, RESTORED from ``release_fold<k>.pt`` (``model.restore``:
+    parameters, item means, fallback as released), never re-fitted nor read from the checkpoint; returns (the fold it was
+    trained on -- capped for a user-level mechanism, whose users' own histories the model re-binds --, the model, the release)."""
     from dprec_torch.predictors.release import read_release, release_path
 
     path = release_path(run_dir, fold.index)
@@ -122,16 +106,16 @@ def evaluate_run(run_dir: Path, device: torch.device, compare_baselines: bool = 
     PCC/COS and, for a finite epsilon, DP item means + user offset at that epsilon; none with
     ``compare_baselines=False``), on the same folds and the same k (the run's ``baseline_k``) as ``train.py``.
 
-    The model is RESTORED (``model.restore``): S / the factors, the item means -- the DP release for a
-    mechanism that made one -- and the fallback all come from the release ``release_fold<k>.pt``; only the users' own
-    training histories are re-bound (PNBM reads them), so this scores exactly the private model trained.
+    The model is RESTORED from its release (:func:`restore_fold`, :func:`restore_predictor`), so this scores exactly
+    the private model trained.
     """
-    cfg_path = run_dir / "config_resolved.json"
+    cfg_path, metrics_path = run_dir / "config_resolved.json", run_dir / "metrics.json"
     if not cfg_path.exists():
         raise ConfigError(f"{run_dir} is not a train.py run dir (no config_resolved.json); pass run=<outputs/...>")
     cfg = upgrade_recorded(OmegaConf.create(json.loads(cfg_path.read_text())))
     dataset = instantiate_node(cfg.data)
-    k, target = int(cfg.baseline_k), dp_reference_target(run_privacy(run_dir), cfg.epsilon)
+    privacy = json.loads(metrics_path.read_text()).get("privacy", {}) if metrics_path.exists() else {}  # {}: an unfinished run
+    k, target = int(cfg.baseline_k), dp_reference_target(privacy, cfg.epsilon)
     rows, records = [], []
     trainable = is_trainable(cfg.model)
     job = job_label(cfg)
@@ -143,16 +127,14 @@ def evaluate_run(run_dir: Path, device: torch.device, compare_baselines: bool = 
             else:  # a fitted predictor: its release_fold<k>.pt (train.py fitted it on the fold as loaded)
                 fold = loaded.to(device)
                 m, done = score_restored(cfg, restore_predictor(cfg, fold, run_dir, device), fold), {}
-        # the references on the fold as loaded (train.py scores them on the same split, before any tau cap)
-        with key_scope(job=job, fold=loaded.index):  # the keys train.py drew the DP reference under (run_experiment)
+            # the references on the fold as loaded (train.py scores them on the same split, before any tau cap, and
+            # draws the DP reference under the same keys: run_experiment)
             b = reference_metrics(loaded.to(device), k, target, cfg.get("noise_seed")) if compare_baselines else {}
         records.append({"fold": fold.index, **{f"test_{key}": v for key, v in m.items()}, **done, **({"baselines": b} if b else {})})
         rows.append((fold.index, m, b))
-    metrics = {
-        "model": cfg.model.get("name"), "mechanism": cfg.mechanism.get("name"), "data": dataset.name, "dataset": dataset.record(), "run": str(run_dir),
-        "epsilon": cfg.epsilon, **{key: float(np.mean([r[key] for r in records])) for key in records[0] if key.startswith("test_")},
-        "folds": records,
-    }
+    metrics = {"model": cfg.model.get("name"), "mechanism": cfg.mechanism.get("name"), "data": dataset.name, "dataset": dataset.record(),
+               "run": str(run_dir), "epsilon": cfg.epsilon,
+               **{key: float(np.mean([r[key] for r in records])) for key in records[0] if key.startswith("test_")}, "folds": records}
     if compare_baselines:
         names = list(records[0]["baselines"])
         metrics["baselines"] = {n: {key: float(np.mean([r["baselines"][n][key] for r in records])) for key in ("rmse", "mae")}

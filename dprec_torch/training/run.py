@@ -1,8 +1,7 @@
 """``train(cfg)``: the plain function behind ``train.py`` (tests call it directly).
 
-Reads top to bottom: validate the config, load the data, then per fold either
-train a model under its mechanism (PNBM, MF) or fit a predictor (kNN, Slope One,
-PNCF, ...), score it, compare with PCC/COS, and write ``metrics.json``.
+Reads top to bottom: validate the config, load the data, then per fold either train a model under its mechanism (PNBM,
+MF) or fit a predictor (kNN, Slope One, PNCF, ...), score it, compare with PCC/COS, and write ``metrics.json``.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ from dprec_torch.data.custom import check_scale_declared
 from dprec_torch.data.ratings import Fold, RatingDataset
 from dprec_torch.device import claimed_device, set_matmul_precision
 from dprec_torch.config import RUNNER_KEYS, accepted, check_config, declared_parameters, form_node, instantiate_node, resolve_model_node  # noqa: F401
+from dprec_torch import forms
 from dprec_torch.forms import mechanism_class as form_class
 from dprec_torch.data.defaults import fill_dataset_defaults
 from dprec_torch.errors import ConfigError
@@ -43,6 +43,7 @@ from dprec_torch.sweep_cache import shared
 from dprec_torch.evaluation.baselines import (baseline_metrics, dp_reference_metrics, dp_reference_target, log_references, reference_hparams,
                                               reference_info, reference_label)
 from dprec_torch.training.checkpoint import check_nothing_released, discard_secret_checkpoints, load_checkpoint, prepare_run_dir
+from dprec_torch.training.private_selection import SELECT_KEYS, check_selection, select_fold, selects_privately
 from dprec_torch.training.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ def validate(cfg: DictConfig) -> None:
     fill_dataset_defaults(cfg)
     # a mechanism x model pair the classes cannot train is one line before any data is read
     if is_trainable(cfg.model):
-        training_mechanism(cfg)
+        check_selection(cfg, training_mechanism(cfg))
     else:
         wrapped_by_mechanism(cfg)
 
@@ -154,10 +155,9 @@ class TrainingSetup:
 
 
 def setup_training(cfg: DictConfig, fold: Fold, device: torch.device, prepare: bool = True) -> TrainingSetup:
-    """Cap the fold for the mechanism, build and attach the model, build the mechanism (it calibrates), let it
-    prepare the model (:meth:`~dprec_torch.mechanisms.base.MechanismOptimizer.prepare`: the DP item means, S's
-    start), then build the batch sampler. ``prepare=False`` for a resumed fold: its checkpoint restores what
-    ``prepare`` made (``train_fold``), so nothing is released twice."""
+    """Cap the fold for the mechanism, build and attach the model, build the mechanism (it calibrates), let it prepare
+    the model (:meth:`~dprec_torch.mechanisms.base.MechanismOptimizer.prepare`: the DP item means, S's start), then build
+    the batch sampler. ``prepare=False`` for a resumed fold: its checkpoint restores what ``prepare`` made."""
     fold = mechanism_fold(cfg, fold)
     train = fold.train
     cfg, rule = size_rule.apply(cfg, train)  # knobs set to `auto`: the size rule's values for this fold's public sizes
@@ -168,15 +168,12 @@ def setup_training(cfg: DictConfig, fold: Fold, device: torch.device, prepare: b
     unit = cfg.mechanism.get("unit") or ("user" if mech_cls.relation == "user" else "rating")
     epochs, steps = int(cfg.mechanism.epochs), poisson_steps_per_epoch(ratio)
     prior = prior_precision_for(mech_cls, model, train, ratio * len(train))
-    context = TrainingContext(
-        total_steps=epochs * steps, steps_per_epoch=steps,
-        n_ratings=len(train), n_users=train.n_users, scale=train.scale,
-        max_user_ratings=cfg.mechanism.get("max_user_ratings"),
-        entry_bound=model.gradient_entry_bound, prior_precision=prior, model=model,
-        n_units=len(train) if unit == "rating" else train.n_users,  # MF's lr is per example: G / (q n_units)
-        expected_batch_size=ratio * (len(train) if unit == "rating" else train.n_users),
-        gradient_reduction=gradient_reduction_of(model),
-    )
+    context = TrainingContext(total_steps=epochs * steps, steps_per_epoch=steps, n_ratings=len(train), n_users=train.n_users,
+                              scale=train.scale, max_user_ratings=cfg.mechanism.get("max_user_ratings"),
+                              entry_bound=model.gradient_entry_bound, prior_precision=prior, model=model,
+                              n_units=len(train) if unit == "rating" else train.n_users,  # MF's lr is per example: G / (q n_units)
+                              expected_batch_size=ratio * (len(train) if unit == "rating" else train.n_users),
+                              gradient_reduction=gradient_reduction_of(model))
     optimizer = instantiate_node(form_node(cfg.mechanism, model), _convert_="all")(params=model.parameters(), context=context)
     if prepare:
         optimizer.prepare(model)
@@ -191,21 +188,11 @@ def setup_training(cfg: DictConfig, fold: Fold, device: torch.device, prepare: b
 References = Callable[[Fold, dict[str, Any]], dict[str, dict[str, float]]]
 
 
-def final_summaries(refs: dict[str, dict[str, float]], hparams: dict[str, Any], metrics: dict[str, float]) -> Callable[[Any], None]:
-    """A fold's last TensorBoard records, for the thread that closes its writer (``tb_close.close_in_background``): the
-    references' scalars beside the model's, in the fold's one writer, and the hparams summary (``add_hparams`` opens and
-    closes a writer of its own)."""
-
-    def write(writer: Any) -> None:
-        log_references(writer, refs)
-        writer.add_hparams(hparams, metrics, run_name="hparams")
-
-    return write
-
-
 def train_fold(cfg: DictConfig, fold: Fold, out: Path, device: torch.device, references: References | None = None) -> dict[str, Any]:
     """Train a model under ``cfg.mechanism`` on one fold; returns its fold record. ``references(fold, report)``
     scores the non-private references on the fold as loaded (before the tau cap), for the record and hparams."""
+    if selects_privately(cfg):
+        return train_selected(cfg, fold, out, device, references)
     loaded = fold
     path = out / f"checkpoint_fold{fold.index}.pt"
     resuming = bool(cfg.resume) and path.exists()
@@ -216,8 +203,7 @@ def train_fold(cfg: DictConfig, fold: Fold, out: Path, device: torch.device, ref
     train = fold.train
     restored = None
     if resuming:  # restores what prepare() made (r_bar, the fallback, S, the release record, the accountant) first
-        ckpt = load_checkpoint(path, model=model, optimizer=optimizer, sampler_generator=sampler.generator,
-                               config=resolved_config(cfg))
+        ckpt = load_checkpoint(path, model=model, optimizer=optimizer, sampler_generator=sampler.generator, config=resolved_config(cfg))
         restored = {k: ckpt[k] for k in ("epoch", "history", "extra", "rng")}  # the Trainer's part, not the tensors
         del ckpt
     report = optimizer.report()
@@ -230,9 +216,8 @@ def train_fold(cfg: DictConfig, fold: Fold, out: Path, device: torch.device, ref
 
         writer = SummaryWriter(log_dir=str((out / "tb" / f"fold{fold.index}").absolute()))  # closed later, maybe after a chdir
     diagnostics = diagnostics_enabled(cfg.get("log_private_diagnostics"), report)
-    trainer = Trainer(model, optimizer, sampler, epochs, path, writer, bool(cfg.resume),
-                      config=resolved_config(cfg), private_diagnostics=diagnostics,
-                      checkpoint_every=cfg.get("checkpoint_every", "auto"))
+    trainer = Trainer(model, optimizer, sampler, epochs, path, writer, bool(cfg.resume), config=resolved_config(cfg),
+                      private_diagnostics=diagnostics, checkpoint_every=cfg.get("checkpoint_every", "auto"))
     last_summaries: Callable[[Any], None] | None = None
     try:
         result = trainer.fit(fold, restored)
@@ -250,7 +235,10 @@ def train_fold(cfg: DictConfig, fold: Fold, out: Path, device: torch.device, ref
             hparams["epsilon"] = float(cfg.epsilon)
             # TensorBoard keeps only the first hparams summary of a run: the references go in the same one
             hp_metrics = {"hparam/test_rmse": metrics["rmse"], "hparam/test_mae": metrics["mae"], **reference_hparams(refs or {})}
-            last_summaries = final_summaries(refs or {}, hparams, hp_metrics)
+
+            def last_summaries(writer: Any) -> None:  # run by the thread that closes the writer (tb_close.close_in_background)
+                log_references(writer, refs or {})  # the references' scalars beside the model's, in the fold's one writer
+                writer.add_hparams(hparams, hp_metrics, run_name="hparams")  # opens and closes a writer of its own
     finally:
         if writer is not None:
             from dprec_torch.training.tb_close import close_in_background
@@ -259,8 +247,41 @@ def train_fold(cfg: DictConfig, fold: Fold, out: Path, device: torch.device, ref
         trainer.finish()  # the fold's checkpoint is on disk before its record (and metrics.json) exist
     return {"fold": fold.index, **{f"test_{k}": v for k, v in metrics.items()}, "fit_seconds": result.train_seconds,
             "epochs": result.epochs, "seconds_per_epoch": result.train_seconds / max(result.epochs, 1),
-            "epoch_seconds": result.epoch_seconds,
-            "history": result.history, "privacy": report, "diagnostics": diagnostics,
+            "epoch_seconds": result.epoch_seconds, "history": result.history, "privacy": report, "diagnostics": diagnostics,
+            **({"references": refs} if refs is not None else {})}
+
+
+def train_candidate(cfg: DictConfig, fold: Fold, device: torch.device) -> tuple[dict[str, Any], Any]:
+    """Train one round's candidate on ``fold`` as ``train_fold`` does, writing nothing (no checkpoint, release or
+    TensorBoard): ``(record, model)``."""
+    setup = setup_training(cfg, fold, device)
+    check_claim(setup.optimizer, setup.optimizer.report())  # no finite epsilon without a sensitivity harness
+    trainer = Trainer(setup.model, setup.optimizer, setup.sampler, setup.epochs, None, None, False,
+                      config=resolved_config(cfg), private_diagnostics=False, checkpoint_every="end")
+    try:
+        result = trainer.fit(setup.fold, None)
+    finally:
+        trainer.finish()
+    report = setup.optimizer.report()
+    if setup.rule is not None:
+        report["size_rule"] = setup.rule
+    return {"privacy": report, "epochs": result.epochs, "fit_seconds": result.train_seconds, "epoch_seconds": result.epoch_seconds}, setup.model
+
+
+def train_selected(cfg: DictConfig, fold: Fold, out: Path, device: torch.device, references: References | None = None) -> dict[str, Any]:
+    """``train_fold`` under ``mechanism.select=private``: select (:mod:`dprec_torch.training.private_selection`), then
+    score the chosen model on the fold's test split once and write its release."""
+    chosen = select_fold(cfg, fold, device, lambda c, f: train_candidate(c, f, device))
+    model, record = chosen["model"], chosen["record"]
+    metrics = score_predictor(model, fold)
+    report = record["privacy"]
+    report["scope"] = privacy_scope(report, model, False, item_universe_of(chosen["fold"].train))
+    report.update(noise_randomness(cfg, report, trainable=True))
+    report["release"] = write_trained_fold_release(cfg, out, fold, model, report, record["epochs"])
+    refs = references(fold, report) if references is not None else None
+    return {"fold": fold.index, **{f"test_{k}": v for k, v in metrics.items()}, "fit_seconds": record["fit_seconds"],
+            "epochs": record["epochs"], "seconds_per_epoch": record["fit_seconds"] / max(record["epochs"], 1),
+            "epoch_seconds": record["epoch_seconds"], "history": [], "privacy": report, "diagnostics": False,
             **({"references": refs} if refs is not None else {})}
 
 
@@ -320,19 +341,12 @@ def fit_fold(cfg: DictConfig, fold: Fold, device: torch.device) -> dict[str, Any
     report = predictor.privacy_report() if isinstance(predictor, ReportsPrivacy) else {"mechanism": "none"}
     diagnostics = diagnostics_enabled(cfg.get("log_private_diagnostics"), report)
     report = {**report, "scope": privacy_scope(report, None, diagnostics, item_universe_of(fold.train)), **noise_randomness(cfg, report, trainable=False)}
-    out = release_dir(cfg)
-    if out is not None:
-        report["release"] = write_fold_release(cfg, out, fold, predictor, report)
-    return {"fold": fold.index, **{f"test_{k}": v for k, v in metrics.items()}, "fit_seconds": fit_s,
-            "privacy": report, "diagnostics": diagnostics}
-
-
-def release_dir(cfg: DictConfig) -> Path | None:
-    """The run dir ``fit_fold`` writes its release into; None outside a run (``fit_fold`` called on its own, with
-    neither ``output_dir`` nor a Hydra run)."""
     from hydra.core.hydra_config import HydraConfig
 
-    return output_dir(cfg) if cfg.get("output_dir") or HydraConfig.initialized() else None
+    if cfg.get("output_dir") or HydraConfig.initialized():  # no release outside a run (fit_fold called on its own)
+        report["release"] = write_fold_release(cfg, output_dir(cfg), fold, predictor, report)
+    return {"fold": fold.index, **{f"test_{k}": v for k, v in metrics.items()}, "fit_seconds": fit_s,
+            "privacy": report, "diagnostics": diagnostics}
 
 
 def write_fold_release(cfg: DictConfig, out: Path, fold: Fold, predictor: Any, report: dict[str, Any]) -> dict[str, Any]:
@@ -368,10 +382,9 @@ def write_fold_release(cfg: DictConfig, out: Path, fold: Fold, predictor: Any, r
 
 
 def noise_randomness(cfg: DictConfig, report: dict[str, Any], trainable: bool) -> dict[str, Any]:
-    """``{"randomness": ...}`` for a report with a finite epsilon: is the noise secret or seeded?
-
-    The noise is secret only when every node that draws it (the mechanism, or a private predictor and its
-    output mechanism) and, for trained models, the Poisson sampler got no explicit seed."""
+    """``{"randomness": ...}`` for a report with a finite epsilon: the noise is secret only when every node that draws it
+    (the mechanism, or a private predictor and its output mechanism) and, for trained models, the Poisson sampler got
+    no explicit seed."""
     eps = report.get("epsilon")
     if eps is not None and not np.isfinite(float(eps)):  # non-private: nothing to keep secret
         return {}
@@ -387,15 +400,31 @@ NOT_RELEASE_KEYS = ("hydra", "output_dir", "resume", "keep_checkpoint", "checkpo
                     "log_private_diagnostics", "compare_baselines", "noise_seed")
 
 
+#: mechanism keys a form's composed configs carried, at these values, before the form became its own class (no class
+#: reads them now): :func:`job_label` digests them so, and a ``noise_seed`` rerun of a job from then draws the same noise
+DIGESTED_AS_BEFORE: dict[str, dict[str, Any]] = {
+    "dprec_torch.mechanisms.clipped_sgld.ClippedSGLD": {"decay": 0.0, "prior_kappa": None, "prior_mean": 0.0},
+    "dprec_torch.mechanisms.sgld.ScaledPosteriorSGLD": {"accountant": "rdp", "delta": "${delta}"},
+}
+
+
 def job_label(cfg: DictConfig) -> str:
     """A digest of everything that shapes a job's releases (the resolved config but :data:`NOT_RELEASE_KEYS` and
     ``data.fold``): the job label of its noise keys. Two jobs of a sweep that differ in anything they release (epsilon,
-    lr, ...) draw independent noise under one ``noise_seed``; the same job run twice draws the same (one release)."""
+    lr, ...) draw independent noise under one ``noise_seed``; the same job run twice draws the same (one release),
+    also across the split of a form into its own class (:data:`DIGESTED_AS_BEFORE`)."""
     import hashlib
 
     conf = {k: v for k, v in resolved_config(cfg).items() if k not in NOT_RELEASE_KEYS}
     if isinstance(conf.get("data"), dict):
         conf["data"] = {k: v for k, v in conf["data"].items() if k != "fold"}
+    mechanism, target = conf.get("mechanism"), OmegaConf.select(cfg, "mechanism._target_")
+    form = target and forms.form_path(target, forms.model_target(cfg.get("model")))
+    if isinstance(mechanism, dict) and mechanism.get("select", "none") == "none":  # unused selection keys release nothing
+        mechanism = conf["mechanism"] = {k: v for k, v in mechanism.items() if k not in SELECT_KEYS}
+    if isinstance(mechanism, dict) and form in DIGESTED_AS_BEFORE:
+        before = {k: conf.get("delta") if v == "${delta}" else v for k, v in DIGESTED_AS_BEFORE[form].items()}
+        conf["mechanism"] = {**mechanism, **before}
     return hashlib.sha256(json.dumps(conf, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
@@ -406,15 +435,9 @@ def resolved_config(cfg: DictConfig) -> dict[str, Any]:
 
 def summarise(cfg: DictConfig, dataset: RatingDataset, folds: list[dict[str, Any]], baselines: list[dict] | None) -> dict[str, Any]:
     keys = [k for k in folds[0] if k.startswith("test_")]
-    metrics: dict[str, Any] = {
-        "model": cfg.model.get("name", cfg.model.get("_target_")),
-        "mechanism": cfg.mechanism.get("name"),
-        "data": dataset.name,
-        "dataset": dataset.record(),
-        "epsilon": float(cfg.epsilon),
-        "seed": int(cfg.seed),
-        "matmul_precision": torch.get_float32_matmul_precision(),
-    }
+    metrics: dict[str, Any] = {"model": cfg.model.get("name", cfg.model.get("_target_")), "mechanism": cfg.mechanism.get("name"),
+                               "data": dataset.name, "dataset": dataset.record(), "epsilon": float(cfg.epsilon), "seed": int(cfg.seed),
+                               "matmul_precision": torch.get_float32_matmul_precision()}
     for k in keys:
         vals = [f[k] for f in folds]
         metrics[k] = float(np.mean(vals))
@@ -523,8 +546,7 @@ def comparison_table(metrics: dict[str, Any]) -> str:
     lines += [f"{n:<{width}} {r:>8.4f} {a:>8.4f}" for n, r, a in rows if r is not None]
     if not metrics.get("baselines") and metrics.get("test_rmse") is not None:
         lines.append("(no reference baselines: compare_baselines=false)")
-    topn = {k: v for k, v in metrics.items() if k.startswith("test_") and "@" in k and not k.endswith("_std")}
-    if topn:
+    if topn := {k: v for k, v in metrics.items() if k.startswith("test_") and "@" in k and not k.endswith("_std")}:
         lines.append("top-N: " + ", ".join(f"{k[5:]} {v:.4f}" for k, v in topn.items()))
     joint = metrics["privacy"].get("joint")
     if isinstance(joint, dict):  # several fold models of the same people: the joint figure, then one model's

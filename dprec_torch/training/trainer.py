@@ -1,10 +1,9 @@
 """The training loop for models learned under a mechanism (PNBM, MF).
 
-Per step: sample a batch, predict its targets, clip the residuals (the
-mechanism's per-example clipping), back-propagate the surrogate loss whose
-gradient is G = sum e_ui d r_hat_ui / d theta, then ``optimizer.step()`` adds
-noise and updates. Per epoch: evaluate, log to TensorBoard, and checkpoint atomically when
-``checkpoint_every`` says so (:meth:`Trainer.checkpoint_due`; the last epoch always).
+Per step: sample a batch, predict its targets, clip the residuals (the mechanism's per-example clipping), back-propagate
+the surrogate loss whose gradient is G = sum e_ui d r_hat_ui / d theta, then ``optimizer.step()`` adds noise and updates.
+Per epoch: evaluate, log to TensorBoard, and checkpoint atomically when ``checkpoint_every`` says so
+(:meth:`Trainer.checkpoint_due`; the last epoch always).
 
 ``private_diagnostics=False`` (``log_private_diagnostics``; the default for mechanisms with a finite
 epsilon) keeps the quantities no mechanism protects -- :data:`NON_PRIVATE_ROW_KEYS`, the exact train
@@ -35,8 +34,8 @@ log = logging.getLogger(__name__)
 
 #: per-epoch quantities computed from the training data without noise (not covered by any epsilon)
 NON_PRIVATE_ROW_KEYS = ("train_rmse", "grad_norm")
-#: ``checkpoint_every=auto`` without ``resume=true``: checkpoint once this much time has passed since the last
-#: checkpoint (or the start), so a long run killed without having asked for resumability still loses at most this
+#: ``checkpoint_every=auto`` without ``resume=true``: checkpoint once this much time has passed since the last checkpoint
+#: (or the start), so a long run killed without having asked for resumability still loses at most this
 AUTO_CHECKPOINT_SECONDS = 60.0
 
 
@@ -52,11 +51,10 @@ class TrainResult:
 class Trainer:
     """Runs ``epochs`` epochs of ``steps_per_epoch`` mechanism steps on one fold.
 
-    ``checkpoint_every`` (the config key of that name): ``"auto"`` checkpoints every epoch when ``resume`` is
-    true (the run asked to be resumable) and otherwise once :data:`AUTO_CHECKPOINT_SECONDS` have passed since the
-    last checkpoint; ``"end"`` only the last epoch; an integer N every N-th epoch. The last epoch is always
-    checkpointed (a resume of a finished run reads it; ``evaluate.py run=`` and ``load_run`` read the release instead,
-    and a private run deletes its secret checkpoint at its end: :mod:`dprec_torch.training.checkpoint`).
+    ``checkpoint_every`` (the config key of that name): ``"auto"`` checkpoints every epoch when ``resume`` is true (the
+    run asked to be resumable) and otherwise once :data:`AUTO_CHECKPOINT_SECONDS` have passed since the last checkpoint;
+    ``"end"`` only the last epoch; an integer N every N-th epoch. The last epoch is always checkpointed (a resume of a
+    finished run reads it; a private run deletes it at its end: :mod:`dprec_torch.training.checkpoint`).
     """
 
     def __init__(self, model: BaseModel, optimizer: MechanismOptimizer, sampler: PoissonBatchSampler, epochs: int,
@@ -84,11 +82,10 @@ class Trainer:
     def _step(self) -> tuple[torch.Tensor, int]:
         """One mechanism step; returns (sum of squared unclipped errors, on the device; #targets).
 
-        Where the mechanism's clipping is an element-wise clamp known up front (``elementwise_residual_clip()``) and
-        the model fuses its forward and backward (``fused_step``: full PNBM on the CPU), one pass over the
-        pairs computes pred, the residuals, the clamp and the gradient, bit for bit those of the separate path; the
-        mechanism's ``clip_residuals`` still runs on the residuals (its state) and must return the kernel's clamp.
-        Every capability is a base-class member with a neutral default (BaseModel, MechanismOptimizer): no type checks.
+        Where the mechanism's clipping is an element-wise clamp known up front (``elementwise_residual_clip()``) and the
+        model fuses its forward and backward (``fused_step``: full PNBM on the CPU), one pass over the pairs computes
+        pred, the residuals, the clamp and the gradient, bit for bit those of the separate path; the mechanism's
+        ``clip_residuals`` still runs on the residuals (its state) and must return the kernel's clamp.
         """
         batch = self.sampler.sample()
         self.optimizer.zero_grad(set_to_none=True)
@@ -110,11 +107,9 @@ class Trainer:
         return (residuals.double() ** 2).sum(), batch.n_targets  # summed on the device: no host sync per step
 
     def fit(self, fold: Fold, restored: dict[str, Any] | None = None) -> TrainResult:
-        """Train (from the checkpoint when resuming). ``restored``: the checkpoint the caller already loaded into the
-        model, mechanism and sampler (``train_fold`` loads it before the privacy report; it is not loaded again)."""
-        result = TrainResult()
-        start_epoch = 1
-        ckpt = restored
+        """Train (from the checkpoint when resuming). ``restored``: the checkpoint the caller (``train_fold``) already
+        loaded into the model, mechanism and sampler."""
+        result, start_epoch, ckpt = TrainResult(), 1, restored
         if ckpt is not None:  # the global RNGs as the checkpoint left them, whatever ran since the caller loaded it
             set_rng_state(ckpt["rng"])
         elif self.resume and self.checkpoint_path is not None and self.checkpoint_path.exists():
@@ -156,18 +151,10 @@ class Trainer:
     def _epoch_metrics(self, epoch: int, fold: Fold, train_rmse_running: float) -> dict[str, float]:
         test = rating_metrics(self.model.predict(fold.test.users, fold.test.items), fold.test.values)
         state = self.optimizer.state["mechanism"]
-        row = {
-            "epoch": epoch,
-            "train_rmse": train_rmse_running,
-            "test_rmse": test["rmse"],
-            "test_mae": test["mae"],
-            "epsilon_spent": self.optimizer.epsilon_spent(),
-            "noise_scale": float(state["noise_scale"]),
-            "grad_norm": float(state["grad_norm"]),
-            "step_size": float(self.optimizer.step_size()),
-            "residual_bound": float(state.get("residual_bound", float("inf"))),
-        }
-        return self._filtered(row)
+        return self._filtered({"epoch": epoch, "train_rmse": train_rmse_running, "test_rmse": test["rmse"], "test_mae": test["mae"],
+                               "epsilon_spent": self.optimizer.epsilon_spent(), "noise_scale": float(state["noise_scale"]),
+                               "grad_norm": float(state["grad_norm"]), "step_size": float(self.optimizer.step_size()),
+                               "residual_bound": float(state.get("residual_bound", float("inf")))})
 
     def _filtered(self, row: dict[str, float]) -> dict[str, float]:
         """``row`` without :data:`NON_PRIVATE_ROW_KEYS` unless private diagnostics are logged."""
