@@ -1,16 +1,16 @@
 """The public item catalogue (item universe, titles, genres, release year) and item features built from it.
 
-MovieLens ships each movie's genres and title with its release year (ML-1M ``movies.dat``, ML-100K ``u.item``).
-That metadata describes the catalogue, not any user: no rating enters it, so a model that reads it spends no
-privacy budget on it. :func:`read_catalog` reads such a file (path -> ordered item ids, titles, genres, years);
-the MovieLens loader indexes items by it (every catalogued item, rated or not, in catalogue order), and
-:func:`catalog_item_features` turns it into one row per contiguous item index:
+MovieLens ships each movie's genres and title with its release year (ML-1M ``movies.dat``, ML-100K ``u.item``). That
+metadata describes the catalogue, not any user (no rating enters it), so a model that reads it spends no privacy
+budget. :func:`read_catalog` reads such a file (ordered item ids, titles, genres, years); the MovieLens loader indexes
+items by it (every catalogued item, rated or not, in catalogue order), and :func:`catalog_item_features` turns it into
+one row per contiguous item index:
 
     phi_i = (genre_g / sqrt(#genres of i) for each genre g, one-hot release decade: <1930, 1930s, ..., >=2000)
 
 so every row has the same scale (genre part of norm 1, decade part of norm 1). The loaders attach it to
 ``Ratings.meta[ITEM_FEATURES]`` when a catalogue is present (``data=custom``: ``data.catalog_path``); predictors with
-``item_features=true`` (or ``auto``: on when a catalogue is attached) read it there (:class:`~dprec_torch.predictors.noisy_gram.NoisyGram`).
+``item_features=true`` (``auto``: if one is attached) read it there (:class:`~dprec_torch.predictors.noisy_gram.NoisyGram`).
 """
 
 from __future__ import annotations
@@ -101,11 +101,9 @@ _RECORD = {"movies.dat": _MOVIELENS_RECORD, "u.item": _MOVIELENS_RECORD,
 
 @dataclass(frozen=True)
 class Catalog:
-    """A public item catalogue: every item's raw id in file order, with its title, genres and release year.
-
-    It describes the items, not any user (no rating enters it), so an item index built from it
-    (:meth:`universe`) and features built from it (:func:`catalog_item_features`) cost no privacy.
-    """
+    """A public item catalogue: every item's raw id in file order, with its title, genres and release year. No rating
+    enters it, so an item index (:meth:`universe`) and features (:func:`catalog_item_features`) built from it cost no
+    privacy."""
 
     path: Path
     item_ids: np.ndarray  # raw ids, distinct, in file order: int64, or text (a CSV whose ids are not all integers)
@@ -148,26 +146,21 @@ def _records(path: Path, fmt: str) -> Iterator[tuple[int, list[str]]]:
         return
     with open(path, encoding="utf-8-sig", newline="") as fh:
         reader = csv.reader(fh)
-        header = True
-        for fields in reader:
-            if not any(f.strip() for f in fields):
-                continue
-            if header:
-                if tuple(f.strip().lower() for f in fields) != CSV_HEADER:
-                    raise DataError(f"{path}, line {reader.line_num}: a CSV catalogue starts with the header "
-                                    f"{','.join(CSV_HEADER)} (found {','.join(fields)[:80]!r})")
-                header = False
-                continue
-            yield reader.line_num, fields
+        rows = ((reader.line_num, fields) for fields in reader if any(f.strip() for f in fields))
+        for no, fields in rows:  # the first non-blank row: the header
+            if tuple(f.strip().lower() for f in fields) != CSV_HEADER:
+                raise DataError(f"{path}, line {no}: a CSV catalogue starts with the header "
+                                f"{','.join(CSV_HEADER)} (found {','.join(fields)[:80]!r})")
+            break
+        yield from rows
 
 
 def read_catalog(path: str | Path, fmt: str | None = None) -> Catalog:
-    """Read a catalogue file: ``fmt`` is ``movies.dat``, ``u.item`` or ``csv`` (None or ``auto``: the file's name
-    decides, :func:`catalog_format`).
+    """Read a catalogue file: ``fmt`` is ``movies.dat``, ``u.item`` or ``csv`` (None or ``auto``: :func:`catalog_format`).
 
-    MovieLens's formats are Latin-1 text, one item per non-blank line; a CSV is UTF-8 with the header
-    :data:`CSV_HEADER`, and its ids are integers when every one is, else text. A malformed line, an id listed twice
-    or an unreadable file is one readable :class:`DataError` naming ``file, line N``.
+    MovieLens's formats are Latin-1 text, one item per non-blank line; a CSV is UTF-8 with the header :data:`CSV_HEADER`,
+    its ids integers when every one is, else text. A malformed line, an id listed twice or an unreadable file is one
+    readable :class:`DataError` naming ``file, line N``.
     """
     path = Path(path)
     fmt = catalog_format(path, fmt)
@@ -204,9 +197,8 @@ def _id_key(raw) -> int | str:
 
 
 def catalog_item_features(catalog: Catalog, item_ids: list) -> ItemFeatures:
-    """The features of every item in ``item_ids`` (raw ids, in contiguous-index order) from ``catalog``.
-
-    The genre columns are every genre the catalogue names (sorted), whichever items are asked for."""
+    """The features of every item in ``item_ids`` (raw ids, in contiguous-index order) from ``catalog``; the genre
+    columns are every genre the catalogue names (sorted), whichever items are asked for."""
     position = {_id_key(raw): k for k, raw in enumerate(catalog.item_ids.tolist())}
     missing = [i for i in item_ids if _id_key(i) not in position]
     if missing:
@@ -237,8 +229,7 @@ def movielens_item_features(folder: str | Path, name: str, item_ids: list) -> It
 
 @dataclass
 class MovieLensMetadata:
-    """A loaded MovieLens dataset's metadata; the feature matrix is built on first use (a run that never asks for
-    item features never builds it)."""
+    """A loaded MovieLens dataset's metadata; the feature matrix is built on first use (never, if nobody asks)."""
 
     folder: str
     name: str

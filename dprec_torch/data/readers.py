@@ -7,16 +7,16 @@ malformed line is found without a Python loop over lines; a loop runs only on th
 
 Conventions (documented in ``conf/data/custom.yaml``):
 
-* ``sep``: ``"auto"`` looks at the first non-blank line and picks ``::``, then tab,
-  then comma, else runs of whitespace. Aliases: ``tab``, ``comma``, ``whitespace``.
-* ``header``: ``"auto"`` treats the first non-blank line as a header when its
-  rating field (3rd) is not a number; ``True``/``False`` force it.
-* Blank lines are skipped. Every other line must have 3 or 4 fields, the same
-  count as the first data line. A 4th field (timestamp) is accepted and ignored.
-* Ids are integers when the first data line's id parses as one (then every id in
-  that column must); otherwise they are kept as strings.
-* Duplicate (user, item) pairs: ``duplicates="last"`` keeps the last occurrence in
-  file order (counted and logged); ``"error"`` raises with both line numbers.
+* ``sep``: ``"auto"`` looks at the first non-blank line and picks ``::``, then tab, then comma, else runs of
+  whitespace. Aliases: ``tab``, ``comma``, ``whitespace``.
+* ``header``: ``"auto"`` treats the first non-blank line as a header when its rating field (3rd) is not a number;
+  ``True``/``False`` force it.
+* Blank lines are skipped. Every other line must have 3 or 4 fields, the same count as the first data line. A 4th
+  field (timestamp) is accepted and ignored.
+* Ids are integers when the first data line's id parses as one (then every id in that column must); otherwise
+  they are kept as strings.
+* Duplicate (user, item) pairs: ``duplicates="last"`` keeps the last occurrence in file order (counted and
+  logged); ``"error"`` raises with both line numbers.
 """
 
 from __future__ import annotations
@@ -46,11 +46,8 @@ _WS_TABLE[[9, 10, 11, 12, 13, 28, 29, 30, 31, 32]] = True
 
 @dataclass
 class RawRatings:
-    """One file's ratings with their raw ids, before the shared id space is built.
-
-    ``lines`` holds the 1-based file line of every row, so later checks (unknown
-    id, out-of-range rating) can still point at ``file:line``.
-    """
+    """One file's ratings with their raw ids, before the shared id space is built; ``lines`` (the 1-based file line
+    of every row) lets later checks (unknown id, out-of-range rating) still point at ``file:line``."""
 
     path: Path
     users: np.ndarray  # int64, or str when the file's ids are not numeric
@@ -118,21 +115,10 @@ def detect_sep(line: str) -> str | None:
     return None
 
 
-def _is_number(token: str) -> bool:
-    try:
-        float(token)
-    except ValueError:
-        return False
-    return True
-
-
 # ------------------------------------------------------------ vectorised split
 def _per_line_counts(mask: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Number of True entries of ``mask`` in each line ``[starts[k], ends[k])`` (one ``reduceat``, no loop).
-
-    ``mask`` must be False on newline bytes: each sum then runs from a non-empty
-    line's start to the next one's, and the bytes in between are only newlines.
-    """
+    """Number of True entries of ``mask`` in each line ``[starts[k], ends[k])`` (one ``reduceat``, no loop). ``mask``
+    must be False on newline bytes: each sum runs from a non-empty line's start to the next one's, over newlines only."""
     out = np.zeros(starts.shape[0], dtype=np.int64)
     nonempty = ends > starts
     if nonempty.any():
@@ -141,12 +127,8 @@ def _per_line_counts(mask: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> 
 
 
 def _tokenize(body: str, sep: str | None, path: Path) -> tuple[Sequence[str], np.ndarray, np.ndarray]:
-    """Split ``body`` into tokens and count them per line.
-
-    Returns ``(tokens, tokens_per_line, blank)``: for a literal ``sep`` every line
-    contributes ``count(sep) + 1`` tokens (blank lines one empty token); for
-    whitespace, blank lines contribute none.
-    """
+    """``(tokens, tokens_per_line, blank)`` of ``body``: for a literal ``sep`` every line contributes ``count(sep) + 1``
+    tokens (blank lines one empty token); for whitespace, blank lines contribute none."""
     data = body.encode()
     sep_bytes = sep.encode() if sep is not None else b""
     if len(sep_bytes) > 1:
@@ -193,9 +175,8 @@ def _parse_ids(col: Sequence[str], what: str, path: Path, lines: np.ndarray) -> 
         return np.fromiter(map(int, col), dtype=np.int64, count=len(col))
     except (ValueError, OverflowError):
         k = _bad_token(col, lambda t: np.int64(int(t)))
-        raise DataError(
-            f"{path}:{lines[k]}: {what} id {col[k].strip()!r} is not an integer, but the ids in this file are numeric"
-        ) from None
+        raise DataError(f"{path}:{lines[k]}: {what} id {col[k].strip()!r} is not an integer, "
+                        "but the ids in this file are numeric") from None
 
 
 def _parse_values(col: Sequence[str], path: Path, lines: np.ndarray, scale: RatingScale | None) -> np.ndarray:
@@ -273,11 +254,8 @@ PARSED_CACHE_MIN_BYTES = 256 * 2**10
 
 
 def _parsed_cache_path(path: Path, options: tuple) -> Path | None:
-    """Where the parsed arrays of ``path`` read with ``options`` are kept, or None (small file, cache off).
-
-    The key holds the file's resolved path, size, inode and mtime (ns): an edited file is parsed
-    again. ``DPREC_PARSED_CACHE=0`` turns the cache off.
-    """
+    """Where the parsed arrays of ``path`` read with ``options`` are kept, or None (small file, cache off). The key holds
+    the file's resolved path, size, inode and mtime (ns): an edited file is parsed again. ``DPREC_PARSED_CACHE=0``: off."""
     import hashlib
     import os
 
@@ -319,9 +297,9 @@ def read_ratings(path: str | Path, sep: str | None = "auto", header: bool | str 
                  duplicates: str = "last", cache: bool = True) -> RawRatings:
     """Read one delimited ratings file; every problem is one ``DataError`` line with ``file:line``.
 
-    A big file's parsed arrays are kept in ``$DPREC_CACHE/parsed`` (see :func:`_parsed_cache_path`),
-    so the next run of the same file with the same options skips the parse. ``cache=False``: neither
-    read nor write it (a file about to be moved or deleted, e.g. a download being checked).
+    A big file's parsed arrays are kept in ``$DPREC_CACHE/parsed`` (:func:`_parsed_cache_path`), so the next run of the
+    same file with the same options skips the parse. ``cache=False``: neither read nor write it (a file about to be
+    moved or deleted, e.g. a download being checked).
     """
     path = Path(path)
     sep = parse_sep(sep)
@@ -369,7 +347,8 @@ def _parse_file(path: Path, sep: str | None, header: bool | str, scale: RatingSc
     if sep == "auto":
         sep = detect_sep(first)
     fields = first.split() if sep is None else first.split(sep)
-    is_header = header is True or (header == "auto" and len(fields) >= 3 and not _is_number(fields[2]))
+    # a header: forced, or (auto) its rating field (3rd) is not a number
+    is_header = header is True or (header == "auto" and len(fields) >= 3 and _bad_token(fields[2:3], float) == 0)
     body_start, line_offset = (min(end + 1, len(text)), line_no) if is_header else (0, 0)
     body = text[body_start:]
     if body.endswith("\n"):
@@ -419,12 +398,9 @@ def build_id_space(*raws: RawRatings) -> tuple[np.ndarray, np.ndarray]:
 
 
 def catalog_id_space(catalog_ids: np.ndarray, *raws: RawRatings, catalog: str) -> tuple[np.ndarray, np.ndarray]:
-    """The id space of ratings indexed by a public catalogue: users as in :func:`build_id_space` (sorted unique
-    raw ids), items = ``catalog_ids`` in catalogue order, rated or not.
-
-    A rating of an item the catalogue does not list is one :class:`DataError` naming ``file:line`` and the
-    catalogue (``catalog``: its path, for the message).
-    """
+    """The id space of ratings indexed by a public catalogue: users as in :func:`build_id_space`, items = ``catalog_ids``
+    in catalogue order, rated or not. A rating of an item the catalogue does not list is one :class:`DataError`
+    naming ``file:line`` and the catalogue (``catalog``: its path, for the message)."""
     user_ids, _ = build_id_space(*raws)
     catalog_ids = np.asarray(catalog_ids)
     reference = f"the catalogue {catalog} ({catalog_ids.shape[0]:,} items)"
@@ -437,8 +413,7 @@ def catalog_id_space(catalog_ids: np.ndarray, *raws: RawRatings, catalog: str) -
     return user_ids, catalog_ids
 
 
-def _index_of(raw_ids: np.ndarray, space: np.ndarray, what: str, raw: RawRatings, reference: str,
-              fix: str = "") -> np.ndarray:
+def _index_of(raw_ids: np.ndarray, space: np.ndarray, what: str, raw: RawRatings, reference: str, fix: str = "") -> np.ndarray:
     """Position of every raw id in ``space`` (distinct ids, any order: a catalogue's order is kept)."""
     ascending = space.shape[0] < 2 or bool(np.all(space[1:] > space[:-1]))
     order = None if ascending else np.argsort(space, kind="stable")

@@ -48,6 +48,8 @@ class MechanismOptimizer(Optimizer):
 
     name = "none"
     relation: str | None = None
+    #: model capabilities the class calls (attributes that BaseModel leaves None): checked before any data is read
+    needs_model: tuple[str, ...] = ()
     #: draws calibrated noise: its Poisson sampling is then part of the privacy proof (amplification), so the runner
     #: draws the sampler from the secret noise source too (``noise_seed``); only non-private SGD sets False
     private = True

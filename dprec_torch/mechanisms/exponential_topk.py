@@ -25,23 +25,21 @@ How the converted PDF was read
 
 Beyond the paper: exact sampling
 --------------------------------
-f is additive, so ``P(S) ∝ prod_{j in S} w_j`` with ``w_j = exp(eps c_ij / (2 Delta))``. The normaliser is the
-elementary symmetric polynomial ``e_k(w)``, and ``E[i, r] = log e_r(w_i..w_{M-1})`` follows from
-``E[i, r] = logaddexp(E[i+1, r], log w_i + E[i+1, r-1])``. Walking the items once, item i joins with probability
-``w_i e_{r-1}(w_{i+1:}) / e_r(w_{i:})`` (r = slots left) -- an exact draw in ``O(M k)``, vectorised over users, in
-log-space.
+f is additive, so ``P(S) ∝ prod_{j in S} w_j`` with ``w_j = exp(eps c_ij / (2 Delta))``, normalised by the elementary
+symmetric polynomial ``e_k(w)``; ``E[i, r] = log e_r(w_i..w_{M-1}) = logaddexp(E[i+1, r], log w_i + E[i+1, r-1])``.
+Walking the items once, item i joins with probability ``w_i e_{r-1}(w_{i+1:}) / e_r(w_{i:})`` (r = slots left): an
+exact draw in ``O(M k)``, vectorised over users, in log-space.
 
 Privacy (see :meth:`ExponentialTopKRecommender.privacy_report`)
 ------------------------------------------------------------------
-Unit: one entry of the user's score row ``C_i`` -- the paper's "dynamic attack" (Sec. 4.1). One entry, clipped to the
-score range ``[lo, hi]``, moves f(S) of any set by at most ``hi - lo``, so a ``sensitivity`` below that width is
-refused (``ConfigError``). The exact sampler is eps-DP for each released set; different users use disjoint rows of C
-(parallel composition); repeated draws for the same user add up, and the report's ``epsilon`` composes them
-(``epsilon_per_set`` beside it). The sensitivity harness case ``exponential_topk``
-(:mod:`dprec_torch.privacy_harness.sensitivity_cases`) checks the bound on the sampler's own exponent. It says nothing
-about the *training* ratings: one rating can move many entries of C, so training-data privacy needs a private scorer
-underneath. The MCMC sampler has no finite epsilon: its candidate sets depend on C's ranking, so a neighbouring C' has
-candidates with zero probability under C (and a finite chain is not at stationarity either); the paper's
+Unit: one entry of the user's score row ``C_i`` (the paper's "dynamic attack", Sec. 4.1). One entry, clipped to the
+score range ``[lo, hi]``, moves f(S) of any set by at most ``hi - lo``, so a smaller ``sensitivity`` is refused
+(``ConfigError``). The exact sampler is eps-DP per released set; users use disjoint rows of C (parallel composition);
+repeated draws for one user add up, composed in the report's ``epsilon`` (``epsilon_per_set`` beside it). The harness
+case ``exponential_topk`` (:mod:`dprec_torch.privacy_harness.sensitivity_cases`) checks the bound on the sampler's own
+exponent. Nothing is said about the *training* ratings: one rating can move many entries of C, so training-data privacy
+needs a private scorer underneath. The MCMC sampler has no finite epsilon: its candidates depend on C's ranking, so a
+neighbouring C' has candidates of zero probability under C (and a finite chain is not at stationarity); the paper's
 "(eps + delta eps)" is not quantified anywhere.
 """
 
@@ -207,9 +205,8 @@ def window_chain(scores: torch.Tensor, eligible: torch.Tensor, k: int, epsilon: 
     return BirthDeathChain(log_w, dt), members
 
 
-#: What the epsilon protects: one entry of ONE user's score row C_i, never a training rating (a rating moves
-#: many entries of C). Its first word is not ``user``/``rating``, so the privacy ledger charges it as no
-#: training-data guarantee at all.
+#: What the epsilon protects: one entry of ONE user's score row C_i, never a training rating (a rating moves many entries
+#: of C). Its first word is not ``user``/``rating``, so the privacy ledger charges it as no training-data guarantee at all.
 SCORE_ENTRY_RELATION = ("score-entry (C_i and C'_i differ in one entry of one user's score row; "
                         "not a training rating, not a user)")
 
@@ -218,8 +215,8 @@ SCORE_ENTRY_RELATION = ("score-entry (C_i and C'_i differ in one entry of one us
 class ExponentialTopK:
     """Config object for ``mechanism=exponential_topk``; :meth:`wrap` gives a private ``recommend``.
 
-    ``sampler``: ``exact`` (default via ``auto``), ``mcmc`` (Sec. 4.2 chain on Sec. 4.4 windows)
-    or ``auto`` (exact unless the catalogue exceeds ``max_exact_items``).
+    ``sampler``: ``exact``, ``mcmc`` (Sec. 4.2 chain on Sec. 4.4 windows) or ``auto`` (the default: exact unless the
+    catalogue exceeds ``max_exact_items``).
     ``sensitivity``: ``Delta`` of one score entry; ``null`` = width of the predictor's score range.
     """
 
@@ -236,11 +233,9 @@ class ExponentialTopK:
         if dt is not None and not dt > 0:
             raise ConfigError(f"exponential_topk dt={dt} must be > 0 (or null for 1/U_s)")
         self.seed = None if seed is None else int(seed)  # None: secret noise (seeding.py)
-        self.sampler = sampler
+        self.sampler, self.dt, self.max_exact_items = sampler, dt, int(max_exact_items)
         self.sensitivity = None if sensitivity is None else float(sensitivity)
         self.n1, self.n2, self.n_iter = int(n1), int(n2), int(n_iter)
-        self.dt = dt
-        self.max_exact_items = int(max_exact_items)
 
     def wrap(self, predictor: Any) -> "ExponentialTopKRecommender":
         if not isinstance(predictor, (Scorer, Predictor)):
@@ -255,8 +250,7 @@ class ExponentialTopKRecommender:
     task = "topn"
 
     def __init__(self, predictor: Any, mechanism: ExponentialTopK) -> None:
-        self.predictor = predictor
-        self.mech = mechanism
+        self.predictor, self.mech = predictor, mechanism
         label = predictor.name if isinstance(predictor, FittedPredictor) else type(predictor).__name__
         self.name = f"{label}+exponential_topk"
         self.generator_: SecretGenerator | None = None
@@ -353,7 +347,8 @@ class ExponentialTopKRecommender:
 
     def _sample(self, scores: torch.Tensor, eligible: torch.Tensor, n: int) -> torch.Tensor:
         if math.isinf(self.mech.epsilon):  # non-private: the true top-n
-            chosen = _top_mask(scores.masked_fill(~eligible, _NEG_INF), n)
+            vals, idx = torch.topk(scores.masked_fill(~eligible, _NEG_INF), min(n, scores.shape[1]), dim=1)
+            chosen = torch.zeros_like(eligible).scatter_(1, idx, torch.isfinite(vals))
         elif self.sampler == "exact":
             logw = topk_log_weights(scores, eligible, self.mech.epsilon, self.sensitivity_)
             chosen = sample_topk_exact(logw, n, self._gen(scores.device))
@@ -383,35 +378,22 @@ class ExponentialTopKRecommender:
                            "has sets of zero probability under C, and a finite chain is not at stationarity.")
         rng = self.range_
         return {
-            "mechanism": "exponential_topk",
-            "relation": SCORE_ENTRY_RELATION,
+            "mechanism": "exponential_topk", "relation": SCORE_ENTRY_RELATION,
             "unit": "one entry of the user's score row C_i (Sec. 4.1 dynamic attack)",
             "neighbouring": "C, C' differ in one entry; training data and the excluded (rated) items are fixed",
             "sensitivity": self.sensitivity_,
             "sensitivity_of": (f"f(S) = sum_(j in S) clip(c_ij, {rng[0]:g}, {rng[1]:g}): one entry moves f(S) of any set "
                                f"by at most the range width {rng[1] - rng[0]:g} <= Delta") if rng else None,
-            "noise": f"P(S) ∝ exp(eps f(S) / (2*{self.sensitivity_})) over n-subsets of unrated items, "
-                     f"sampler={self.sampler}",
+            "noise": f"P(S) ∝ exp(eps f(S) / (2*{self.sensitivity_})) over n-subsets of unrated items, sampler={self.sampler}",
             "sampler": self.sampler,
             "accountant": ("pure-DP basic composition over the sets released for one user (epsilon = epsilon_per_set x "
                            "the most sets any one user received, at least 1); users' score rows are disjoint (parallel "
                            "composition)") if exact else "none (sampler=mcmc has no epsilon)",
-            "epsilon": eps,
-            "epsilon_per_set": per_set,
-            "epsilon_nominal": self.mech.epsilon,
+            "epsilon": eps, "epsilon_per_set": per_set, "epsilon_nominal": self.mech.epsilon,
             "epsilon_scope": ("epsilon: composed over the sets released to one user so far (epsilon_per_set: one set); "
                               "users use disjoint rows of C (parallel composition)"),
-            "released_sets": self.n_sets_,
-            "max_sets_per_user": most,
-            "delta": 0.0,
-            "analysis": analysis,
+            "released_sets": self.n_sets_, "max_sets_per_user": most, "delta": 0.0, "analysis": analysis,
         }
-
-
-def _top_mask(masked_scores: torch.Tensor, n: int) -> torch.Tensor:
-    k = min(n, masked_scores.shape[1])
-    vals, idx = torch.topk(masked_scores, k, dim=1)
-    return torch.zeros_like(masked_scores, dtype=torch.bool).scatter_(1, idx, torch.isfinite(vals))
 
 
 def mask_to_ids(chosen: torch.Tensor, n: int) -> torch.Tensor:

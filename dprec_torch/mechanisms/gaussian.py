@@ -78,6 +78,7 @@ class GaussianDPSGD(MechanismOptimizer):
     configured ``unit``); the class attribute is ``None``: the runner reads ``cfg.mechanism.unit`` to pick the sampler."""
 
     name = "gaussian"
+    needs_model = ("per_example_grad_norms",)
     relation: str | None = None
 
     def __init__(
@@ -197,6 +198,7 @@ class GaussianPNBM(GaussianDPSGD):
     """User-level Gaussian DP-SGD for PNBM (see the module docstring)."""
 
     relation = "user"
+    needs_model = ()  # clips with its own per-user rows
 
     def __init__(
         self,

@@ -2,13 +2,13 @@
 
     r_hat_ui = clip( mu + b_u + b_i + <p_u, q_i> ),   mu = mu_0 + s * g     (Koren et al. 2009, biased SVD)
 
-``mu`` is the global bias: ``mu_0`` is the midpoint of the public rating scale (never a data statistic) and ``g`` a
-learned scalar, scaled by ``s = mu_scale``. The scaling is a preconditioner: every rating of a batch pulls on ``mu``,
-so in the mean objective (``gradient_reduction = "mean"``) its curvature is ``s^2``, against ~ n_u / n for a user's
-parameters; without it a step size that suits the per-user and per-item parameters makes ``mu`` oscillate and
-diverge. ``b_u``/``b_i`` are user/item biases and ``p_u``/``q_i`` d-dimensional factors, all ``nn.Embedding`` tables.
-User factors start at zero and item factors at N(0, init_std^2): one random side is enough to break the symmetry, and
-a user who never appears in a gradient keeps ``b_u = 0, p_u = 0``.
+``mu`` is the global bias: ``mu_0`` is the midpoint of the public rating scale (never a data statistic) and ``g`` a learned
+scalar, scaled by ``s = mu_scale``. The scaling is a preconditioner: every rating of a batch pulls on ``mu``, so in the
+mean objective (``gradient_reduction = "mean"``) its curvature is ``s^2``, against ~ n_u / n for a user's parameters;
+without it a step size that suits the per-user and per-item parameters makes ``mu`` oscillate and diverge. ``b_u``/``b_i``
+are user/item biases and ``p_u``/``q_i`` d-dimensional factors, all ``nn.Embedding`` tables. User factors start at zero
+and item factors at N(0, init_std^2): one random side breaks the symmetry, and a user who never appears in a gradient
+keeps ``b_u = 0, p_u = 0``.
 
 Training predictions are clipped to ``[r_min, r_max]`` as well (``clip_training_predictions``): the error e_ui =
 clip(r_hat_ui) - r_ui then lies in ``[-Delta r, Delta r]``, which bounds each user's log-likelihood for DPPS-MF
@@ -60,17 +60,8 @@ class MF(BaseModel):
     #: a step reads the batch targets only: rating-level batches skip the history blocks (~10x faster on ML-1M)
     reads_history = False
 
-    def __init__(
-        self,
-        n_users: int,
-        n_items: int,
-        dim: int = 15,
-        init_std: float = 0.1,
-        mu_scale: float = 0.1,
-        fallback: str = "mean",
-        clip_training_predictions: bool = True,
-        seed: int = 0,
-    ) -> None:
+    def __init__(self, n_users: int, n_items: int, dim: int = 15, init_std: float = 0.1, mu_scale: float = 0.1,
+                 fallback: str = "mean", clip_training_predictions: bool = True, seed: int = 0) -> None:
         super().__init__()
         if isinstance(dim, bool) or int(dim) != dim or dim <= 0:
             raise ConfigError(f"model.dim (d) must be a positive integer, got {dim}")
@@ -220,20 +211,16 @@ class MF(BaseModel):
 
     # ------------------------------------------------------- privacy quantities
     def gradient_entry_bound(self, residual_bound: float) -> float:
-        """Bound on one gradient entry |e d r_hat/d theta_j|: infinite for MF.
-
-        The factor entries e_ui q_ik and e_ui p_uk are unbounded without a norm projection, so Wang & Tang's per-entry
-        sensitivity does not exist; DPSGD-MF perturbs the residuals instead and Gaussian DP-SGD clips per example.
-        """
+        """Bound on one gradient entry |e d r_hat/d theta_j|: infinite for MF. The factor entries e_ui q_ik and e_ui p_uk
+        are unbounded without a norm projection, so Wang & Tang's per-entry sensitivity does not exist; DPSGD-MF perturbs
+        the residuals instead and Gaussian DP-SGD clips per example."""
         return math.inf
 
     def sgld_prior_precision(self, train: Ratings, batch_ratings: float) -> list[torch.Tensor | None]:
-        """Per-parameter divisors h of SGLD's prior term lambda theta / h (Alg. 2 line 5).
-
-        MF's prior is N(0, 1/lambda) on every bias and factor entry and N(mu_0, 1/lambda) on mu itself -- not on g: with
-        mu = mu_0 + s g that is a precision lambda s^2 on g, i.e. h_g = 1 / s^2. Data-independent (``train`` and
-        ``batch_ratings`` are unused): MF's full-data prior gradient is dense, so Eq. (11)'s correction does not arise.
-        """
+        """Per-parameter divisors h of SGLD's prior term lambda theta / h (Alg. 2 line 5). MF's prior is N(0, 1/lambda) on
+        every bias and factor entry and N(mu_0, 1/lambda) on mu itself -- not on g: with mu = mu_0 + s g that is a
+        precision lambda s^2 on g, i.e. h_g = 1 / s^2. Data-independent (``train`` and ``batch_ratings`` are unused):
+        MF's full-data prior gradient is dense, so Eq. (11)'s correction does not arise."""
         h_g = torch.tensor(1.0 / self.mu_scale**2, device=self.global_bias.device)
         return [h_g if p is self.global_bias else None for p in self.parameters()]
 

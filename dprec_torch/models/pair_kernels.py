@@ -11,10 +11,10 @@ and their gradients are scatters onto the same pairs,
 
     dL/ds_ij = sum_{(u,i) targets, j in R_u} g_num_ui x_uj + g_abs_ui sign(s_ij) w_uj + g_lin_ui w_uj,
 
-(sign(0) = 0, explicitly: ``sign_table``). The kernels stop at the raw sums: the floor max(C, abs) and its kink are
-applied by the caller (:class:`dprec_torch.models.pnbm.FlooredDenominator` with the batch's one [D >= C] mask), so
-``g_abs`` arrives here already zero where the floor is active. A full-batch epoch touches sum_u |T_u| |R_u| entries
-of S (an SDDMM forward and an SpGEMM-shaped backward), never a dense |B| x M block as the dense formulation does.
+(sign(0) = 0, explicitly: ``sign_table``). The kernels stop at the raw sums: the floor max(C, abs) and its kink are applied
+by the caller (:class:`dprec_torch.models.pnbm.FlooredDenominator` with the batch's one [D >= C] mask), so ``g_abs``
+arrives here already zero where the floor is active. A full-batch epoch touches sum_u |T_u| |R_u| entries of S (an
+SDDMM forward and an SpGEMM-shaped backward), never a dense |B| x M block as the dense formulation does.
 
 Layout. Users are put in buckets of similar history length (ratio 1.25) and each bucket keeps a padded table of its
 users' histories (item ids and x). Targets are sorted by (bucket, item, user) and processed in chunks of at most
@@ -48,12 +48,9 @@ def device_budget(budget: int, device: torch.device) -> int:
 
 @dataclass
 class HistoryTables:
-    """Every row's history as padded tables, one per length bucket.
-
-    ``bucket[r]`` is the bucket of row r (-1 for an empty history), ``slot[r]`` its row in that bucket's tables,
-    ``length[r]`` = |R_r|. ``items[b]`` holds item ids (pad = M), ``x[b]`` the values, ``w[b]`` the weights (None when
-    every weight is 1, the indicator case).
-    """
+    """Every row's history as padded tables, one per length bucket: ``bucket[r]`` is the bucket of row r (-1 for an
+    empty history), ``slot[r]`` its row in that bucket's tables, ``length[r]`` = |R_r|. ``items[b]`` holds item ids
+    (pad = M), ``x[b]`` the values, ``w[b]`` the weights (None when every weight is 1, the indicator case)."""
 
     n_items: int
     bucket: torch.Tensor
@@ -353,11 +350,9 @@ def row_groups(plan: PairPlan):
 @torch.no_grad()
 def gram_row_blocks(users: torch.Tensor, items: torch.Tensor, channels: list[tuple[torch.Tensor, torch.Tensor | None]],
                     n_users: int, n_items: int, row_block: int, budget: int = DEFAULT_BUDGET):
-    """Yield (start, stop, [G_c[start:stop]]) for Gram products G_c[i, j] = sum_u a_ui b_uj, block by block.
-
-    ``channels`` are (a, b) value vectors aligned with the COO ratings (b = None: ones). Each block is a dense
-    ``(stop - start) x M`` tensor per channel, filled by the pair scatter: memory O(nnz + row_block M).
-    """
+    """Yield (start, stop, [G_c[start:stop]]) for Gram products G_c[i, j] = sum_u a_ui b_uj, block by block; ``channels``
+    are (a, b) value vectors aligned with the COO ratings (b = None: ones). Each block is a dense ``(stop - start) x M``
+    tensor per channel, filled by the pair scatter: memory O(nnz + row_block M)."""
     plans: dict[int, PairPlan] = {}
     for a, b in channels:
         key = id(b)

@@ -1,13 +1,11 @@
-"""Probabilistic neighbourhood-based model (PNBM), Wang & Tang Sec. 2.1.
-
-The low-rank S = U U^T is :mod:`dprec_torch.models.pnbm_lowrank` (``model=pnbm_lowrank``, or ``model=pnbm
-model.similarity=lowrank``, which :func:`dprec_torch.config.resolve_model_node` maps to it).
+"""Probabilistic neighbourhood-based model (PNBM), Wang & Tang Sec. 2.1. (Low-rank S = U U^T: :mod:`.pnbm_lowrank`,
+``model=pnbm_lowrank``, or ``model=pnbm model.similarity=lowrank``, which :func:`dprec_torch.config.resolve_model_node` maps to it.)
 
 Eq. (2):  r_hat_ui = r_bar_i + sum_{j != i} s_ij (r_uj - r_bar_j) I_uj / max(C, sum_{j != i} |s_ij| I_uj)
 
-S is an M x M parameter kept symmetric with a zero diagonal (so j = i never contributes). The denominator is floored
-at C, the paper's lower bound on |S_i| I_u^- (Sec. 3). At prediction time only each item's top-N_k neighbours count.
-Ratings stay sparse. Two formulations compute the same numbers (``model.formulation``):
+S is an M x M parameter kept symmetric with a zero diagonal (so j = i never contributes). The denominator is floored at
+C, the paper's lower bound on |S_i| I_u^- (Sec. 3). At prediction time only each item's top-N_k neighbours count. Ratings
+stay sparse. Two formulations compute the same numbers (``model.formulation``):
 
 * ``sparse_pair`` -- the sums of Eq. (2) only over the (target (u, i), history j) pairs, sum_u |T_u| |R_u| of them,
   and the gradient as a scatter onto the co-rated (i, j) (:mod:`dprec_torch.models.pair_kernels`);
@@ -17,13 +15,13 @@ Ratings stay sparse. Two formulations compute the same numbers (``model.formulat
 * ``auto`` -- ``sparse_pair`` on the CPU; on an accelerator ``dense`` up to ``dense_max_items`` items, else
   ``sparse_pair``.
 
-The floor's kink. d = max(C, D) with D = sum_j |s_ij| I_uj has no derivative at D = C, and |s| none at s = 0. Both
-are fixed here, explicitly, never left to autograd's choice:
+The floor's kink. d = max(C, D) with D = sum_j |s_ij| I_uj has no derivative at D = C, and |s| none at s = 0. Both are
+fixed here, explicitly, never left to autograd's choice:
 
 * ``[D >= C]`` (``DENOMINATOR_RULE``): where it holds d = D and d d / d D = 1 (the |s| term of the gradient is kept),
   elsewhere d = C and the term is 0. The mask is computed ONCE per (batch, S version) from the forward's own D, in the
   forward's precision, and cached on the batch (``denominator_mask``); the forward value, the autograd gradient
-  (:class:`FlooredDenominator`) and the per-user norms that the private mechanisms clip
+  (:class:`FlooredDenominator`) and the per-user norms the private mechanisms clip
   (:mod:`dprec_torch.privacy.pnbm_clipping`) all read that one tensor.
 * d|s|/ds = sign(s) with sign(0) = 0 (:class:`SignedAbs` on the dense path; ``sign_table`` / the numba flush on the
   sparse-pair paths; ``torch.sign`` in the norms).
@@ -96,12 +94,11 @@ def floored(raw: torch.Tensor, active: torch.Tensor, floor_c: float) -> torch.Te
 
 
 def denominator_mask(batch: UserBatch, S: torch.Tensor, raw: torch.Tensor, floor_c: float) -> torch.Tensor:
-    """The one [D >= C] mask of ``batch`` for this S (object and version), cached on the batch.
-
-    The first caller (the forward of ``batch_predict``, or the clipping norms) computes it from its D; every later
-    forward, gradient or norm of the same (batch, S version) reuses that tensor, so they cannot disagree at D = C.
-    The key is S's identity and ``_version``: every in-place update (optimizer steps, ``fill_``, ``load_state_dict``)
-    bumps it; a write through ``S.data`` does not, so code that edits ``S.data`` directly must use a fresh batch.
+    """The one [D >= C] mask of ``batch`` for this S (object and version), cached on the batch: the first caller (the
+    forward of ``batch_predict``, or the clipping norms) computes it from its D; every later forward, gradient or norm of
+    the same (batch, S version) reuses it, so they cannot disagree at D = C. The key is S's identity and ``_version``:
+    every in-place update (optimizer steps, ``fill_``, ``load_state_dict``) bumps it; a write through ``S.data`` does
+    not, so code that edits ``S.data`` directly must use a fresh batch.
     """
     mask = cached_denominator_mask(batch, S, floor_c)
     if mask is None:
@@ -143,21 +140,10 @@ class PNBM(BindsHistory, BaseModel):
     task = "rating"
     name = "PNBM"
 
-    def __init__(
-        self,
-        n_items: int,
-        floor_c: float = 10.0,
-        n_neighbors: int = 500,
-        init_scale: float = 0.1,
-        gradient: str = "exact",
-        seed: int = 0,
-        predict_batch_users: int = 4096,
-        formulation: str = "auto",
-        pair_budget: int = DEFAULT_BUDGET,
-        dense_max_items: int = 4096,
-        pair_backend: str = "auto",
-        device: torch.device | str | None = None,
-    ) -> None:
+    def __init__(self, n_items: int, floor_c: float = 10.0, n_neighbors: int = 500, init_scale: float = 0.1,
+                 gradient: str = "exact", seed: int = 0, predict_batch_users: int = 4096, formulation: str = "auto",
+                 pair_budget: int = DEFAULT_BUDGET, dense_max_items: int = 4096, pair_backend: str = "auto",
+                 device: torch.device | str | None = None) -> None:
         super().__init__()
         check_settings(("gradient", gradient, GRADIENTS), ("formulation", formulation, FORMULATIONS))
         if int(pair_budget) <= 0:

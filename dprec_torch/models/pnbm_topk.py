@@ -19,19 +19,17 @@ The support is chosen once, at ``attach(train)`` (``support``):
 * ``random`` -- k distinct random items per item (seeded by ``support_seed``).
 
 ``pcc`` and ``corating`` are **not private**: the released neighbour lists depend on the training ratings, and no
-mechanism's epsilon covers that choice (``privacy_caveat`` says so and is logged at ``attach``). Use them for
-non-private runs and the accuracy/memory comparison; ``random`` is data-independent, so the mechanism's guarantee is
-unaffected, at a cost in accuracy.
+mechanism's epsilon covers that choice (``privacy_caveat`` says so and is logged at ``attach``); use them for non-private
+runs and the accuracy/memory comparison. ``random`` is data-independent (the guarantee is unaffected), at a cost in accuracy.
 
 The floor max(C, D) and |v| follow dense PNBM's explicit rule at their kinks (``[D >= C]`` keeps the |v| term,
 sign(0) = 0; :mod:`dprec_torch.models.pnbm`), through the batch's one cached mask.
 
-Kernels: on the CPU (``pair_backend=auto|numba``) the fused loops of :func:`~.pair_numba.topk_sums` / ``topk_grad``,
-which rebuild row i of S (and accumulate row i of the gradient) in per-thread M-vectors; otherwise (``torch``, any
-device) the sparse-pair kernel of dense PNBM (:mod:`.pair_kernels`) with targets grouped by blocks of ``row_block``
-items whose rows of S are rebuilt densely from the k values (``row_block x (M+1)`` cells, bounded by
-``block_budget``). Work per epoch is the sum_u |T_u| |R_u| pairs plus O(M^2) zero-filling, whatever k is; memory is
-O(M k + nnz + block_budget), never O(M^2).
+Kernels: on the CPU (``pair_backend=auto|numba``) the fused loops of :func:`~.pair_numba.topk_sums` / ``topk_grad``, which
+rebuild row i of S (and accumulate row i of the gradient) in per-thread M-vectors; otherwise (``torch``, any device) the
+sparse-pair kernel of dense PNBM (:mod:`.pair_kernels`) with targets grouped by blocks of ``row_block`` items whose rows
+of S are rebuilt densely from the k values (``row_block x (M+1)`` cells, bounded by ``block_budget``). Work per epoch is
+the sum_u |T_u| |R_u| pairs plus O(M^2) zero-filling, whatever k is; memory is O(M k + nnz + block_budget), never O(M^2).
 """
 
 from __future__ import annotations
@@ -75,11 +73,9 @@ def corating_support(train: Ratings, k: int, block_cells: int = 1 << 20) -> torc
 
 @torch.no_grad()
 def pcc_support(train: Ratings, k: int, shrinkage: float = 50.0, block_cells: int = 1 << 20) -> torch.Tensor:
-    """Each item's k items of largest shrunk Pearson correlation (j != i; ties: smaller j).
-
-    score_ij = pcc_ij n_ij / (n_ij + shrinkage), the significance-weighted item similarity of
-    :func:`dprec_torch.predictors.similarity.pearson` (n_ij co-raters), from four Gram products by blocks of rows.
-    """
+    """Each item's k items of largest shrunk Pearson correlation (j != i; ties: smaller j): score_ij = pcc_ij n_ij /
+    (n_ij + shrinkage), the significance-weighted item similarity of :func:`dprec_torch.predictors.similarity.pearson`
+    (n_ij co-raters), from four Gram products by blocks of rows."""
     x = train.values - train.item_means()[train.items]
     ones, sq = torch.ones_like(x), x * x
     channels = [(x, x), (sq, None), (ones, sq), (ones, None)]  # num, sum x_ui^2, sum x_uj^2, n_ij
@@ -203,22 +199,10 @@ class PNBMTopK(BindsHistory, BaseModel):
     task = "rating"
     name = "PNBM-topk"
 
-    def __init__(
-        self,
-        n_items: int,
-        sparse_k: int = 200,
-        support: str = "pcc",
-        support_shrinkage: float = 50.0,
-        support_seed: int = 0,
-        floor_c: float = 10.0,
-        n_neighbors: int = 500,
-        init_scale: float = 0.1,
-        gradient: str = "exact",
-        seed: int = 0,
-        block_budget: int = 1 << 20,
-        pair_budget: int = DEFAULT_BUDGET,
-        pair_backend: str = "auto",
-    ) -> None:
+    def __init__(self, n_items: int, sparse_k: int = 200, support: str = "pcc", support_shrinkage: float = 50.0,
+                 support_seed: int = 0, floor_c: float = 10.0, n_neighbors: int = 500, init_scale: float = 0.1,
+                 gradient: str = "exact", seed: int = 0, block_budget: int = 1 << 20, pair_budget: int = DEFAULT_BUDGET,
+                 pair_backend: str = "auto") -> None:
         super().__init__()
         check_settings(("gradient", gradient, GRADIENTS), ("pair_backend", pair_backend, pair_numba.BACKENDS),
                        ("support", support, SUPPORTS))
@@ -269,11 +253,9 @@ class PNBMTopK(BindsHistory, BaseModel):
 
     @torch.no_grad()
     def project_(self) -> None:
-        """s_ij, s_ji <- (s_ij + s_ji) / 2 wherever both are in the support (symmetric S on the support).
-
-        Entries whose mirror is outside the support are left alone (averaging them with the implicit zero, dense
-        PNBM's projection of the zero-extended S, trained worse: +0.03 test RMSE on synthetic ML-1M-size data, k = 200).
-        """
+        """s_ij, s_ji <- (s_ij + s_ji) / 2 wherever both are in the support (symmetric S on the support). Entries whose
+        mirror is outside the support are left alone (averaging them with the implicit zero, dense PNBM's projection of
+        the zero-extended S, trained worse: +0.03 test RMSE on synthetic ML-1M-size data, k = 200)."""
         v = self.S_values.data.view(-1)
         pos = torch.nonzero(self.mirror >= 0).flatten()
         v[pos] = (v[pos] + v[self.mirror[pos]]) * 0.5
@@ -339,11 +321,11 @@ class PNBMTopK(BindsHistory, BaseModel):
     # ------------------------------------------------------------- prediction
     @torch.no_grad()
     def neighbour_values(self) -> torch.Tensor:
-        """The values dense PNBM's top-N_k selection keeps on the zero-extended S (the rest set to 0).
+        """The values dense PNBM's top-N_k selection keeps on the zero-extended S (the rest set to 0), cached per version.
 
         Row i of the zero-extended S holds the k values and M - k zeros; its N_k-th largest entry is the N_k-th largest
         value if N_k <= #(v > 0), else 0 if N_k <= #(v >= 0) + M - k, else a negative value; entries >= it are kept
-        (as ``PNBM.neighbour_matrix``). Cached per version.
+        (as ``PNBM.neighbour_matrix``).
         """
         v = self.S_values.detach()
         n_k = self.n_neighbors

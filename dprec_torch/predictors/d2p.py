@@ -11,8 +11,7 @@ Source: ``shared/papers/guerraoui-2015-d2p-distance-based-dp.txt``. How the pape
   (``neighbor_groups=None``), or the top-K of them by shared count (Def. 4, ``neighbor_groups=K``). ``G_lambda(i)`` =
   GRP(i) united with them (Sec. 3.2.3).
 * Selector (Alg. 2): each item goes to RItems with probability p, else to GItems. The listing draws two independent
-  numbers (an item could land in both or neither); we draw one, which is what the text and the analysis of Sec. 3.2.3
-  assume.
+  numbers (an item could land in both or neither); we draw one, as the text and Sec. 3.2.3's analysis assume.
 * Profiler (Alg. 3): keep the item with probability p*; otherwise replace a GItem by a uniform item of
   ``G_lambda(s)`` and an RItem by a uniform item of the whole catalogue E (N items). The draw can return the item
   itself, hence (Sec. 3.2.3)::
@@ -29,13 +28,13 @@ Source: ``shared/papers/guerraoui-2015-d2p-distance-based-dp.txt``. How the pape
   item profiles (sets of users, users substituted within user groups), item-item cosine on them, each item keeps its
   K nearest; score(u, i) = sum of the similarities of i to the items u likes.
 
-Privacy, stated exactly: relation = one *event*, i.e. one liked item of one profile replaced by another (Def. 5,
-event level). Given the groups, Theorem 1 makes any use of the AlterEgo profiles (eps, lambda)-private with eps from
-Eq. (12). Not covered: the groups are computed from the same training likes without noise (the paper suggests public
-item features instead), so Eq. (12) is reported as ``epsilon_nominal`` (conditional on public groups) and ``epsilon``
-is inf; the number of likes per profile is revealed, so adding/removing a like or flipping like/dislike is not
-protected; the active user's own real profile is used for their own recommendations. ``epsilon=inf`` keeps every item
-(p* = 1): the non-private user-kNN (or item-kNN) on the original profiles.
+Privacy, stated exactly: relation = one *event*, i.e. one liked item of one profile replaced by another (Def. 5).
+Given the groups, Theorem 1 makes any use of the AlterEgo profiles (eps, lambda)-private with eps from Eq. (12). Not
+covered: the groups come from the same training likes without noise (the paper suggests public item features), so
+Eq. (12) is reported as ``epsilon_nominal`` (conditional on public groups) and ``epsilon`` is inf; the number of likes
+per profile is revealed, so adding/removing a like or flipping like/dislike is not protected; the active user's own
+real profile is used for their own recommendations. ``epsilon=inf`` keeps every item (p* = 1): the non-private
+user-kNN (or item-kNN) on the original profiles.
 """
 
 from __future__ import annotations
@@ -72,10 +71,8 @@ def element_cosine(prof: torch.Tensor, elem: torch.Tensor, n_prof: int, n_elem: 
 
 def form_groups(cos: torch.Tensor, lam: float, neighbor_groups: int | None = None) -> torch.Tensor:
     """Alg. 1 + Alg. 3 lines 6-9: ``G_lambda(i)`` as a bool ``[N, N]`` matrix (row i = its group items).
-
-    ``GRP(i) = {i} + {j : cos(i,j) > 0 and 1/cos(i,j) - 1 < lambda}``; then the union with the groups that
-    share an item with GRP(i) (all of them, or the top ``neighbor_groups`` by shared count, Def. 4).
-    """
+    ``GRP(i) = {i} + {j : cos(i,j) > 0 and 1/cos(i,j) - 1 < lambda}``, united with the groups that share an item with
+    GRP(i) (all of them, or the top ``neighbor_groups`` by shared count, Def. 4)."""
     n = cos.shape[0]
     eye = torch.eye(n, dtype=torch.bool, device=cos.device)
     pos = cos > 0
@@ -119,15 +116,13 @@ def epsilon_prop1(sub: torch.Tensor) -> float:
     hi = torch.topk(sub, 2, dim=0)  # two largest per column
     lo = torch.topk(sub, 2, dim=0, largest=False)  # two smallest per column
     best = hi.values[0] / lo.values[0]
-    clash = hi.indices[0] == lo.indices[0]  # i == j: use the runner-up on one side
-    alt = torch.maximum(hi.values[0] / lo.values[1], hi.values[1] / lo.values[0])
-    ratio = torch.where(clash, alt, best)
-    return float(torch.log(ratio.max()))
+    alt = torch.maximum(hi.values[0] / lo.values[1], hi.values[1] / lo.values[0])  # i == j: the runner-up on one side
+    return float(torch.log(torch.where(hi.indices[0] == lo.indices[0], alt, best).max()))
 
 
 def calibrate(epsilon: float, p: float, n: int, g_min: int) -> tuple[float, float]:
-    """(p, p*) meeting Eq. (12) with equality: solve p* for the given p, or, when even p* = 0 is
-    above ``epsilon``, raise p with p* = 0 (Eq. 13 solved for p)."""
+    """(p, p*) meeting Eq. (12) with equality: solve p* for the given p, or, when even p* = 0 is above ``epsilon``,
+    raise p with p* = 0 (Eq. 13 solved for p)."""
     c = math.expm1(epsilon) * p / n
     q = (1.0 - p) / g_min
     if c >= q:
@@ -242,9 +237,9 @@ class D2P(BasePredictor):
 
     # ------------------------------------------------------------ release
     def released_state(self) -> dict[str, Any]:
-        """The AlterEgo profiles (``mode=user``: the (profile, liked item) pairs after substitution) or i-D2P's item
-        kNN learned from the AlterReplica profiles, and the figures of the privacy report. At p* = 1 (epsilon = inf)
-        an AlterEgo is its user's own like set, which ``restore`` rebuilds from the ratings: it is not written."""
+        """The AlterEgo profiles (``mode=user``: (profile, liked item) pairs after substitution) or i-D2P's item kNN
+        learned from the AlterReplica profiles, and the privacy report's figures. At p* = 1 (epsilon = inf) an
+        AlterEgo is its user's own like set, which ``restore`` rebuilds from the ratings: it is not written."""
         if self.p_star_used_ is None:
             raise RuntimeError("D2P.released_state called before fit()")
         state: dict[str, Any] = {"n_items": int(self.n_items_), "p": self.p_used_, "p_star": self.p_star_used_,
@@ -321,15 +316,12 @@ class D2P(BasePredictor):
                     "noise": "none", "epsilon": float("inf"), "delta": 0.0, "analysis": "non-private", "p": self.p_used_, "p_star": 1.0}
         elems = "items" if self.mode == "user" else "users"
         return {
-            "mechanism": f"D2P AlterEgo substitution ({'user' if self.mode == 'user' else 'item'}-based)",
+            "mechanism": f"D2P AlterEgo substitution ({self.mode}-based)",
             "relation": f"event: one liked element of one profile replaced by another (Def. 5), elements = {elems}",
             "sensitivity": "n/a (randomised substitution; bounded substitution-probability ratio, Prop. 1)",
             "noise": (f"Selector p={self.p_used_:.4g}, Profiler p*={self.p_star_used_:.4g}, lambda={self.lam:g}, "
                       f"N={self.n_elem_}, min|G_lambda|={self.g_min_}, mean|G_lambda|={self.group_mean_:.1f}"),
-            # No end-to-end epsilon: Theorem 1 holds only for groups fixed independently of the profiles, and ours
-            # come from the same training likes without noise. Eq. (12) is kept, labelled as conditional.
-            "epsilon": float("inf"),
-            "epsilon_nominal": self.epsilon_eq12_,
+            "epsilon": float("inf"), "epsilon_nominal": self.epsilon_eq12_,
             "epsilon_nominal_scope": ("Eq. (12), per substituted liked element (Def. 5), CONDITIONAL on the lambda-groups "
                                       "being public; here they are built from the private likes without noise"),
             "epsilon_prop1": self.epsilon_prop1_,

@@ -1,11 +1,11 @@
 """DP-ALS: private alternating least squares (Chien, Jain, Krichene, Rendle, Song, Thakurta & Zhang, ICML 2021).
 
-A fitted predictor (``model=dpals``, the runner's ``fit_fold`` path): ALS is not a gradient method, so it does not
-fit the Trainer/optimizer interface that ``model=mf mechanism=...`` uses.
+A fitted predictor (``model=dpals``, the runner's ``fit_fold`` path): ALS is not a gradient method, so it does not fit
+the Trainer/optimizer interface of ``model=mf mechanism=...``.
 
-Joint DP (billboard model): only item-side quantities are released -- the DP item means and, every round, noisy
-per-item sufficient statistics from which the item factors V are solved. Each user solves their own factor p_u from V
-and their own ratings; p_u is never released, and u's predictions read u's ratings.
+Joint DP (billboard model): only item-side quantities are released -- the DP item means and, every round, noisy per-item
+sufficient statistics from which the item factors V are solved. Each user solves their own factor p_u from V and their
+own ratings; p_u is never released, and u's predictions read u's ratings.
 
 Algorithm (numbers refer to the steps in the code):
 
@@ -181,16 +181,16 @@ class DPALS(BasePredictor):
         power_share = self.init_fraction if self.power_iters > 0 else 0.0
         if self.means_spec.noise == "laplace":
             self.mean_epsilon_ = self.mean_fraction * self.epsilon
-            mu = calibrate_gaussian(self.epsilon - self.mean_epsilon_, self.delta, accountant="gdp").mu if self.private else math.inf
-            plan = {"als": (1.0 - power_share, self.iterations)}
+            gauss_eps, plan = self.epsilon - self.mean_epsilon_, {"als": (1.0 - power_share, self.iterations)}
         else:
             self.mean_epsilon_ = None
-            mu = calibrate_gaussian(self.epsilon, self.delta, accountant="gdp").mu if self.private else math.inf
+            gauss_eps = self.epsilon
             plan = {"item_stats": (self.mean_fraction, 1), "als": (1.0 - self.mean_fraction - power_share, self.iterations)}
         if power_share > 0:
             plan["power"] = (power_share, self.power_iters)
         self.plan_ = plan
-        self.mu_ = split_mu(mu, plan) if self.private else {k: math.inf for k in plan}
+        self.mu_ = (split_mu(calibrate_gaussian(gauss_eps, self.delta, accountant="gdp").mu, plan) if self.private
+                    else {k: math.inf for k in plan})
 
     # ----------------------------------------------------------------- fit
     def fit(self, train: Ratings) -> "DPALS":
@@ -242,8 +242,8 @@ class DPALS(BasePredictor):
 
     # ------------------------------------------------------------ release
     def released_state(self) -> dict[str, Any]:
-        """What epsilon covers and prediction reads: r~, g and the item factors V of the last round (solved from the
-        noisy statistics). Never the user offsets or factors (each user's own)."""
+        """What epsilon covers and prediction reads: r~, g and the last round's item factors V (solved from the noisy
+        statistics). Never the user offsets or factors (each user's own)."""
         fb = self._check_fitted()
         return {"n_items": int(self.item_avg_.numel()), "fallback": fallback_release(fb), "item_means": self.item_avg_,
                 "global_mean": float(self.global_avg_), "item_factors": self.item_factors_}
@@ -284,15 +284,13 @@ class DPALS(BasePredictor):
         if not self.private:
             return {"mechanism": "dpals at epsilon=inf (no noise)", "relation": None, "epsilon": math.inf, "delta": 0.0,
                     "released": released, "analysis": "non-private"}
-        gauss_mu = math.sqrt(sum(self.mu_[k] ** 2 * n for k, (_, n) in self.plan_.items()))
-        eps_gauss = gdp_epsilon(gauss_mu, self.delta)
+        eps_gauss = gdp_epsilon(math.sqrt(sum(self.mu_[k] ** 2 * n for k, (_, n) in self.plan_.items())), self.delta)
         mean_eps = self.mean_epsilon_ or 0.0
         return {
             "mechanism": "dpals: private ALS (Chien et al. ICML 2021), noisy item-side sufficient statistics",
             "relation": self.relation, "relation_text": RELATION_TEXT[self.relation],
             "sensitivity": {"item_means": self.means_release_.sensitivity,
-                            "item_means_norm": "L1" if self.means_spec.noise == "laplace" else "L2",
-                            "als_round_l2": self.als_sensitivity_,
+                            "item_means_norm": "L1" if self.means_spec.noise == "laplace" else "L2", "als_round_l2": self.als_sensitivity_,
                             "power_round_l2": power_sensitivity(self.max_ratings_per_user, self.clamp_r, self.relation),
                             "rule": "sqrt(m) Gamma_u sqrt(Gamma_u^2 + Gamma_r^2) and m Gamma_r^2, x2 at rating level"},
             "item_means_release": self.means_release_.describe(),

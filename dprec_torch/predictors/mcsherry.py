@@ -1,7 +1,7 @@
 """McSherry & Mironov (KDD 2009): noisy global effects + noisy item-item covariance, then item-kNN.
 
-Source: ``shared/papers/datta-2016-lecture-mcsherry-mironov-dp-covariance.txt`` (Datta's lecture on the paper). How
-the slides were read, step by step (slide titles in quotes):
+Source: ``shared/papers/datta-2016-lecture-mcsherry-mironov-dp-covariance.txt`` (Datta's lecture on the paper), read
+step by step (slide titles in quotes):
 
 1. "Global Averages": ``GSum = sum r_ui + Noise``, ``GCnt = sum e_ui + Noise``, ``G = GSum/GCnt``; per item
    ``MSum = sum_u r_u + Noise^d``, ``MCnt = sum_u e_u + Noise^d`` and the beta_m-damped average
@@ -67,10 +67,8 @@ DEFAULT_BUDGET = {"gsum": 0.01, "gcnt": 0.01, "msum": 0.24, "mcnt": 0.24, "cov":
 
 # ----------------------------------------------------------------- sensitivity
 def covariance_sensitivity(clamp_b: float, alpha: float, beta_p: float, max_count: int) -> float:
-    """L2 (Frobenius) sensitivity of ``sum_u w_u r_hat_u r_hat_u^T`` to one added/removed rating (step 4).
-
-    ``max_count`` is the largest possible count before the addition (``n_items - 1``).
-    """
+    """L2 (Frobenius) sensitivity of ``sum_u w_u r_hat_u r_hat_u^T`` to one added/removed rating (step 4);
+    ``max_count`` is the largest possible count before the addition (``n_items - 1``)."""
     c = torch.arange(0, max(int(max_count), 0) + 1, dtype=torch.float64)
     b = float(clamp_b)
     w_b = 1.0 / torch.sqrt(c + 1)
@@ -82,10 +80,8 @@ def covariance_sensitivity(clamp_b: float, alpha: float, beta_p: float, max_coun
 
 
 def global_effect_sums(train: Ratings, mid: float) -> dict[str, torch.Tensor]:
-    """Step 1 before its noise: ``GSum``/``MSum`` of ``r - mid`` and the counts ``GCnt``/``MCnt``.
-
-    One added/removed rating moves each sum by ``|r - mid| <= span/2`` and each count by 1 (L1, one item).
-    """
+    """Step 1 before its noise: ``GSum``/``MSum`` of ``r - mid`` and the counts ``GCnt``/``MCnt``. One added/removed
+    rating moves each sum by ``|r - mid| <= span/2`` and each count by 1 (L1, one item)."""
     shifted = train.values - mid
     return {
         "gsum": shifted.sum().reshape(1),
@@ -96,11 +92,9 @@ def global_effect_sums(train: Ratings, mid: float) -> dict[str, torch.Tensor]:
 
 
 def weighted_covariance(train: Ratings, item_avg: torch.Tensor, clamp_b: float, beta_p: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Steps 2-3: ``Cov = sum_u w_u r_hat_u r_hat_u^T`` (dense items x items, sparse Gram) and the user offsets.
-
+    """Steps 2-3: ``Cov = sum_u w_u r_hat_u r_hat_u^T`` (dense items x items, sparse Gram) and the user offsets, with
     ``r'_ui = r_ui - item_avg_i``, ``rbar_u = sum_i r'_ui / (|R_u| + beta_p)``, ``r_hat = clamp(r' - rbar_u, -B, B)``,
-    ``w_u = |R_u|^{-1/2}``.
-    """
+    ``w_u = |R_u|^{-1/2}``."""
     resid = train.values - item_avg[train.items]
     counts = train.user_counts().to(torch.float32)
     offset = user_offsets(train, item_avg, beta_p)  # step 2's rbar_u
@@ -210,8 +204,7 @@ class McSherryMironov(BasePredictor):
             if self.calibration == "classic" and eps["cov"] >= 1:
                 raise ConfigError(f"mcsherry: calibration=classic needs eps_cov < 1 (got {eps['cov']:.3g}); use calibration=analytic")
             self.sigma_ = calib(self.sensitivity_, eps["cov"], self.delta)
-            noise = gen.randn(cov.shape, device=dev, dtype=torch.float32) * self.sigma_
-            cov = cov + noise
+            cov = cov + gen.randn(cov.shape, device=dev, dtype=torch.float32) * self.sigma_
             cov = (cov + cov.t()) / 2.0  # post-processing
         else:
             self.sigma_ = 0.0
@@ -313,8 +306,7 @@ class McSherryMironov(BasePredictor):
         out = []
         for start in range(0, users.numel(), batch):  # batches of users, vectorised over all items
             u = users[start:start + batch]
-            uc = u.clamp(0, n_u - 1)
-            rated, resid, valid = self._padded_rows(uc)
+            rated, resid, valid = self._padded_rows(u.clamp(0, n_u - 1))
             nb = self._knn_scores(all_items.expand(u.numel(), n_i), rated, resid, valid)
             pairs = query_pairs(u[:, None].expand(-1, n_i).reshape(-1), all_items.repeat(u.numel()), self.train_, self.user_counts_,
                                 self.device, self.name)
@@ -337,30 +329,23 @@ class McSherryMironov(BasePredictor):
         eps = {key: self.epsilon * frac for key, frac in self.budget.items()}
         sigma = float("nan") if self.sigma_ is None else self.sigma_
         return {
-            "mechanism": "McSherry-Mironov: Laplace global/item effects + Gaussian item-item covariance",
-            "relation": "rating",
+            "mechanism": "McSherry-Mironov: Laplace global/item effects + Gaussian item-item covariance", "relation": "rating",
             "neighbouring": "one rating added or removed (a changed value is two such steps); scale and n_items public",
             "sensitivity": {
                 "gsum": sens.get("gsum"), "gcnt": sens.get("gcnt"), "msum_l1": sens.get("msum"), "mcnt_l1": sens.get("mcnt"),
                 "cov_l2": self.sensitivity_, "cov_l2_paper": paper_covariance_bound(self.clamp_b),
                 "norms": "gsum, gcnt: |.|; msum, mcnt: L1 over items (one rating touches one item); cov: L2 (Frobenius)",
             },
-            "noise": (
-                "Laplace(sensitivity/eps_t) on gsum, gcnt and every entry of msum, mcnt with eps_t = "
-                f"{', '.join(f'{k}={v:.4g}' for k, v in eps.items() if k != 'cov')}; "
-                f"N(0, sigma^2) on every covariance entry, sigma={sigma:.4g} "
-                f"({self.calibration} Gaussian mechanism at eps_cov={eps['cov']:.4g}, delta={self.delta:g}), then symmetrised"
-            ),
-            "accountant": (
-                f"basic sequential composition of five releases on the same ratings: four pure Laplace (eps_t each) and one "
-                f"({eps['cov']:.4g}, {self.delta:g}) Gaussian -> (sum eps_t, delta) = ({self.epsilon:g}, {self.delta:g}); "
-                "one fit = one release (predictions are post-processing)"
-            ),
+            "noise": ("Laplace(sensitivity/eps_t) on gsum, gcnt and every entry of msum, mcnt with eps_t = "
+                      f"{', '.join(f'{k}={v:.4g}' for k, v in eps.items() if k != 'cov')}; "
+                      f"N(0, sigma^2) on every covariance entry, sigma={sigma:.4g} "
+                      f"({self.calibration} Gaussian mechanism at eps_cov={eps['cov']:.4g}, delta={self.delta:g}), then symmetrised"),
+            "accountant": (f"basic sequential composition of five releases on the same ratings: four pure Laplace (eps_t each) and one "
+                           f"({eps['cov']:.4g}, {self.delta:g}) Gaussian -> (sum eps_t, delta) = ({self.epsilon:g}, {self.delta:g}); "
+                           "one fit = one release (predictions are post-processing)"),
             "epsilon": self.epsilon, "delta": self.delta, "budget": dict(self.budget),
-            "analysis": (
-                "Basic sequential composition of four pure-eps Laplace releases and one (eps_cov, delta) Gaussian release "
-                "(Balle & Wang 2018 Thm. 8 when analytic); covariance L2 sensitivity from the weight change plus Theorem 4's "
-                "shift bound with alpha = 2*span for movie-centred residuals (the slides use alpha = span). Per-user offsets "
-                "and each user's own ratings are used only for that user's predictions."
-            ),
+            "analysis": ("Basic sequential composition of four pure-eps Laplace releases and one (eps_cov, delta) Gaussian release "
+                         "(Balle & Wang 2018 Thm. 8 when analytic); covariance L2 sensitivity from the weight change plus Theorem 4's "
+                         "shift bound with alpha = 2*span for movie-centred residuals (the slides use alpha = span). Per-user offsets "
+                         "and each user's own ratings are used only for that user's predictions."),
         }

@@ -12,7 +12,7 @@ Release (two Gaussian mechanisms, composed exactly as one mu-GDP mechanism, :mod
      (``weighting=normalize``, McSherry-Mironov's 1/||.|| weighting): ||x_u|| <= c, so adding/removing a user moves the
      triangle of G by ||tri(x x^T)|| <= ||x||^2 <= c^2 = Delta_G.
    * ``relation=rating``: x_ui = clamp(r_ui - r~_i, -B, B) |R_u|^(-1/4) (the outer product carries w_u = |R_u|^(-1/2));
-     no user offset here, since it would tie every entry to every rating of u. Changing r_ui moves row/column i:
+     no user offset (it would tie every entry to every rating of u). Changing r_ui moves row/column i:
      ||tri||^2 <= (4 B^2 (n-1) B^2 + B^4) / n < 4 B^4; adding a rating to a user with n: ||tri||^2 <= B^4 ((sqrt(n+1) -
      sqrt n)^2 / 2 + 1) < 1.09 B^4. So Delta_G = 2 B^2.
 
@@ -47,9 +47,8 @@ with ``estimator``:
 (public catalogue metadata, :mod:`dprec_torch.data.item_features`: genres and release decade): each user also fits their
 own weights q_u = (Phi_Ru^T Phi_Ru + feature_reg I)^-1 Phi_Ru^T y_u on the public features phi_i, the estimator's f then
 reads the residuals y_u - Phi q_u, and r^_ui gains q_u . phi_i. No rating enters Phi and q_u is never released, so the
-releases -- and the privacy claim -- are exactly those without it.
-
-Privacy report: what is released (r~, g, G~: item-side only) and that predictions for u read u's ratings.
+releases -- and the privacy claim -- are exactly those without it. The privacy report states what is released (r~, g,
+G~: item-side only) and that predictions for u read u's ratings.
 """
 
 from __future__ import annotations
@@ -95,11 +94,9 @@ def unit_vectors(train: Ratings, means: torch.Tensor, relation: str, clamp_b: fl
 
 
 def restrict_to_support(train: Ratings, noisy_counts: torch.Tensor, support: int | None) -> tuple[Ratings, torch.Tensor]:
-    """The ratings of the ``support`` items with the largest released (noisy) counts, re-indexed 0..N-1.
-
-    The support is a function of the released item statistics only (post-processing); each unit's vector is
-    then that unit's ratings on the support, so every sensitivity bound holds unchanged.
-    """
+    """The ratings of the ``support`` items with the largest released (noisy) counts, re-indexed 0..N-1. The support is
+    a function of the released item statistics only (post-processing); each unit's vector is then that unit's ratings
+    on the support, so every sensitivity bound holds unchanged."""
     m = train.n_items
     if support is None or int(support) >= m:
         return train, torch.arange(m, device=train.device)
@@ -130,11 +127,9 @@ def triangle(g: torch.Tensor) -> torch.Tensor:
 
 
 def top_eigen(g: torch.Tensor, k: int, shift: float, gen: SecretGenerator, iters: int = 30) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ``k`` largest eigenpairs of symmetric ``g`` (descending) by subspace iteration on g + shift I.
-
-    Post-processing only; ``shift`` (the noise edge) keeps the negative half of the noise spectrum away
-    from the top. ``gen`` seeds the start, so the result is deterministic.
-    """
+    """The ``k`` largest eigenpairs of symmetric ``g`` (descending) by subspace iteration on g + shift I (post-processing
+    only); ``shift`` (the noise edge) keeps the negative half of the noise spectrum away from the top. ``gen`` seeds the
+    start, so the result is deterministic."""
     m = g.shape[0]
     width = min(m, k + 10)
     q = gen.randn(m, width, device=gen.device, dtype=g.dtype).to(g.device)
@@ -147,9 +142,9 @@ def top_eigen(g: torch.Tensor, k: int, shift: float, gen: SecretGenerator, iters
 
 
 def symmetric_solve(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """x = a^-1 b for a batch of symmetric systems ``a [n, k, k]``, ``b [n, k]``: Cholesky where a is positive
-    definite (the usual case: rho sits above the noise's spectral edge), an eigen-solve for the rest. Batched LU
-    (``torch.linalg.solve``) is avoided: with torch 2.13's CPU MKL it was seen to hang on k ~ 300 batches."""
+    """x = a^-1 b for a batch of symmetric systems ``a [n, k, k]``, ``b [n, k]``: Cholesky where a is positive definite
+    (the usual case: rho sits above the noise's spectral edge), an eigen-solve for the rest. Not batched LU
+    (``torch.linalg.solve``): with torch 2.13's CPU MKL it was seen to hang on k ~ 300 batches."""
     chol, info = torch.linalg.cholesky_ex(a)
     x = torch.cholesky_solve(b.unsqueeze(-1), chol).squeeze(-1)
     bad = info != 0
@@ -197,14 +192,12 @@ class NoisyGram(BasePredictor):
         super().__init__(device)
         self.epsilon, self.delta = check_epsilon_delta(epsilon, delta, "noisy_gram")
         for key, value, allowed in (("relation", relation, RELATIONS), ("estimator", estimator, ESTIMATORS),
-                                    ("mean_noise", mean_noise, NOISES)):
+                                    ("mean_noise", mean_noise, NOISES), ("weighting", weighting, WEIGHTINGS)):
             if value not in allowed:
                 raise ConfigError(f"noisy_gram: {key}={value!r}; use one of {allowed}")
         #: the item-mean release's estimator and options (the mean_* keys; validated here)
         self.means_spec = ItemMeansSpec("posterior", relation, mean_noise, float(mean_prior_std), None if count_weight is None
                                         else float(count_weight), float(mean_popularity_alpha), float(mean_popularity_share))
-        if weighting not in WEIGHTINGS:
-            raise ConfigError(f"noisy_gram: weighting={weighting!r}; use one of {WEIGHTINGS}")
         if not (clamp_b > 0 and clip_norm > 0 and 0 < mean_fraction < 1 and beta_p >= 0 and reg >= 0):
             raise ConfigError("noisy_gram: need clamp_b > 0, clip_norm > 0, 0 < mean_fraction < 1, beta_p >= 0, reg >= 0")
         if relation == "rating" and math.isinf(clamp_b):
@@ -329,8 +322,8 @@ class NoisyGram(BasePredictor):
         return out
 
     def _expand(self, idx: torch.Tensor, m: int) -> None:
-        """Embed low-rank components into the M-item space (zero rows outside the support); kNN/EASE matrices stay
-        in the support space and :meth:`_user_term` scatters their output."""
+        """Embed low-rank components into the M-item space (zero rows outside the support); kNN/EASE matrices stay in
+        the support space and :meth:`_user_term` scatters their output."""
         if idx.numel() == m or self.estimator != "lowrank":
             return
         full = torch.zeros(m, self.components_.shape[1], device=idx.device)
@@ -370,8 +363,8 @@ class NoisyGram(BasePredictor):
         return self
 
     def personalise(self, ratings: Ratings) -> "NoisyGram":
-        """Recompute every user-side quantity from ``ratings`` and the released item-side state only (what each user
-        does on their own device in the billboard model; the audit uses it with the auditor's known histories)."""
+        """Recompute every user-side quantity from ``ratings`` and the released item-side state only (each user's own
+        device in the billboard model; the audit uses it with the auditor's known histories)."""
         self._index_users(ratings.to(self.device))
         return self
 
@@ -398,12 +391,12 @@ class NoisyGram(BasePredictor):
     # ------------------------------------------------------------- predict
     def _user_term(self, users: torch.Tensor) -> torch.Tensor:
         """f(y_u) for distinct known users ``users`` over all items, ``[B, M]``."""
-        if self.estimator == "none":
-            return torch.zeros(users.numel(), self.train_.n_items, device=users.device)
         if self.estimator == "lowrank":
             return self.user_factors_[users] @ self.components_.t()
-        idx = self.support_items_
         out = torch.zeros(users.numel(), self.train_.n_items, device=users.device)
+        if self.estimator == "none":
+            return out
+        idx = self.support_items_
         y = dense_rows(self.resid_csr_, users)[:, idx]
         num = y @ self.item_matrix_  # support space only: the matrix is zero elsewhere
         if self.estimator == "ease":

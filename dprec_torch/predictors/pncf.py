@@ -1,7 +1,6 @@
 """PNCF: Private Neighbor Collaborative Filtering (Zhu et al., ASONAM 2013, as described by Sun).
 
-Source: ``shared/papers/sun-pncf-private-neighbor-cf.txt`` (Alg. 1, Alg. 2, Sec. 3.1-3.2). How the garbled equations
-were read:
+Source: ``shared/papers/sun-pncf-private-neighbor-cf.txt`` (Alg. 1, Alg. 2, Sec. 3.1-3.2); the garbled equations read as:
 
 * Similarity (Zhu's item-based PCC over co-raters U_ij)::
 
@@ -11,11 +10,10 @@ were read:
   the same with users and items swapped (a_xa = r_ax - rbar_a).
 * Recommendation-aware sensitivity (Sec. 3.1 A): ``RS(i, j) = max_x |s(i, j) - s_{-x}(i, j)|``, the largest change of
   the similarity when one rating record of a co-rater ``x`` is deleted (means held fixed, as in Zhu). Alg. 2 line 5
-  writes ``RS(i, j)`` in the exponent but also puts all of C0 behind one factor ``|C0| exp(...)``, which only makes
-  sense with one bound per target; Alg. 1 line 3 writes ``LS(i, .)``. We therefore use the row bound
-  ``RS_i = max_j RS(i, j)``: an exponential mechanism needs one sensitivity for all candidates' scores. The "smooth
-  bound" ``B(RS) = exp(-beta) RS`` is not implemented: scaling a local sensitivity down is not a smooth upper bound
-  and would only hide noise.
+  writes ``RS(i, j)`` in the exponent but puts all of C0 behind one factor ``|C0| exp(...)`` (one bound per target);
+  Alg. 1 line 3 writes ``LS(i, .)``. We use the row bound ``RS_i = max_j RS(i, j)``: an exponential mechanism needs one
+  sensitivity for all candidates' scores. The "smooth bound" ``B(RS) = exp(-beta) RS`` is not implemented: scaling a
+  local sensitivity down is not a smooth upper bound and would only hide noise.
 * Truncated similarity (Sec. 3.1 A): ``s_hat(i, j) = max(s(i, j), s_k(i) - w)`` with ``s_k(i)`` the k-th largest
   similarity of row i. Alg. 2 line 2: ``C1 = {j : s(i, j) >= s_k(i) - w}``, ``C0`` the rest. ``w=None`` uses
   ``w_i = max(s_k(i), 0)``, i.e. everything below 0 is truncated to 0 (the cap on w).
@@ -69,11 +67,9 @@ def _sparse(rows: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor, shape: t
 
 
 def pcc_statistics(ent: torch.Tensor, oth: torch.Tensor, dev: torch.Tensor, n_ent: int, n_oth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sparse Gram products over co-raters: ``num[i,j] = sum_x a_xi a_xj``, ``sq[i,j] = sum_{x in U_ij} a_xi^2``, ``n[i,j] = |U_ij|``.
-
-    ``ent``/``oth`` index the entity compared (items for item-based) and the co-rater (users);
-    ``dev`` holds the centred values ``a``. All three outputs are dense ``n_ent x n_ent``.
-    """
+    """Sparse Gram products over co-raters: ``num[i,j] = sum_x a_xi a_xj``, ``sq[i,j] = sum_{x in U_ij} a_xi^2``, ``n[i,j] = |U_ij|``,
+    all dense ``n_ent x n_ent``. ``ent``/``oth`` index the entity compared (items for item-based) and the co-rater
+    (users); ``dev`` holds the centred values ``a``."""
     one = torch.ones_like(dev)
     x = _sparse(oth, ent, dev, (n_oth, n_ent))
     x2 = _sparse(oth, ent, dev * dev, (n_oth, n_ent))
@@ -97,11 +93,9 @@ def pcc_from_statistics(num: torch.Tensor, sq_i: torch.Tensor, sq_j: torch.Tenso
 
 def row_sensitivity(ent: torch.Tensor, oth: torch.Tensor, dev: torch.Tensor, n_ent: int, n_oth: int,
                     num: torch.Tensor, sq: torch.Tensor, support: torch.Tensor, shrinkage: float) -> torch.Tensor:
-    """``RS_i = max_j max_{x in U_ij} |s(i,j) - s_{-x}(i,j)|`` for every entity i (Sec. 3.1 A, row bound).
-
-    Enumerates every (co-rater x, entity i, entity j) triple with both ratings present, batched over
-    chunks of records (no per-user loop): sum over x of |R_x|^2 triples in total.
-    """
+    """``RS_i = max_j max_{x in U_ij} |s(i,j) - s_{-x}(i,j)|`` for every entity i (Sec. 3.1 A, row bound), over every
+    (co-rater x, entity i, entity j) triple with both ratings present, batched over chunks of records (no per-user
+    loop): sum over x of |R_x|^2 triples in total."""
     order = torch.argsort(oth * n_ent + ent)
     ent, oth, dev = ent[order], oth[order], dev[order]
     counts = torch.bincount(oth, minlength=n_oth)
@@ -134,12 +128,9 @@ def row_sensitivity(ent: torch.Tensor, oth: torch.Tensor, dev: torch.Tensor, n_e
 
 # --------------------------------------------------------- Alg. 2: private selection
 def truncated_scores(sim: torch.Tensor, k: int, w: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Alg. 2 lines 1-2 over the last dimension: truncated scores ``max(s, s_k - w)``, the floors
-    ``s_k - w`` and the C1 mask.
-
-    ``sim`` must carry ``-inf`` on entries that are not candidates (the target itself, items the active
-    user did not rate); rows need at least ``k`` candidates.
-    """
+    """Alg. 2 lines 1-2 over the last dimension: truncated scores ``max(s, s_k - w)``, the floors ``s_k - w`` and the
+    C1 mask. ``sim`` must carry ``-inf`` on non-candidates (the target itself, items the active user did not rate);
+    rows need at least ``k`` candidates."""
     s_k = torch.topk(sim, k, dim=-1).values[..., -1]
     w_row = s_k.clamp_min(0.0) if w is None else torch.full_like(s_k, float(w))
     floor = s_k - w_row
@@ -149,23 +140,17 @@ def truncated_scores(sim: torch.Tensor, k: int, w: float | None) -> tuple[torch.
 
 
 def round_probabilities(scores: torch.Tensor, available: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
-    """Alg. 2 line 5: ``P(j) = exp(coef s_hat_j) / sum_{available} exp(coef s_hat)`` with ``coef = eps/(4k RS_i)``.
-
-    C0 members share the floor score, so their total mass is ``|C0| exp(coef (s_k - w)) / Z`` as in the paper.
-    """
-    logits = coef[..., None] * scores
-    logits = logits.masked_fill(~available, float("-inf"))
-    return torch.softmax(logits, dim=-1)
+    """Alg. 2 line 5: ``P(j) = exp(coef s_hat_j) / sum_{available} exp(coef s_hat)`` with ``coef = eps/(4k RS_i)``;
+    C0 members share the floor score, so their total mass is ``|C0| exp(coef (s_k - w)) / Z`` as in the paper."""
+    return torch.softmax((coef[..., None] * scores).masked_fill(~available, float("-inf")), dim=-1)
 
 
 def private_neighbours(sim: torch.Tensor, rs: torch.Tensor, k: int, epsilon: float, w: float | None, gen: SecretGenerator) -> torch.Tensor:
-    """Alg. 2 for every row of ``sim`` (``[..., L]``, ``-inf`` = not a candidate) at once: k rounds of the
-    exponential mechanism at eps/(2k), without replacement. Returns the ``[..., k]`` picked positions.
-
-    The k sequential rounds are drawn in one pass by the Gumbel-top-k trick: the k largest of
-    ``logit_j + G_j`` (G_j iid Gumbel(0, 1)) are distributed exactly as k successive softmax draws without
-    replacement (Plackett-Luce; Vieira 2014, Kool et al. 2019). A row with at most k candidates picks all of
-    them (there is nothing to choose); its remaining positions point at non-candidates (``-inf`` in ``sim``).
+    """Alg. 2 for every row of ``sim`` (``[..., L]``, ``-inf`` = not a candidate) at once: k rounds of the exponential
+    mechanism at eps/(2k), without replacement; returns the ``[..., k]`` picked positions. The k rounds are drawn in
+    one pass by the Gumbel-top-k trick: the k largest of ``logit_j + G_j`` (G_j iid Gumbel(0, 1)) are distributed
+    exactly as k successive softmax draws without replacement (Plackett-Luce; Vieira 2014, Kool et al. 2019). A row
+    with at most k candidates picks all of them; its remaining positions point at non-candidates (``-inf`` in ``sim``).
     """
     n_cand = torch.isfinite(sim).sum(-1)
     kk = min(k, sim.shape[-1])
@@ -189,13 +174,10 @@ def laplace(shape: tuple[int, ...], scale: torch.Tensor | float, gen: SecretGene
 
 @dataclass
 class Neighbourhoods:
-    """The neighbours chosen for a batch of queries (Alg. 1 lines 2-3), ``[Q, k]`` each.
-
-    ``entity``: the neighbour ids (items for item-based, users for user-based), all rated by / raters of
-    the query's counterpart; ``sim``: their true similarity to the target; ``released``: the similarity used
-    in the prediction (``sim`` plus the perturbation noise); ``dev``: the neighbour's centred rating;
-    ``valid``: False on padding (fewer than k candidates).
-    """
+    """The neighbours chosen for a batch of queries (Alg. 1 lines 2-3), ``[Q, k]`` each. ``entity``: the neighbour ids
+    (items for item-based, users for user-based), all rated by / raters of the query's counterpart; ``sim``: their true
+    similarity to the target; ``released``: the similarity used in the prediction (``sim`` plus the perturbation noise);
+    ``dev``: the neighbour's centred rating; ``valid``: False on padding (fewer than k candidates)."""
 
     entity: torch.Tensor
     sim: torch.Tensor
@@ -233,19 +215,16 @@ class PNCF(BasePredictor):
         self.epsilon = check_epsilon(epsilon, "pncf")
         if int(k) != k or k < 1:
             raise ConfigError(f"pncf: k={k} must be a positive integer")
-        if mode not in ("item", "user"):
-            raise ConfigError(f"pncf: mode={mode!r} is unknown; use item or user")
-        if perturb not in ("similarity", "rating"):
-            raise ConfigError(f"pncf: perturb={perturb!r} is unknown; use similarity or rating")
-        if perturb_scale not in ("alg1", "section_b"):
-            raise ConfigError(f"pncf: perturb_scale={perturb_scale!r} is unknown; use alg1 or section_b")
+        for key, value, allowed in (("mode", mode, ("item", "user")), ("perturb", perturb, ("similarity", "rating")),
+                                    ("perturb_scale", perturb_scale, ("alg1", "section_b"))):
+            if value not in allowed:
+                raise ConfigError(f"pncf: {key}={value!r} is unknown; use {' or '.join(allowed)}")
         if w is not None and not float(w) >= 0:
             raise ConfigError(f"pncf: w={w} must be >= 0 (or null for max(s_k, 0))")
         if not float(shrinkage) >= 0:
             raise ConfigError(f"pncf: shrinkage={shrinkage} must be >= 0")
         self.k, self.mode, self.perturb, self.perturb_scale = int(k), mode, perturb, perturb_scale
-        self.w = None if w is None else float(w)
-        self.shrinkage = float(shrinkage)
+        self.w, self.shrinkage = None if w is None else float(w), float(shrinkage)
         self.seed = None if seed is None else int(seed)  # None: secret noise (seeding.py)
         self.rs_: torch.Tensor | None = None  # learned in fit: RS_i per entity
 
@@ -346,8 +325,8 @@ class PNCF(BasePredictor):
         return Neighbourhoods(cand.gather(1, pick), s, released, cdev.gather(1, pick), valid)
 
     def _blocks(self, oth: torch.Tensor) -> list[torch.Tensor]:
-        """Query positions in batches of similar candidate width (sorted by width): each batch's
-        queries x its widest candidate list stays within ``cell_budget`` (one batch per loop turn)."""
+        """Query positions in batches of similar candidate width (sorted by width): each batch's queries x its widest
+        candidate list stays within ``cell_budget``."""
         widths, order = torch.sort(self.cand_counts_[oth].clamp_min(1), stable=True)
         blocks, start, n = [], 0, order.numel()
         while start < n:
@@ -358,8 +337,8 @@ class PNCF(BasePredictor):
         return blocks
 
     def select(self, users: torch.Tensor, items: torch.Tensor) -> Neighbourhoods:
-        """The neighbourhood of every query (in-range ids): private selection among the candidates of the
-        query (Alg. 2), and the perturbed similarities (Alg. 1 line 3). A fresh draw per call."""
+        """The neighbourhood of every query (in-range ids): private selection among its candidates (Alg. 2) and the
+        perturbed similarities (Alg. 1 line 3). A fresh draw per call."""
         tgt, oth = (items, users) if self.mode == "item" else (users, items)
         q, kk = tgt.numel(), self.k
         out = Neighbourhoods(*(torch.zeros(q, kk, dtype=d, device=tgt.device) for d in (torch.long, torch.float32, torch.float32, torch.float32, torch.bool)))
@@ -416,19 +395,12 @@ class PNCF(BasePredictor):
                      f"Lap(2*{self.train_.scale.span:g}/eps) added once to every training rating deviation")
             per_query = self.epsilon
         return {
-            "mechanism": f"PNCF ({self.mode}-based, perturb={self.perturb})",
-            "relation": "rating",
-            "sensitivity": rs_txt,
-            "noise": noise,
-            "epsilon": float("inf"),
-            "epsilon_nominal": per_query,
-            "delta": 0.0,
-            "analysis": (
-                "Per query (Alg. 1 for one (u_a, t_i)): k exponential-mechanism rounds at eps/(2k) plus Laplace perturbation, "
-                f"sequential composition (Sun Sec. 3.2 A) gives the nominal {per_query:g} per query only if RS_i were a global "
-                "bound. RS_i is a local (data-dependent) sensitivity, every query draws afresh (answers compose), each rating "
-                "feeds many similarity rows and the unperturbed means, so no end-to-end epsilon is claimed."
-            ),
+            "mechanism": f"PNCF ({self.mode}-based, perturb={self.perturb})", "relation": "rating", "sensitivity": rs_txt,
+            "noise": noise, "epsilon": float("inf"), "epsilon_nominal": per_query, "delta": 0.0,
+            "analysis": ("Per query (Alg. 1 for one (u_a, t_i)): k exponential-mechanism rounds at eps/(2k) plus Laplace perturbation, "
+                         f"sequential composition (Sun Sec. 3.2 A) gives the nominal {per_query:g} per query only if RS_i were a global "
+                         "bound. RS_i is a local (data-dependent) sensitivity, every query draws afresh (answers compose), each rating "
+                         "feeds many similarity rows and the unperturbed means, so no end-to-end epsilon is claimed."),
         }
 
 

@@ -6,13 +6,12 @@ How the converted PDF was read
   and k over their co-raters ``Phi(j,k)``.
 * Eq. (4): ``s_jk`` as in Eq. (3) when ``|Phi(j,k)| > phi_m`` (strictly), else 0.
 * Eq. (5)/(6): ``r_hat_ij = (1/|r_i.|) sum_{k in r_i.} (s_jk + r_ik) = r_bar_i + (1/|r_i.|) sum_{k in r_i.} s_jk``.
-  The denominator is the user's *whole* rating count ``|r_i.|`` (pairs without enough co-raters contribute
-  ``s_jk = 0``), unlike Lemire's original which averages only over supported pairs. Theorem 3.1 is proved for this
-  form, so we keep it.
+  The denominator is the user's *whole* rating count ``|r_i.|`` (pairs without enough co-raters give ``s_jk = 0``),
+  unlike Lemire's original (supported pairs only); Theorem 3.1 is proved for this form, so we keep it.
 * Eq. (6) is served only to users with at least ``T`` training ratings (Sec. 3.2/3.4). Users below ``T`` (and unknown
-  users) get the training global mean: the paper serves them nothing, and the global mean moves by at most
-  ``delta_r/|R|`` when one rating changes, so the Laplace wrapper's guarantee still covers every released value.
-  Unknown items need no fallback: Eq. (6) gives ``r_bar_i`` for them (all ``s_jk = 0``).
+  users) get the training global mean (the paper serves them nothing); it moves by at most ``delta_r/|R|`` when one
+  rating changes, so the Laplace wrapper's guarantee still covers every released value. Unknown items need no
+  fallback: Eq. (6) gives ``r_bar_i`` for them (all ``s_jk = 0``).
 * Theorem 3.1 / Eq. (11): ``Delta f <= max(delta_r/T * (1 + 2/phi_m), delta_r/phi_m)``, ``delta_r = r_max - r_min``.
   (T, phi_m, delta_r) = (20, 10, 5) gives 0.5.
 
@@ -26,10 +25,10 @@ Checked case by case for a query (i, j) with j unrated by i:
   the ``phi_m`` threshold). Hence ``Delta f = max(delta_r/T, delta_r/(phi_m+1))``, which is below the paper's
   Eq. (11): Eq. (11) is a valid (slightly loose) bound here.
 * *Add/remove one rating*: Eq. (11) does NOT hold. A new co-rater can lift a pair over the ``phi_m`` threshold,
-  switching ``s_jk`` from 0 to up to ``delta_r`` for every k the user rated at once
-  (``tests/predictors/test_slope_one.py`` builds a case that moves the output by ``delta_r``, ten times Eq. (11)), and
-  the paper's bound ``|s'_jl| <= delta_r/phi_m`` in case (i) has no basis (``|s_jl| <= delta_r``). The only bound we
-  can defend is the width of the output range, ``3 * delta_r`` (Eq. (6) lies in ``[r_min - delta_r, r_max + delta_r]``).
+  switching ``s_jk`` from 0 to up to ``delta_r`` for every k the user rated at once (``tests/predictors/test_slope_one.py``
+  builds a case that moves the output by ``delta_r``, ten times Eq. (11)), and the paper's bound ``|s'_jl| <=
+  delta_r/phi_m`` in case (i) has no basis (``|s_jl| <= delta_r``). The only defensible bound is the width of the
+  output range, ``3 * delta_r`` (Eq. (6) lies in ``[r_min - delta_r, r_max + delta_r]``).
 """
 
 from __future__ import annotations
@@ -51,16 +50,13 @@ _BLOCK = 1024
 
 
 def item_gram(train: Ratings, left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
-    """Dense ``[M, M]`` float64 product ``A^T B`` of two users x items sparse matrices that share the rating pattern of
-    ``train`` (values ``left`` and ``right``).
-
-    ``item_gram(train, 1, 1)`` is the co-rating count ``I^T I``; ``item_gram(train, r, 1)`` is
-    ``sum_{i in Phi(j,k)} r_ij`` -- the ingredients of Eq. (3) and Eq. (7).
-    """
-    idx_t = torch.stack([train.items, train.users])
-    idx = torch.stack([train.users, train.items])
-    a_t = torch.sparse_coo_tensor(idx_t, left.double(), (train.n_items, train.n_users), check_invariants=False)
-    b = torch.sparse_coo_tensor(idx, right.double(), (train.n_users, train.n_items), check_invariants=False)
+    """Dense ``[M, M]`` float64 product ``A^T B`` of two users x items sparse matrices with the rating pattern of ``train``
+    (values ``left`` and ``right``): ``item_gram(train, 1, 1)`` is the co-rating count ``I^T I``,
+    ``item_gram(train, r, 1)`` is ``sum_{i in Phi(j,k)} r_ij`` (the ingredients of Eq. (3) and Eq. (7))."""
+    a_t = torch.sparse_coo_tensor(torch.stack([train.items, train.users]), left.double(), (train.n_items, train.n_users),
+                                  check_invariants=False)
+    b = torch.sparse_coo_tensor(torch.stack([train.users, train.items]), right.double(), (train.n_users, train.n_items),
+                                check_invariants=False)
     prod = torch.sparse.mm(a_t.coalesce(), b.coalesce()).coalesce()
     # scatter into dense by hand: Tensor.to_dense() has a large fixed cost on small inputs
     out = torch.zeros(train.n_items, train.n_items, dtype=torch.float64, device=train.device)
@@ -148,10 +144,8 @@ class SlopeOne(_ServedUsers, BasePredictor):
         self.delta_r_ = self.delta_r if self.delta_r is not None else train.scale.span
         self.global_mean_ = train.global_mean
         self._index_users(train)
-        log.info(
-            "slope_one: %d item pairs with > %d co-raters; %d/%d users served (>= %d ratings)",
-            int((counts > self.phi_m).sum()), self.phi_m, int(self.served_.sum()), self.n_users, self.T,
-        )
+        log.info("slope_one: %d item pairs with > %d co-raters; %d/%d users served (>= %d ratings)",
+                 int((counts > self.phi_m).sum()), self.phi_m, int(self.served_.sum()), self.n_users, self.T)
         return self
 
     def _index_users(self, train: Ratings) -> None:
@@ -185,10 +179,8 @@ class SlopeOne(_ServedUsers, BasePredictor):
 
     # ---------------------------------------------------------- prediction
     def score(self, users: torch.Tensor) -> torch.Tensor:
-        """Unclipped Eq. (6) for every item: ``[len(users), M]`` float64 (the output ``f_ij`` of Eq. (9)).
-
-        Users with fewer than ``T`` ratings get the global mean in every column.
-        """
+        """Unclipped Eq. (6) for every item: ``[len(users), M]`` float64 (the output ``f_ij`` of Eq. (9)); users with
+        fewer than ``T`` ratings get the global mean in every column."""
         self._check()
         u, served = self._users(users)
         out = torch.full((u.numel(), self.n_items), self.global_mean_, dtype=torch.float64, device=u.device)
@@ -234,15 +226,13 @@ class SlopeOne(_ServedUsers, BasePredictor):
         delta_r = self.delta_r if self.delta_r is not None else self.delta_r_
         n_unserved = int((~self.served_).sum()) if self.dev_ is not None else None
         return {
-            "unit": "one rating",
-            "relation": "rating",
+            "unit": "one rating", "relation": "rating",
             "neighbouring": "substitution: same rated (user, item) positions, one rating value differs",
             "theorem": "Park & Acharya Theorem 3.1, Eq. (11)",
             "params": {"T": self.T, "phi_m": self.phi_m, "delta_r": delta_r},
             "sensitivity_paper": slope_one_sensitivity(self.T, self.phi_m, delta_r),
             "sensitivity_guaranteed": slope_one_substitution_sensitivity(self.T, self.phi_m, delta_r),
-            "sensitivity_add_remove": 3.0 * delta_r,
-            "users_below_T": n_unserved,
+            "sensitivity_add_remove": 3.0 * delta_r, "users_below_T": n_unserved,
             "caveats": (
                 "Eq. (11) holds under substitution for items the user has not rated (every test pair); "
                 "under add/remove of one rating it fails (a co-rater can push a pair over phi_m), so only "
@@ -252,11 +242,8 @@ class SlopeOne(_ServedUsers, BasePredictor):
         }
 
     def privacy_report(self) -> dict[str, Any]:
-        return {
-            "mechanism": "none", "relation": None, "sensitivity": None, "noise": "none",
-            "epsilon": float("inf"), "delta": 0.0,
-            "analysis": "non-private Slope One; combine with mechanism=laplace_output for Theorem 3.1 noise",
-        }
+        return {"mechanism": "none", "relation": None, "sensitivity": None, "noise": "none", "epsilon": float("inf"), "delta": 0.0,
+                "analysis": "non-private Slope One; combine with mechanism=laplace_output for Theorem 3.1 noise"}
 
     # ------------------------------------------------ LIA side information
     def lookup(self, users: torch.Tensor, items: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -269,11 +256,9 @@ class SlopeOne(_ServedUsers, BasePredictor):
 
     def lia_side_information(self, users: torch.Tensor, query_items: torch.Tensor,
                              target_items: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Theorem 3.3, Eq. (23): ``(a, b, truth)`` with ``LIA = a * A_ij + b`` recovering ``r_il``.
-
-        ``a = |r_i.|``, ``b = -(sum_{k in r_i.} s_jk + sum_{k in r_i. minus l} r_ik)``, ``truth = r_il`` for user i,
-        released (query) item j and attacked (target) item l.
-        """
+        """Theorem 3.3, Eq. (23): ``(a, b, truth)`` with ``LIA = a * A_ij + b`` recovering ``r_il``: ``a = |r_i.|``,
+        ``b = -(sum_{k in r_i.} s_jk + sum_{k in r_i. minus l} r_ik)``, ``truth = r_il`` for user i, released (query)
+        item j and attacked (target) item l."""
         self._check()
         u, served = self._users(users)
         if not bool(served.all()):

@@ -1,17 +1,16 @@
 """Privacy analysis of every training mechanism, as code: relation, sensitivity, noise, amplification, composition.
 
 Conventions. *user level*: neighbouring datasets differ by adding or removing one user's whole profile; *rating
-level*: by adding, removing or changing one rating. A rating-level change is a change of one user's profile, i.e. two
-user-level add/remove steps, so a mechanism that is eps-DP at user level (add/remove) is 2 eps-DP at rating level
-(group privacy; for Poisson subsampling this is tighter than ln(1 + q(e^{2 eps} - 1)), since
-(1 + q(e^eps - 1))^2 <= 1 + q(e^{2 eps} - 1)).
+level*: by adding, removing or changing one rating, i.e. changing one user's profile: two user-level add/remove steps,
+so eps-DP at user level (add/remove) is 2 eps-DP at rating level (group privacy; under Poisson subsampling tighter than
+ln(1 + q(e^{2 eps} - 1)), since (1 + q(e^eps - 1))^2 <= 1 + q(e^{2 eps} - 1)).
 
 Pure-DP building blocks (Laplace mechanism, Poisson subsampling, basic composition):
 
     Laplace:        a query with L1 sensitivity Delta plus Lap(Delta/eps) per entry is eps-DP.
-    Amplification:  a step that is eps-DP on its Poisson(q) sample, under add/remove of the unit
-                    the sample is drawn over, is ln(1 + q (e^eps - 1))-DP (Balle, Barthe &
-                    Gaboardi 2018, Thm. 8), exact for pure DP; Wang & Tang's Theorem 1 uses q eps.
+    Amplification:  a step that is eps-DP on its Poisson(q) sample, under add/remove of the unit the sample is
+                    drawn over, is ln(1 + q (e^eps - 1))-DP (Balle, Barthe & Gaboardi 2018, Thm. 8), exact for
+                    pure DP; Wang & Tang's Theorem 1 uses q eps.
     Composition:    eps's add up (adaptive sequential composition).
 
 So T steps of per-step eps_s after a one-off release of eps_0 spend
@@ -19,8 +18,8 @@ So T steps of per-step eps_s after a one-off release of eps_0 spend
     eps = eps_0 + g T ln(1 + q (e^{eps_s} - 1))          (g = 1 user level, 2 rating level)
 
 and :func:`laplace_step_epsilon` inverts it. Gaussian mechanisms are composed and calibrated in
-:mod:`dprec_torch.privacy.calibration` (``gaussian_epsilon``, ``calibrate_gaussian``), including any one-off Gaussian
-release as an extra history entry (sigma, q = 1, 1 step).
+:mod:`dprec_torch.privacy.calibration` (``gaussian_epsilon``, ``calibrate_gaussian``), a one-off Gaussian release as
+an extra history entry (sigma, q = 1, 1 step).
 
 :func:`analyse_dpsgd_l1` (``mechanism=dpsgd_l1``'s report) and :func:`analyse_dpsgd_paper` (the whole-update analysis
 of Wang & Tang's Alg. 1, docs/privacy.md) return a :class:`MechanismAnalysis` whose ``epsilon`` is the *defended*
@@ -89,16 +88,13 @@ class MechanismAnalysis:
 # --------------------------------------------------------------------------- per mechanism
 def analyse_dpsgd_paper(epsilon: float, steps: int, q: float, phi: float, floor_c: float, max_profile: int,
                         item_means_private: bool = False) -> MechanismAnalysis:
-    """Wang & Tang Alg. 1 as implemented (``mechanism=dpsgd``, PNBM).
-
-    Noise: Lap(q K Delta F(t) / eps) per entry with Delta F(t) = 2 e_max(t) phi / C (one ENTRY's range).
-    The exact gradient entry obeys |e (x_uj/d - (n/d^2) sgn s_ij)| <= e_max 2 phi / C (|x| <= phi, |n/d| <= phi),
-    so one rating moves the whole update by at most Delta_1 = 2 n (n-1) e_max 2 phi / C and each step is really
-    eps_t = Delta_1 / b_t = 2 n (n-1) eps / (q K) -DP, with e_max cancelling. A rating-sampled batch carries the
-    whole history of every sampled user, so the changed rating is present whenever any of its user's n ratings is
-    sampled: q_eff = 1 - (1 - q)^n. The released model also holds r_bar computed exactly from the data (not DP at
-    all) unless ``item_means_private``.
-    """
+    """Wang & Tang Alg. 1 as implemented (``mechanism=dpsgd``, PNBM). Noise: Lap(q K Delta F(t) / eps) per entry with
+    Delta F(t) = 2 e_max(t) phi / C (one ENTRY's range). The exact gradient entry obeys |e (x_uj/d - (n/d^2) sgn s_ij)|
+    <= e_max 2 phi / C (|x| <= phi, |n/d| <= phi), so one rating moves the whole update by at most
+    Delta_1 = 2 n (n-1) e_max 2 phi / C and each step is really eps_t = Delta_1 / b_t = 2 n (n-1) eps / (q K) -DP, with
+    e_max cancelling. A rating-sampled batch carries the whole history of every sampled user, so the changed rating is
+    present whenever any of its user's n ratings is sampled: q_eff = 1 - (1 - q)^n. The released model also holds
+    r_bar computed exactly from the data (not DP at all) unless ``item_means_private``."""
     n = int(max_profile)
     eps_t_true = 2.0 * n * max(n - 1, 1) * epsilon / (q * steps)
     q_eff = 1.0 - (1.0 - q) ** n if q < 1 else 1.0
@@ -123,26 +119,20 @@ def analyse_dpsgd_paper(epsilon: float, steps: int, q: float, phi: float, floor_
 
 
 def dpsgd_l1_group_factor(relation: str, unit: str) -> int:
-    """g of ``analyse_dpsgd_l1``: 2 for ``relation=rating`` (add/remove/CHANGE one rating), else 1.
-
-    Changing one rating's value replaces one clipped contribution by another -- the rating's own (unit=rating) or
-    its user's whole G_u (unit=user) -- so the clipped sum moves by up to 2c in L1 (two add/remove steps); adding or
-    removing one rating under unit=user also replaces G_u. ``relation=user`` with ``unit=user``: add/remove a whole
-    profile moves the sum by c, g = 1.
-    """
+    """g of ``analyse_dpsgd_l1``: 2 for ``relation=rating`` (add/remove/CHANGE one rating), else 1. Changing one
+    rating's value replaces one clipped contribution by another (the rating's own, unit=rating, or its user's whole
+    G_u, unit=user): the clipped sum moves by up to 2c in L1 (two add/remove steps); adding or removing one rating under
+    unit=user also replaces G_u. ``relation=user``, ``unit=user``: add/remove a whole profile moves the sum by c, g = 1."""
     return 2 if relation == RATING else 1
 
 
 def analyse_dpsgd_l1(epsilon: float, steps: int, q: float, clip_norm: float, mean_epsilon: float,
                      relation: str = USER, unit: str = USER) -> MechanismAnalysis:
-    """``mechanism=dpsgd_l1`` (:mod:`dprec_torch.mechanisms.dpsgd`).
-
-    Per step: release sum_{x in batch} clip_1(G_x, c) + Lap(c/eps_s)^{#params}; G_x is unit x's whole gradient
-    contribution (PNBM: user u's G_u over rows and columns R_u), clipped in L1 to c, so the add/remove-one-unit L1
-    sensitivity is c and the step is eps_s-DP on its sample. Poisson(q) over units amplifies it to
-    ln(1 + q(e^{eps_s} - 1)); with the item-mean release eps_0 (PNBM only) and T steps:
-    eps = eps_0 + g T ln(1 + q(e^{eps_s} - 1)), g = :func:`dpsgd_l1_group_factor`.
-    """
+    """``mechanism=dpsgd_l1`` (:mod:`dprec_torch.mechanisms.dpsgd`). Per step: release sum_{x in batch} clip_1(G_x, c)
+    + Lap(c/eps_s)^{#params}; G_x is unit x's whole gradient contribution (PNBM: user u's G_u over rows and columns
+    R_u), clipped in L1 to c, so the add/remove-one-unit L1 sensitivity is c and the step is eps_s-DP on its sample.
+    Poisson(q) over units amplifies it to ln(1 + q(e^{eps_s} - 1)); with the item-mean release eps_0 (PNBM only) and T
+    steps: eps = eps_0 + g T ln(1 + q(e^{eps_s} - 1)), g = :func:`dpsgd_l1_group_factor`."""
     group = dpsgd_l1_group_factor(relation, unit)
     eps_s = laplace_step_epsilon(epsilon, steps, q, mean_epsilon, group)
     return MechanismAnalysis(

@@ -7,9 +7,8 @@ Accountants (``accountant=``):
 
 * ``rdp``: Renyi DP of the subsampled Gaussian mechanism (Mironov et al. 2019), Opacus's ``compute_rdp`` and
   ``get_privacy_spent`` over :data:`~dprec_torch.privacy.opacus_accounting.RDP_ORDERS` -- exactly what Opacus's
-  ``RDPAccountant`` returns for the history, with the RDP of one step of each (q, sigma) computed once (memoised);
-* ``prv``: Opacus's PRV accountant (Gopi et al. 2021) through
-  :class:`~dprec_torch.privacy.opacus_accounting.OpacusAccountant`;
+  ``RDPAccountant`` returns for the history, the RDP of one step of each (q, sigma) computed once (memoised);
+* ``prv``: Opacus's PRV accountant (Gopi et al. 2021) through :class:`~dprec_torch.privacy.opacus_accounting.OpacusAccountant`;
 * ``gdp``: Gaussian DP (Dong, Roth & Su, JRSS-B 2022) for unsampled releases (q = 1). A Gaussian mechanism of
   multiplier sigma is mu = 1/sigma -GDP (Thm. 2.7); k of them compose to exactly sqrt(sum mu_k^2)-GDP (Cor. 3.3),
   and mu-GDP is (eps, delta(eps))-DP for every eps with delta(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)
@@ -17,13 +16,12 @@ Accountants (``accountant=``):
   are that curve; :func:`split_mu` splits one mu^2 between the releases of a plan, so the plan is exactly mu-GDP.
 
 :func:`gaussian_epsilon` first merges consecutive entries with the same (sigma, q), as Opacus's accountants record
-them, so the figure is the one an :class:`OpacusAccountant` fed the same steps reports.
+them: the figure is the one an :class:`OpacusAccountant` fed the same steps reports. :func:`calibrate_gaussian`
+returns a :class:`Noise` (sigma and mu = 1 / sigma; exact is the accountant's own parameter: sigma for
+``rdp``/``prv``, mu for ``gdp``), found by
 
-:func:`calibrate_gaussian` returns a :class:`Noise` (sigma and mu = 1 / sigma; the accountant's own parameter is the
-exact one: sigma for ``rdp``/``prv``, mu for ``gdp``), found by
-
-* ``search="bisect"`` (``rdp``/``prv``): bisection on sigma for the smallest sigma whose history
-  ``prior + [(sigma, q, steps)]`` stays at or below the target (the mechanisms that calibrate once for a whole run);
+* ``search="bisect"`` (``rdp``/``prv``): bisection for the smallest sigma whose history ``prior + [(sigma, q, steps)]``
+  stays at or below the target (the mechanisms that calibrate once for a whole run);
 * ``search="opacus"`` (``rdp``/``prv``, no prior): Opacus's own ``get_noise_multiplier`` (``mechanism=gaussian``'s
   calibration since the first release; ``tolerance`` is then Opacus's absolute ``epsilon_tolerance``);
 * ``accountant="gdp"`` (q = 1, one release, no prior): the exact inversion of the monotone delta(mu) (brentq).
@@ -48,9 +46,8 @@ import numpy as np
 
 from dprec_torch.errors import ConfigError
 
-# Opacus (~1.4 s: its package imports the whole privacy engine, scipy.stats, torch.distributed) and scipy.optimize /
-# scipy.special (~0.5 s each) are imported by the functions that use them: the Laplace mechanisms (``dpsgd``, the
-# default) import this module for :func:`calibrate_gaussian` and never call it (start-up time).
+# Opacus (~1.4 s: the whole privacy engine, scipy.stats, torch.distributed) and scipy.optimize / scipy.special (~0.5 s
+# each) are imported where used: the Laplace mechanisms (``dpsgd``, the default) import this module but never call it.
 
 #: the accountants a calibration can run under (``rdp``/``prv``: Opacus; ``gdp``: analytic Gaussian DP)
 CALIBRATION_ACCOUNTANTS = ("rdp", "prv", "gdp")
@@ -117,10 +114,8 @@ def gdp_epsilon(mu: float, delta: float) -> float:
 
 
 def split_mu(mu: float, plan: dict[str, tuple[float, int]]) -> dict[str, float]:
-    """Per-step mu of each release: ``plan[name] = (fraction of mu^2, steps)``; fractions sum to 1.
-
-    sum_name steps * mu_name^2 = mu^2, so the composition is exactly mu-GDP.
-    """
+    """Per-step mu of each release, ``plan[name] = (fraction of mu^2, steps)`` with fractions summing to 1:
+    sum_name steps * mu_name^2 = mu^2, so the composition is exactly mu-GDP."""
     total = sum(f for f, _ in plan.values())
     if any(not f > 0 or n < 1 for f, n in plan.values()) or abs(total - 1.0) > 1e-9:
         raise ConfigError(f"release plan fractions must be > 0 and sum to 1, got {plan}")
@@ -195,9 +190,8 @@ def memo_dir() -> Path | None:
 def disk_memo(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Memoise ``fn`` (a pure function of public numbers: a calibration, the epsilon of a history) on disk, keyed by
     its name, arguments, :data:`MEMO_VERSION` and the Opacus version, so a run whose figures were computed before
-    never imports Opacus (seconds of start-up). One small JSON file per key, written atomically; a float round-trips
-    exactly through JSON (``repr``), so a cached figure is the computed one bit for bit. Unreadable entries are
-    recomputed; a cache that cannot be written is skipped."""
+    never imports Opacus. One small JSON file per key, written atomically; floats round-trip exactly (``repr``), bit
+    for bit. Unreadable entries are recomputed; a cache that cannot be written is skipped."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any) -> Any:
@@ -227,9 +221,7 @@ def disk_memo(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _encode(value: Any) -> Any:
-    if isinstance(value, Noise):
-        return {"noise": [_f(value.sigma), _f(value.mu)]}
-    return {"float": _f(value)}
+    return {"noise": [_f(value.sigma), _f(value.mu)]} if isinstance(value, Noise) else {"float": _f(value)}
 
 
 def _f(x: float) -> Any:
@@ -237,9 +229,7 @@ def _f(x: float) -> Any:
 
 
 def _decode(value: dict[str, Any]) -> Any:
-    if "noise" in value:
-        return Noise(*(float(x) for x in value["noise"]))
-    return float(value["float"])
+    return Noise(*(float(x) for x in value["noise"])) if "noise" in value else float(value["float"])
 
 
 # --------------------------------------------------------------------------- epsilon of a history
@@ -294,7 +284,7 @@ def gaussian_epsilon(history: Iterable[Sequence[float]], delta: float, accountan
 @dataclass(frozen=True)
 class Noise:
     """A calibrated noise level: the noise multiplier ``sigma`` (noise std / L2 sensitivity) and ``mu`` = 1 / sigma,
-    its Gaussian-DP parameter as one unsampled release (module docstring: which of the two is exact)."""
+    its Gaussian-DP parameter as one unsampled release (module docstring: which is exact)."""
 
     sigma: float
     mu: float

@@ -1,40 +1,36 @@
 """Differentially private item means r~_i and global mean g: the one release.
 
-:func:`release_item_means` is the package's one entry point: it takes an :class:`ItemMeansSpec` (which estimator,
-its relation, noise and options) and the budget, draws the noise from the caller's generator and returns an
-:class:`ItemMeansRelease`. Two estimators, both published:
+:func:`release_item_means`, the package's one entry point, takes an :class:`ItemMeansSpec` (estimator, relation,
+noise, options) and the budget, draws the noise from the caller's generator and returns an :class:`ItemMeansRelease`.
+Two published estimators: ``estimator="posterior"`` (``noisy_gram``, ``dpals``, the low-rank PNBM mechanisms, the
+DP-means baseline) releases the item statistics (S, gamma C) once, then shrinks to the posterior mean towards their
+global mean; ``estimator="centred"`` (the full PNBM mechanisms ``gaussian``, ``dpsgd_l1``, ``sgld``) releases a DP
+global mean first, then item statistics centred at it, shrunk by a constant. Every weight below depends on one user's
+own data only, so the sensitivities hold for any dataset.
 
-``estimator="posterior"`` (``noisy_gram``, ``dpals``, the low-rank PNBM mechanisms, the DP-means baseline): one
-release of the item statistics (S, gamma C), then posterior-mean shrinkage towards their global mean.
-``estimator="centred"`` (the full PNBM mechanisms ``gaussian``, ``dpsgd_l1``, ``sgld``): a DP global mean first, then
-item statistics centred at it, shrunk by a constant.
-
-Every weight below depends on one user's own data only, so the sensitivities hold for any dataset.
-
-**posterior.** Item statistics, z_ui = (r_ui - mid) / half in [-1, 1] (mid, half: the public scale's midpoint and
-half-span):
+**posterior.** Item statistics, z_ui = (r_ui - mid) / half in [-1, 1] (the public scale's midpoint and half-span):
 
 * user level (add/remove one user): w_u = 1 / sqrt(sum_{i in R_u} (z_ui^2 + 1)), released
   (S_i, C_i) = sum_u w_u (z_ui, 1): user u's contribution has L2 norm exactly 1 -> Delta = 1;
-* rating level (add/remove one rating, or change its value): (S_i, C_i) = sum (z_ui, sqrt(3)):
-  add/remove moves one (S_i, C_i) by sqrt(z^2 + 3) <= 2, a change of value moves S_i by |z - z'| <= 2 -> Delta = 2.
-  The sqrt(3) weight on counts costs nothing extra (both cases reach 2) and makes counts less noisy.
+* rating level (add/remove one rating, or change its value): (S_i, C_i) = sum (z_ui, sqrt(3)): add/remove moves one
+  (S_i, C_i) by sqrt(z^2 + 3) <= 2, a change of value moves S_i by |z - z'| <= 2 -> Delta = 2 (so the sqrt(3) weight,
+  which makes counts less noisy, costs nothing extra).
 
-``count_weight`` gamma (optional, :func:`item_stats_sensitivity`): the released pair is (S_i, gamma C_i) and
-C~ = released / gamma. User level: w_u = 1 / sqrt(sum_{i in R_u} (z_ui^2 + gamma^2)), so the user's contribution
-still has L2 norm exactly 1 (Delta = 1) while a gamma < 1 moves weight from the counts to the sums (each S_i
-carries more signal; each C_i more noise in count units). Rating level: add/remove moves (S_i, gamma C_i) by
-sqrt(z^2 + gamma^2) <= sqrt(1 + gamma^2), a change of value by |z - z'| <= 2 -> Delta = max(2, sqrt(1 + gamma^2)).
+``count_weight`` gamma (optional, :func:`item_stats_sensitivity`): the released pair is (S_i, gamma C_i), C~ =
+released / gamma. User level: w_u = 1 / sqrt(sum_{i in R_u} (z_ui^2 + gamma^2)), still L2 norm exactly 1 (Delta = 1);
+a gamma < 1 moves weight from the counts to the sums (more signal in each S_i, more noise in each C_i in count
+units). Rating level: add/remove moves (S_i, gamma C_i) by sqrt(z^2 + gamma^2) <= sqrt(1 + gamma^2), a change of
+value by |z - z'| <= 2 -> Delta = max(2, sqrt(1 + gamma^2)).
 
-``noise=laplace`` (pure eps_m, composed with the Gaussian releases by basic composition): L1 versions,
-user level w_u = 1 / sum_{i in R_u} (1 + |z_ui|) (L1 norm exactly 1 -> Delta_1 = 1, as in the centred estimator);
-rating level (z, 1): add/remove |z| + 1 <= 2, change |z - z'| <= 2 -> Delta_1 = 2.
-With gamma: user w_u = 1 / sum (gamma + |z_ui|) (Delta_1 = 1); rating (z, gamma): Delta_1 = max(2, 1 + gamma).
+``noise=laplace`` (pure eps_m, composed with the Gaussian releases by basic composition), L1 versions: user level
+w_u = 1 / sum_{i in R_u} (1 + |z_ui|) (L1 norm exactly 1 -> Delta_1 = 1, as in the centred estimator); rating level
+(z, 1): add/remove |z| + 1 <= 2, change |z - z'| <= 2 -> Delta_1 = 2. With gamma: user w_u = 1 / sum (gamma + |z_ui|)
+(Delta_1 = 1); rating (z, gamma): Delta_1 = max(2, 1 + gamma).
 
-Post-processing (no privacy cost): g = mid + half sum S~ / max(sum C~, 1), and with C+ = max(C~, 0),
-S'_i = S~_i - C+_i (g - mid) / half (the item's deviation from g, times its count, in z units) and a
-N(0, tau_z^2) prior on each item's deviation (tau_z = ``prior_std`` / half), the posterior mean given
-S' = C d + N(0, s^2) (s = the noise std of a sum) is
+Post-processing (no privacy cost): g = mid + half sum S~ / max(sum C~, 1); with C+ = max(C~, 0),
+S'_i = S~_i - C+_i (g - mid) / half (the item's deviation from g times its count, in z units) and a N(0, tau_z^2)
+prior on each item's deviation (tau_z = ``prior_std`` / half), the posterior mean given S' = C d + N(0, s^2) (s: the
+noise std of a sum) is
     r_bar_i = clip(g + half C+_i tau_z^2 S'_i / (C+_i^2 tau_z^2 + s^2))     (-> S'_i / C_i as s -> 0),
 so an item whose count is lost in the noise falls back to g instead of amplifying the noise.
 
@@ -46,15 +42,14 @@ mu_1 = sqrt(1 - share) mu, so mu_0^2 + mu_1^2 = mu^2. The posterior above then r
 
 **centred.** Two steps (basic composition of their epsilons, or two Gaussian mechanisms of one multiplier):
 
-1. Global mean mu (fraction ``global_fraction`` of the budget), centred at the public scale
-   midpoint m0 with a0 = span/2 so z = (r - m0)/a0 is in [-1, 1]:
-     * user level: each user adds (mean_{i in R_u} z_ui, 1)  -> L1 sensitivity 2 (add/remove a user);
-     * rating level: each rating adds (z_ui, 1)               -> L1 sensitivity 2 (add/remove/change a rating);
+1. Global mean mu (fraction ``global_fraction`` of the budget), centred at the public scale midpoint m0 with
+   a0 = span/2, so z = (r - m0)/a0 is in [-1, 1]; each user adds (mean_{i in R_u} z_ui, 1) (user level) or each
+   rating (z_ui, 1) (rating level): L1 sensitivity 2 (add/remove a user; add/remove/change a rating);
    mu = m0 + a0 (S_g + Lap(2/eps_g)) / max(C_g + Lap(2/eps_g), 1).
 2. Item statistics (the rest of the budget, eps_i), centred at mu with a = max(mu - lo, hi - mu):
    z_ui = (r_ui - mu)/a in [-1, 1], per-item sums S_i = sum_u w_u z_ui and counts C_i = sum_u w_u I_ui:
-     * user level, Laplace: w_u = 1 / sum_{i in R_u} (1 + |z_ui|), so the user's (S, C) vector has L1 norm
-       exactly 1 -> sensitivity 1, noise Lap(1/eps_i) on each of the 2M entries;
+     * user level, Laplace: w_u = 1 / sum_{i in R_u} (1 + |z_ui|): the user's (S, C) has L1 norm exactly 1 ->
+       sensitivity 1, noise Lap(1/eps_i) on each of the 2M entries;
      * user level, Gaussian: w_u = 1 / sqrt(sum_{i in R_u} (z_ui^2 + 1)) -> L2 sensitivity 1, noise N(0, sigma^2);
      * rating level, Laplace: w = 1 -> sensitivity 2 (one rating touches one item), Lap(2/eps_i).
    Post-processing with shrinkage towards mu (kappa = ``shrinkage`` x the noise std of C_i):
@@ -76,10 +71,7 @@ from dprec_torch.errors import ConfigError
 from dprec_torch.seeding import SecretGenerator
 
 RELATIONS = ("user", "rating")
-RELATION_TEXT = {
-    "user": "add/remove one user's whole profile",
-    "rating": "add/remove one rating, or change one rating's value",
-}
+RELATION_TEXT = {"user": "add/remove one user's whole profile", "rating": "add/remove one rating, or change one rating's value"}
 COUNT_WEIGHT = {("user", "gaussian"): 1.0, ("rating", "gaussian"): math.sqrt(3.0),
                 ("user", "laplace"): 1.0, ("rating", "laplace"): 1.0}
 #: L2 (gaussian) or L1 (laplace) sensitivity of (S, C)
@@ -119,11 +111,9 @@ def _per_item(train: Any, v: torch.Tensor) -> torch.Tensor:
 
 def item_stat_terms(train: Any, relation: str, noise: str = "gaussian", count_weight: float | None = None,
                     item_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-rating terms (a_ui, b_ui) with S_i = sum a_ui and gamma C_i = sum b_ui (module docstring).
-
-    ``item_weight`` a_i in (0, 1] (Gaussian only; :func:`popularity_weights`): rating (u, i) enters as a_i (z, gamma)
-    before the user's normalisation, so the sensitivity is unchanged (user level: unit norm; rating level: a_i <= 1).
-    """
+    """Per-rating terms (a_ui, b_ui) with S_i = sum a_ui and gamma C_i = sum b_ui (module docstring). ``item_weight``
+    a_i in (0, 1] (Gaussian only; :func:`popularity_weights`): rating (u, i) enters as a_i (z, gamma) before the user's
+    normalisation, so the sensitivity is unchanged (user level: unit norm; rating level: a_i <= 1)."""
     if relation not in RELATIONS:
         raise ConfigError(f"relation must be one of {RELATIONS}, got '{relation}'")
     if noise not in NOISES:
@@ -200,13 +190,11 @@ ESTIMATORS = ("posterior", "centred")
 
 @dataclass(frozen=True)
 class ItemMeansSpec:
-    """Which DP item-means estimator, and its options (the ``mean_*`` keys of the predictors and mechanisms).
-
-    ``estimator``: ``posterior`` | ``centred`` (module docstring); ``relation``: ``user`` | ``rating``; ``noise``:
+    """Which DP item-means estimator, and its options (the ``mean_*`` keys of the predictors and mechanisms):
+    ``estimator`` ``posterior`` | ``centred`` (module docstring); ``relation`` ``user`` | ``rating``; ``noise``
     ``gaussian`` | ``laplace``. Posterior: ``prior_std`` (rating units), ``count_weight`` gamma (None: the default of
     (relation, noise)), ``popularity_alpha`` and ``popularity_share`` (Gaussian only). Centred: ``global_fraction`` (the
-    global mean's share of a Laplace epsilon) and ``shrinkage`` (kappa / the counts' noise std).
-    """
+    global mean's share of a Laplace epsilon) and ``shrinkage`` (kappa / the counts' noise std)."""
 
     estimator: str = "posterior"
     relation: str = "user"
@@ -279,14 +267,12 @@ class ItemMeansRelease:
 
 def release_item_means(train: Any, spec: ItemMeansSpec, generator: SecretGenerator, *, epsilon: float | None = None,
                        mu: float | None = None, noise_multiplier: float | None = None) -> ItemMeansRelease:
-    """Release DP item means of ``train`` with the estimator and options of ``spec`` (module docstring): the package's
-    one definition. The noise is drawn from ``generator`` in the estimator's fixed order.
-
-    The budget, exactly one of: ``epsilon``, the pure epsilon (``noise=laplace``; ``inf``: no noise, whatever the
-    noise); ``mu``, the Gaussian-DP mu (``noise=gaussian``); ``noise_multiplier`` sigma (``noise=gaussian``). The
-    posterior estimator adds N(0, (Delta / mu)^2) and takes mu = 1 / sigma when given sigma; the centred one runs two
-    Gaussian mechanisms of multiplier sigma (sigma = 1 / mu when given mu), for the caller's RDP/PRV accountant.
-    """
+    """Release DP item means of ``train`` with the estimator and options of ``spec`` (module docstring), the noise
+    drawn from ``generator`` in the estimator's fixed order. The budget, exactly one of: ``epsilon``, the pure epsilon
+    (``noise=laplace``; ``inf``: no noise, whatever the noise); ``mu``, the Gaussian-DP mu (``noise=gaussian``);
+    ``noise_multiplier`` sigma (``noise=gaussian``). The posterior estimator adds N(0, (Delta / mu)^2) and takes
+    mu = 1 / sigma when given sigma; the centred one runs two Gaussian mechanisms of multiplier sigma (sigma = 1 / mu
+    when given mu), for the caller's RDP/PRV accountant."""
     given = [k for k, v in (("epsilon", epsilon), ("mu", mu), ("noise_multiplier", noise_multiplier)) if v is not None]
     if len(given) != 1:
         raise ConfigError(f"release_item_means takes exactly one of epsilon, mu, noise_multiplier; got {given or 'none'}")
@@ -314,17 +300,14 @@ def _gauss(n: int, std: float, gen: SecretGenerator, device: torch.device) -> to
 
 
 def _posterior(train: Any, spec: ItemMeansSpec, budget: float, gen: SecretGenerator) -> ItemMeansRelease:
-    """(S, gamma C) + noise on all 2M entries, then the shrunk means (module docstring).
-
-    ``budget`` is mu (GDP) for ``noise=gaussian`` and the pure epsilon for ``noise=laplace``; inf = no noise.
-    ``popularity_alpha`` > 0 (module docstring): the two stages (floor = 2 x K~'s noise std) are together exactly the
-    caller's mu-GDP (one Gaussian mechanism of multiplier 1/mu for an RDP/PRV accountant); each user's unit norm then
-    leans towards rare items, whose means have the fewest contributions.
-    """
+    """(S, gamma C) + noise on all 2M entries, then the shrunk means (module docstring). ``budget`` is mu (GDP) for
+    ``noise=gaussian``, the pure epsilon for ``noise=laplace``; inf = no noise. ``popularity_alpha`` > 0 (module
+    docstring): the two stages (floor = 2 x K~'s noise std) are together exactly the caller's mu-GDP (one Gaussian
+    mechanism of multiplier 1/mu for an RDP/PRV accountant); each user's unit norm then leans towards rare items, whose
+    means have the fewest contributions."""
     relation, noise, prior_std, count_weight = spec.relation, spec.noise, spec.prior_std, spec.count_weight
     popularity_alpha, popularity_share = spec.popularity_alpha, spec.popularity_share
-    given = budget
-    m = train.n_items
+    given, m = budget, train.n_items
     lo, hi = train.scale.lo, train.scale.hi
     mid, half = (lo + hi) / 2, (hi - lo) / 2
     delta = item_stats_sensitivity(relation, noise, count_weight)
@@ -392,10 +375,10 @@ def _centred_global_mean(train: Any, relation: str, noise: str, budget: float, g
 
 def _centred(train: Any, spec: ItemMeansSpec, epsilon: float | None, noise_multiplier: float | None,
              generator: SecretGenerator) -> ItemMeansRelease:
-    """Both steps (module docstring). Laplace: ``epsilon`` is the total pure-DP budget of both steps
-    (eps_g = global_fraction * epsilon). Gaussian (user level only): ``noise_multiplier`` sigma is used for both steps
-    (sensitivity 1 after the weights; the global step scales its sqrt(2) sensitivity into the std), i.e. the release
-    is two Gaussian mechanisms with noise multiplier sigma, to be composed by the caller's RDP/PRV accountant."""
+    """Both steps (module docstring). Laplace: ``epsilon`` is the total pure-DP budget of both steps (eps_g =
+    global_fraction * epsilon). Gaussian (user level only): ``noise_multiplier`` sigma for both steps (sensitivity 1
+    after the weights; the global step scales its sqrt(2) sensitivity into the std): two Gaussian mechanisms of noise
+    multiplier sigma, to be composed by the caller's RDP/PRV accountant."""
     relation, noise, global_fraction, shrinkage = spec.relation, spec.noise, spec.global_fraction, spec.shrinkage
     laplace = noise == "laplace"
     if laplace and (epsilon is None or not epsilon > 0):
@@ -406,8 +389,6 @@ def _centred(train: Any, spec: ItemMeansSpec, epsilon: float | None, noise_multi
     lo, hi = train.scale.lo, train.scale.hi
     a = max(mu - lo, hi - mu)
     z = (train.values.double() - mu) / a
-    dev = train.values.device
-    m = train.n_items
     if laplace:  # rating level: w = 1, sensitivity 2; user level: L1-normalised, sensitivity 1 (module docstring)
         sens = 2.0 if relation == "rating" else 1.0
         w = torch.ones_like(z) if relation == "rating" else (1.0 / _per_user(train, 1.0 + z.abs()).clamp_min(1e-12))[train.users]
@@ -419,8 +400,8 @@ def _centred(train: Any, spec: ItemMeansSpec, epsilon: float | None, noise_multi
         scale = count_std = float(noise_multiplier)
         info.update(item_gaussian_std=count_std, item_sensitivity_l2=1.0)
     draw = _laplace if laplace else _gauss
-    s_n = _per_item(train, w * z) + draw(m, scale, generator, dev)
-    c_n = _per_item(train, w) + draw(m, scale, generator, dev)
+    s_n = _per_item(train, w * z) + draw(train.n_items, scale, generator, train.values.device)
+    c_n = _per_item(train, w) + draw(train.n_items, scale, generator, train.values.device)
     kappa = shrinkage * count_std
     means = (mu + a * s_n / (c_n.clamp_min(0) + kappa).clamp_min(1e-12)).clamp(lo, hi)
     info.update(shrinkage_kappa=kappa, centre=mu, half_width=a)
@@ -430,9 +411,8 @@ def _centred(train: Any, spec: ItemMeansSpec, epsilon: float | None, noise_multi
 
 # ------------------------------------------------------------------ installing a release
 def install_item_means(model: Any, release: ItemMeansRelease) -> None:
-    """Put the DP means into a PNBM in place (the batch sampler holds the same tensor) and make its
-    fallback use them: every user/item is then predicted by the model from DP quantities + u's own history.
-    """
+    """Put the DP means into a PNBM in place (the batch sampler holds the same tensor) and make its fallback use them:
+    every user/item is then predicted by the model from DP quantities + u's own history."""
     with torch.no_grad():
         model.item_means.copy_(release.means.to(model.item_means.device))
     fb = model.fallback_  # BaseModel's default: None

@@ -1,55 +1,49 @@
 """Privacy ledger: what a whole sweep spent on the same people, and whether it tuned on the test split.
 
 Every run writes ``metrics.json`` with ``privacy`` (its mechanism's report: ``epsilon``, ``delta``, ``relation``). The
-ledger charges every released model to the POPULATION it was trained on, i.e. the dataset: ML-100K's five folds (and
-ML-1M's repeated hold-outs, and a fold's validation split) all train on the same 943 (6,040) people, so their epsilons
-compose. By basic composition a set of releases with (eps_k, delta_k) on the same people is (sum eps_k, sum
-delta_k)-DP. Choosing the best run afterwards by its validation RMSE is NOT post-processing: the score reads those
-people's validation ratings, so the SUM (never the chosen run's eps) bounds the releases only, not the released
-choice, and no end-to-end epsilon follows from it (choose on other people's data, or privately:
+ledger charges every released model to its dataset, the POPULATION it trained on: ML-100K's five folds (ML-1M's
+repeated hold-outs, a fold's validation split) all train on the same 943 (6,040) people, so their epsilons compose, by
+basic composition, to (sum eps_k, sum delta_k)-DP. Choosing the best run by its validation RMSE is NOT post-processing
+(the score reads those people's validation ratings): the SUM (never the chosen run's eps) bounds the releases only, not
+the choice, and gives no end-to-end epsilon (choose on other people's data, or privately:
 :mod:`dprec_torch.privacy.provenance`).
 
 What one run charges (:func:`charged_epsilon`):
 
-* one model per fold it trained: a ``fold=all`` run released five models, so it charges their joint epsilon,
-  ``privacy.joint`` (:func:`run_privacy`: the fold models composed by the mechanism's own accountant), once; a record
-  written before that field charges the sum of its folds' epsilons (each fold record's ``privacy_epsilon`` when the
-  runner wrote it, else the run's ``privacy.epsilon`` once per fold);
-* per-query mechanisms (``laplace_output``, Park & Acharya) whose report gives the epsilon of one released value
-  charge its composition over all ``released_values`` (basic composition: every released value reads the same ratings,
-  so parallel composition does not apply). Reports that already headline the composed total (``epsilon_scope`` "total
-  ...") are charged as they are.
+* a ``fold=all`` run released five models: it charges once their joint epsilon ``privacy.joint`` (:func:`run_privacy`,
+  composed by the mechanism's own accountant); a record written before that field charges the sum over its folds of
+  each fold record's ``privacy_epsilon`` where written, else of the run's ``privacy.epsilon``;
+* a per-query report (``laplace_output``, Park & Acharya: the epsilon of one released value) charges its basic
+  composition over all ``released_values`` (they all read the same ratings: parallel composition does not apply); a
+  report headlining the composed total (``epsilon_scope`` "total ...") is charged as it is.
 
-Units: a user-level eps_k gives 2 eps_k at rating level (a changed rating is a changed profile); a rating-level
-guarantee gives nothing at user level, and any other relation (e.g. one entry of a score matrix) gives nothing about
-the training data. A run whose epsilon is ``None`` (not established) or ``inf`` makes the total ``inf``. A finite
-epsilon whose ``delta`` is ``None`` or absent (e.g. SGLD's chain, whose distance from the posterior nobody bounds) has
-an UNESTABLISHED delta, never 0: the run's delta is NaN and the totals it enters are (inf, NaN), printed "not
-established".
+Units: a user-level eps_k is 2 eps_k at rating level (a changed rating is a changed profile); a rating-level guarantee
+gives nothing at user level, any other relation (e.g. one entry of a score matrix) nothing about the training data. An
+epsilon ``None`` (not established) or ``inf`` makes the total ``inf``. A finite epsilon with ``delta`` ``None`` or
+absent (e.g. SGLD's chain: nobody bounds its distance from the posterior) has an UNESTABLISHED delta, never 0: the
+run's delta is NaN, its totals (inf, NaN), printed "not established".
 
-Validation runs (data name ending in ``+validation``, :mod:`dprec_torch.data.validation`) train on a subset of the
-same people, so they are charged to the same ledger entry. Several runs of the same cell (mechanism, model, nominal
-epsilon, folds) evaluated on the TEST split of one dataset trigger a warning: picking among them by ``test_rmse``
-tunes hyperparameters on the test set.
+Validation runs (data name ending in ``+validation``, :mod:`dprec_torch.data.validation`) train on a subset of the same
+people: the same ledger entry. Several runs of one cell (mechanism, model, nominal epsilon, folds) scored on the TEST
+split of one dataset trigger a warning: picking among them by ``test_rmse`` tunes on the test set.
 
-Tuning cost (``tuning`` in each entry, the two-stage study of ``scripts/study.py``): the validation runs of one
-(mechanism, model, nominal epsilon) are the configurations tried for that cell. Their releases cost, by basic
-composition on the same people, sum_k eps_k (= n x eps when every configuration has the same eps) at the mechanism's
-relation, before the final runs' own eps; the choice among them reads the validation ratings and is not counted in
-that sum (the statement says so). For mechanisms whose epsilon is null (the paper-faithful ``dpsgd_paper`` and
-``sgld_paper`` on PNBM), nothing is defended, for tuning or otherwise.
+Tuning cost (``tuning`` per entry; ``scripts/study.py``'s two-stage study): the validation runs of one (mechanism,
+model, nominal epsilon) are the configurations tried for that cell; their releases cost sum_k eps_k (= n x eps when
+all equal; basic composition on the same people) at the mechanism's relation, before the final runs' own eps. The
+choice among them reads the validation ratings and is not in that sum (the statement says so). Mechanisms whose
+epsilon is null (``dpsgd_paper``, ``sgld_paper`` on PNBM) defend nothing, for tuning or otherwise.
 
-When every run of a dataset carries an accountant history under one Opacus accountant, one delta and one relation (the
+When every run of a dataset carries an accountant history under one Opacus accountant, delta and relation (the
 Gaussian mechanisms), the entry's ``composed`` is their composition by that accountant (tighter than the basic sum,
-which stays in the table's columns).
-
-``python scripts/ledger.py SWEEP_DIR`` prints the table; :func:`ledger_report` returns it as a dict.
+which stays in the table's columns). ``python scripts/ledger.py SWEEP_DIR`` prints the table; :func:`ledger_report`
+returns it as a dict.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -146,10 +140,7 @@ class LedgerEntry:
 
     def warnings(self) -> list[str]:
         out = []
-        cells: dict[tuple[str, str, float | None, tuple[int, ...]], int] = {}
-        for r in self.test_runs:
-            key = (r.mechanism, r.model, r.epsilon_nominal, r.folds)
-            cells[key] = cells.get(key, 0) + 1
+        cells = Counter((r.mechanism, r.model, r.epsilon_nominal, r.folds) for r in self.test_runs)
         if any(n > 1 for n in cells.values()):
             out.append(f"{len(self.test_runs)} runs on {self.data} were scored on the TEST split, "
                        f"up to {max(cells.values())} of them for the same (mechanism, model, epsilon, folds): "
@@ -207,11 +198,10 @@ HISTORY_ACCOUNTANTS = ("rdp", "prv")
 
 
 def joint_epsilon(reports: list[dict[str, Any]], what: str = "models") -> dict[str, Any]:
-    """The joint (epsilon, delta) of releasing everything ``reports`` describe, when they are releases about the SAME
-    people (the fold models of one ``data.fold=all`` run, the jobs of a sweep on one dataset).
-
-    Each report is a mechanism's ``privacy_report()`` (or a record this function returned: composition is
-    associative). The composition is the one the mechanisms' own accountant does:
+    """The joint (epsilon, delta) of releasing everything ``reports`` describe, releases about the SAME people (the
+    fold models of one ``data.fold=all`` run, the jobs of a sweep on one dataset). Each report is a mechanism's
+    ``privacy_report()`` (or a record this function returned: composition is associative), composed as the mechanisms'
+    own accountant does:
 
     * every report carries ``accountant_history`` (subsampled-Gaussian (sigma, q, steps) entries, the item means
       included) under one Opacus accountant ``accountant_name`` (``rdp``/``prv``) and one ``delta``: the histories are
@@ -219,12 +209,11 @@ def joint_epsilon(reports: list[dict[str, Any]], what: str = "models") -> dict[s
       (:func:`~dprec_torch.privacy.calibration.gaussian_epsilon`, the figure each report's own ``epsilon`` is);
     * every ``delta`` is 0 (pure epsilon, e.g. Laplace DP-SGD and its Laplace item means): the sum of the epsilons
       (exact basic composition), a per-query report counted over all its released values (:func:`charged_epsilon`);
-    * otherwise: basic composition, (sum eps_k, sum delta_k);
-    * any ``epsilon`` null (not established): null; any infinite (not private): inf.
+    * otherwise: basic composition, (sum eps_k, sum delta_k); any ``epsilon`` null (not established): null; any
+      infinite (not private): inf.
 
     Returns ``{"epsilon", "delta", "models", "epsilon_per_model", "method"}`` plus, for a history composition,
-    ``accountant_name`` and ``accountant_history`` (the concatenation).
-    """
+    ``accountant_name`` and ``accountant_history`` (the concatenation)."""
     per_model = [None if r.get("epsilon") is None else charged_epsilon(r) for r in reports]
     out: dict[str, Any] = {"models": len(reports), "epsilon_per_model": per_model}
     if not reports:
@@ -259,20 +248,17 @@ def joint_epsilon(reports: list[dict[str, Any]], what: str = "models") -> dict[s
 
 def run_privacy(reports: list[dict[str, Any]], folds: list[Any] | None = None) -> dict[str, Any]:
     """The run-level ``metrics.json["privacy"]`` of a run that trained one model per fold (``reports``: each fold's
-    ``privacy_report()``, in fold order; ``folds``: their ids).
-
-    One model: its report as it is. Several (``data.fold=all``): the fold models are trained on the SAME people, so
-    what the run released is all of them together. The record is then fold 1's report with ``epsilon`` and ``delta``
-    replaced by the joint figure of every fold's whole release (item means included), by the accountant the
-    mechanism uses (:func:`joint_epsilon`), and:
+    ``privacy_report()``, in fold order; ``folds``: their ids). One model: its report as it is. Several
+    (``data.fold=all``, trained on the SAME people, so released together): fold 1's report with ``epsilon`` and
+    ``delta`` replaced by the joint figure of every fold's whole release (item means included) by the mechanism's
+    accountant (:func:`joint_epsilon`), and:
 
     * ``epsilon_per_fold``: each fold model's own epsilon (a per-query report's composed over its released values);
     * ``epsilon_per_model``: the largest of them (what publishing any ONE fold model costs; null if any is null);
     * ``delta_per_model``; ``accountant_history`` the concatenation (so the record's ``epsilon`` is its composition)
       and ``accountant_history_per_model`` fold 1's;
     * ``epsilon_scope`` "joint: ..." (a per-query report's own scope moves to ``epsilon_scope_per_model``);
-    * ``joint``: ``{"models", "folds", "epsilon", "delta", "method", "statement"}`` -- the ledger charges this once.
-    """
+    * ``joint``: ``{"models", "folds", "epsilon", "delta", "method", "statement"}`` -- the ledger charges this once."""
     first = dict(reports[0])
     if len(reports) < 2:
         return first
@@ -349,8 +335,8 @@ def read_run(path: Path) -> LedgerRun | None:
 
 
 def _history(priv: dict[str, Any]) -> dict[str, Any] | None:
-    """What :func:`joint_epsilon` composes for a run: its (joint) epsilon, delta and
-    accountant history (None without a history: such runs compose by basic composition)."""
+    """What :func:`joint_epsilon` composes for a run: its (joint) epsilon, delta and accountant history (None without
+    a history: such runs compose by basic composition)."""
     if not priv.get("accountant_history") or priv.get("accountant_name") is None:
         return None
     eps = (priv.get("joint") or priv).get("epsilon")
@@ -361,10 +347,7 @@ def _history(priv: dict[str, Any]) -> dict[str, Any] | None:
 def collect(sweep_dir: str | Path) -> list[LedgerEntry]:
     """Every ``metrics.json`` under ``sweep_dir``, grouped by dataset (the population of people)."""
     entries: dict[str, LedgerEntry] = {}
-    for path in sorted(Path(sweep_dir).rglob("metrics.json")):
-        run = read_run(path)
-        if run is None:
-            continue
+    for run in filter(None, map(read_run, sorted(Path(sweep_dir).rglob("metrics.json")))):
         entries.setdefault(run.data, LedgerEntry(run.data)).runs.append(run)
     return list(entries.values())
 
@@ -429,12 +412,9 @@ def composition_lines(report: dict[str, Any]) -> list[str]:
 
 
 def merge_legacy(report: dict[str, Any]) -> dict[str, Any]:
-    """A ledger report written when entries were keyed by (data, folds), regrouped by dataset (the same people).
-
-    Rebuilt from its ``per_run`` records (one model per fold of the old entry); the old ``tuning`` lines and
-    warnings are kept as they were (their per-cell statements do not depend on the grouping). No run folder
-    is needed, so a published report can be corrected without re-running it.
-    """
+    """A ledger report written when entries were keyed by (data, folds), regrouped by dataset (the same people), from
+    its ``per_run`` records (one model per fold of the old entry), without any run folder; its ``tuning`` lines and
+    warnings are kept as they were (their per-cell statements do not depend on the grouping)."""
     grouped: dict[str, LedgerEntry] = {}
     tuning: dict[str, list] = {}
     warnings: dict[str, list] = {}

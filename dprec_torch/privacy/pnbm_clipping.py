@@ -4,38 +4,35 @@ PNBM (Eq. (2)) predicts, for target (u, i),
 
     r_hat_ui = r_bar_i + n_ui / d_ui,   n_ui = sum_j s_ij x_uj,   d_ui = max(C, D_ui),   D_ui = sum_j |s_ij| I_uj
 
-with x_uj = (r_uj - r_bar_j) I_uj. ``surrogate_loss(gradient="exact")`` differentiates this,
-so the gradient of target (u, i) is supported on row i, columns j in R_u:
+with x_uj = (r_uj - r_bar_j) I_uj. ``surrogate_loss(gradient="exact")`` differentiates this, so the gradient of
+target (u, i) is supported on row i, columns j in R_u:
 
     d r_hat_ui / d s_ij = x_uj / d_ui - a_ui sign(s_ij) I_uj,   a_ui = [D_ui >= C] n_ui / d_ui^2      (*)
 
-(the second term is the |s| in the denominator). At the kinks the model fixes the rule explicitly
-(:mod:`dprec_torch.models.pnbm`, ``DENOMINATOR_RULE``): where D_ui >= C -- the boundary D = C included -- d = D and
-the |s| term is KEPT; where D_ui < C, d = C and the term is 0; sign(0) = 0. The mask [D >= C] is not recomputed here:
-it is the batch's one cached mask (``PNBM.floor_mask``), the same tensor the forward and the released gradient use, so
-the norm that is clipped and the gradient that is released cannot follow different rules (a user with D = C exactly,
-e.g. S = constant 1, C = 10 and 11 ratings, is the case that matters). User u's whole contribution to the summed
-gradient is
+(the second term is the |s| in the denominator). At the kinks the model fixes the rule (:mod:`dprec_torch.models.pnbm`,
+``DENOMINATOR_RULE``): where D_ui >= C (the boundary D = C included) d = D and the |s| term is KEPT; where D_ui < C,
+d = C and the term is 0; sign(0) = 0. The mask [D >= C] is not recomputed here: it is the batch's one cached mask
+(``PNBM.floor_mask``), the tensor the forward and the released gradient use, so the clipped norm and the released
+gradient cannot follow different rules (what matters for a user with D = C exactly, e.g. S = constant 1, C = 10 and
+11 ratings). User u's whole contribution to the summed gradient is
 
     G_u = sum_{i in R_u} e_ui d r_hat_ui / dS,    supported on rows i in R_u x columns j in R_u,
 
-and it depends on no other user's data (r_bar and S are fixed during the step). A rating
-r_uj enters the targets' rows through x_uj as well, but only inside G_u. Scaling u's
-residuals by f scales G_u by f, so clipping G_u to norm c is a residual rescaling.
+and depends on no other user's data (r_bar and S are fixed during the step). A rating r_uj enters the targets' rows
+through x_uj as well, but only inside G_u. Scaling u's residuals by f scales G_u by f, so clipping G_u to norm c is
+a residual rescaling. Two ways to get ||G_u||:
 
-Two ways to get ||G_u||:
-
-* **pair enumeration** (any p): list the Sum_u |R_u|^2 pairs (target (u, i), history j) in
-  bounded chunks (``chunk_pairs``), evaluate (*) times e_ui, accumulate |.| or (.)^2 per user.
-  Different targets of one user have different rows i, so every pair is a distinct entry of G_u.
+* **pair enumeration** (any p): list the Sum_u |R_u|^2 pairs (target (u, i), history j) in bounded chunks
+  (``chunk_pairs``), evaluate (*) times e_ui, accumulate |.| or (.)^2 per user. Different targets of one user have
+  different rows i, so every pair is a distinct entry of G_u.
 * **closed form** (p = 2 only), three sparse x dense products like ``batch_terms``:
 
       sum_{j != i} (x_uj/d - a sgn_ij)^2 = (||x_u||^2 - x_ui^2)/d^2 - 2 (a/d) (x_u . sgn(S_i)) + a^2 (I_u . |sgn(S_i)|).
 
-The diagonal s_ii is always 0 in the model (``project_`` zeroes it after every update), so its
-gradient entry is discarded; by default it is excluded from the norm and the mechanism must
-then zero the diagonal of the summed gradient before adding noise (``zero_diagonal_``), so the
-released sum is exactly the sum of the clipped off-diagonal G_u.
+The diagonal s_ii is always 0 in the model (``project_`` zeroes it after every update), so its gradient entry is
+discarded: by default it is excluded from the norm, and the mechanism must then zero the diagonal of the summed
+gradient before adding noise (``zero_diagonal_``), so the released sum is exactly the sum of the clipped off-diagonal
+G_u.
 """
 
 from __future__ import annotations
@@ -88,12 +85,9 @@ def _history(batch: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 def iter_pairs(model: Any, batch: Any, residuals: torch.Tensor, include_diagonal: bool = False,
                chunk_pairs: int | None = None):
-    """Yield chunks ``(row, i, j, value)`` of the nonzero-support entries of every G_u.
-
-    ``value = e_ui (x_uj/d_ui - a_ui sign(s_ij))`` for target (u, i) and history item j of u;
-    ``row`` is the batch row of u. Chunks hold at most ``max(chunk_pairs, largest profile)`` pairs
-    (None: :func:`chunk_size` for the batch's device).
-    """
+    """Yield chunks ``(row, i, j, value)`` of the nonzero-support entries of every G_u: ``value = e_ui (x_uj/d_ui -
+    a_ui sign(s_ij))`` for target (u, i) and history item j of u, ``row`` the batch row of u. Chunks hold at most
+    ``max(chunk_pairs, largest profile)`` pairs (None: :func:`chunk_size` for the batch's device)."""
     for t, i, j, val in _pair_chunks(model, batch, residuals, chunk_pairs):
         if not include_diagonal:
             keep = i != j
@@ -109,7 +103,7 @@ def _pair_chunks(model: Any, batch: Any, residuals: torch.Tensor, chunk_pairs: i
     e = residuals.detach().to(torch.float64)
     crow, cols, xv = _history(batch)
     S = model.S.detach()
-    h = (crow[batch.rows + 1] - crow[batch.rows])  # history length of each target's user
+    h = crow[batch.rows + 1] - crow[batch.rows]  # history length of each target's user
     ends = torch.cumsum(h, 0)
     n_t = int(h.numel())
     start = 0
@@ -129,10 +123,8 @@ def _pair_chunks(model: Any, batch: Any, residuals: torch.Tensor, chunk_pairs: i
 @torch.no_grad()
 def per_user_grad_norms(model: Any, batch: Any, residuals: torch.Tensor, p: float = 2, include_diagonal: bool = False,
                         chunk_pairs: int | None = None, method: str = "auto") -> torch.Tensor:
-    """||G_u||_p for every batch row (user), shape ``[len(batch.users)]``, float64.
-
-    ``method``: ``pairs`` (enumeration, any p), ``closed`` (p = 2 closed form), ``auto`` (closed for p = 2).
-    """
+    """||G_u||_p for every batch row (user), shape ``[len(batch.users)]``, float64. ``method``: ``pairs`` (enumeration,
+    any p), ``closed`` (p = 2 closed form), ``auto`` (closed for p = 2)."""
     if p not in (1, 2):
         raise ConfigError(f"clipping norm must be 1 or 2, got {p}")
     if method not in ("auto", "pairs", "closed"):
@@ -164,8 +156,7 @@ def _closed_form_l2(model: Any, batch: Any, residuals: torch.Tensor, include_dia
     _check_pnbm(model)
     _, den, a = target_terms(model, batch)
     e = residuals.detach().to(torch.float64)
-    S = model.S.detach().double()
-    sgn = torch.sign(S)
+    sgn = torch.sign(model.S.detach().double())
     crow, cols, xv = _history(batch)
     rows_of_entry = torch.repeat_interleave(torch.arange(crow.numel() - 1, device=crow.device), crow[1:] - crow[:-1])
     xsq = torch.zeros(crow.numel() - 1, dtype=torch.float64, device=xv.device).index_add_(0, rows_of_entry, xv * xv)
@@ -212,8 +203,7 @@ def clip_user_residuals(model: Any, batch: Any, residuals: torch.Tensor, bound: 
                         chunk_pairs: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Residuals scaled so that every ||G_u||_p <= bound; returns (clipped residuals, per-user norms before)."""
     norms = per_user_grad_norms(model, batch, residuals, p=p, chunk_pairs=chunk_pairs)
-    factor = clip_factors(norms, bound)
-    return (residuals.double() * factor[batch.rows]).to(residuals.dtype), norms
+    return (residuals.double() * clip_factors(norms, bound)[batch.rows]).to(residuals.dtype), norms
 
 
 @torch.no_grad()

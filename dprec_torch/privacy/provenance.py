@@ -1,36 +1,34 @@
 """Where a run's hyperparameters came from, and whether that source shares people with the training data.
 
 A choice of hyperparameters by validation RMSE reads the validation ratings: on the people a model is trained on it
-is not post-processing, and the printed epsilon does not count it. On other people's data it costs those people
-nothing: the choice is a fixed input for the trained people, and the epsilon is end to end.
+is not post-processing, and the printed epsilon does not count it; on other people's data it costs the trained people
+nothing (a fixed input for them: the epsilon is end to end).
 
-Presets (``conf/experiment/private_{rating,user}.yaml``, written by ``experiments/studies/private_frontier.py``)
-carry a ``preset`` block: one configuration per (dataset it was chosen on, validated epsilon), from
-``docs/results/private_frontier/selection.json``. Each tuned ``model.KEY`` of the preset reads ``${preset:KEY}``,
-which :func:`preset_choice` resolves:
+Presets (``conf/experiment/private_{rating,user}.yaml``, written by ``experiments/studies/private_frontier.py`` from
+``docs/results/private_frontier/selection.json``) carry a ``preset`` block: one configuration per (dataset it was
+chosen on, validated epsilon). Each tuned ``model.KEY`` reads ``${preset:KEY}``, which :func:`preset_choice` resolves:
 
 * the source: the first of ``preset.sources`` that shares no people with ``cfg.data`` (ML-100K, 1997-98, and ML-1M,
   users who joined in 2000, are different users; synthetic data has no people); for data whose people are unknown
   (``data=custom``) the first source, and the report says it is unknown;
 * the epsilon: the largest validated epsilon at or below the typed one; below the smallest, the smallest.
 
-A ``model.KEY=...`` on the command line replaces the interpolation, so the user's own value wins and the report
-names it. :func:`hyperparameter_provenance` is the ``hyperparameters`` entry of a run's privacy report.
+A ``model.KEY=...`` on the command line replaces the interpolation: the user's value wins and the report names it.
+:func:`hyperparameter_provenance` is the ``hyperparameters`` entry of a run's privacy report.
 
-Without a preset, every ``conf/model``, ``conf/mechanism`` and ``conf/tuned`` file carries a
-``chosen_on`` config value (a population, a list of them, ``data-independent`` or ``not recorded``) that says on whose
-ratings its numbers were chosen; a tuned file's value replaces its mechanism file's in the composed ``mechanism`` node.
-The runner drops the key before a class is built (``NODE_RUNNER_KEYS``). A model or mechanism value the user set
-(:func:`user_values`: the running Hydra job's command line, or a difference from the package's composition of the same
-choices for ``train(cfg)`` called from Python) is reported as "chosen by the user: not counted": the package cannot tell
-whether it was chosen by looking at these people's ratings. Custom data says the package cannot tell whose people it
-holds, so it never claims a choice was made on other people.
+Without a preset, every ``conf/model``, ``conf/mechanism`` and ``conf/tuned`` file carries a ``chosen_on`` value (a
+population, a list of them, ``data-independent`` or ``not recorded``): on whose ratings its numbers were chosen; a
+tuned file's value replaces its mechanism file's, and the runner drops the key before a class is built
+(``NODE_RUNNER_KEYS``). A model or mechanism value the user set (:func:`user_values`: the Hydra command line, or for
+``train(cfg)`` from Python a difference from the package's composition of the same choices) is reported as "chosen by
+the user: not counted": the package cannot tell whether it was chosen on these people's ratings. For custom data the
+package cannot tell whose people it holds, so it never claims a choice was made on other people.
 
-A ``chosen_on`` value may also be a mapping from the population a run trains on to the population its numbers were
-chosen on: ``{ml-100k: ml-1m, ml-1m: ml-100k, note: {ml-1m: "..."}}`` says the same numbers were chosen
-(or re-checked) on ML-1M's users for ML-100K runs and on ML-100K's for ML-1M runs, so neither shares people. Data with
-no entry of its own (custom, synthetic) gets every source the mapping names. ``note`` (optional, per population) is
-appended to the statement: what the choice found (e.g. that it found the earlier values again).
+A ``chosen_on`` value may also map the population a run trains on to the one its numbers were chosen on:
+``{ml-100k: ml-1m, ml-1m: ml-100k, note: {ml-1m: "..."}}`` says they were chosen (or re-checked) on ML-1M's users for
+ML-100K runs and on ML-100K's for ML-1M runs, so neither shares people. Data without an entry (custom, synthetic)
+gets every source the mapping names. ``note`` (optional, per population) is appended to the statement (what the
+choice found, e.g. the earlier values again).
 """
 
 from __future__ import annotations
@@ -115,14 +113,12 @@ def _people_text(people: str | None, cfg: DictConfig) -> str:
 #: ``chosen_on`` values that name no people: the file's numbers read no ratings / nobody recorded which ones they read
 DATA_INDEPENDENT, NOT_RECORDED = "data-independent", "not recorded"
 
-#: keys of the model and mechanism nodes whose value is not a hyperparameter chosen by results: what the run is
-#: (``name``, the class), what it protects and how strongly, which the user types anyway (``epsilon``, ``delta``, the
-#: neighbouring ``relation`` / ``unit``), seeds, the accountant that proves the figure, and compute-only settings
-#: (the same numbers by other kernels or chunk sizes)
+#: keys of the model and mechanism nodes that are no hyperparameter chosen by results: what the run is (``name``, the
+#: class), what it protects and how strongly (typed anyway: ``epsilon``, ``delta``, the neighbouring ``relation`` /
+#: ``unit``), seeds, the accountant that proves the figure, compute-only settings (other kernels or chunk sizes)
 NOT_TUNED = frozenset({"_target_", "_partial_", "_convert_", "_recursive_", "_args_", "name", "chosen_on", "epsilon",
                        "delta", "seed", "accountant", "relation", "unit", "formulation", "pair_budget", "pair_backend",
                        "dense_max_items", "block_budget"})
-
 
 #: the key of a per-population ``chosen_on`` mapping that holds notes, not a population
 CHOSEN_NOTE = "note"

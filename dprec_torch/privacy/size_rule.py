@@ -10,18 +10,17 @@ of U is
 
     nu = eta sqrt(T) sigma C / N = eta T C / (mu_U N)                                              (1)
 
-while the drift is eta T times the mean clipped gradient. At q = 1 the signal-to-noise of the result does not depend
-on T (T only serves the optimisation) and subsampling does not help (q sqrt(T) / sigma is largest at q = 1 for a fixed
-number of epochs: ``experiments/studies/pnbm_lowrank_size_rule.py``), so the rule takes full batches and fixes T,
-and picks the step from the noise U can tolerate:
+while the drift is eta T times the mean clipped gradient. At q = 1 the result's signal-to-noise does not depend on T
+(T only serves the optimisation) and subsampling does not help (q sqrt(T) / sigma is largest at q = 1 for a fixed
+number of epochs: ``experiments/studies/pnbm_lowrank_size_rule.py``), so the rule takes full batches, fixes T, and
+picks the step from the noise U can tolerate:
 
     eta = min(eta_max, nu_star mu_U N / (C T)),    mu_U = mu sqrt(1 - m),    mu = 1 / sigma_1(eps, delta)   (2)
 
-sigma_1 is the noise multiplier of ONE full-batch Gaussian release at (eps, delta) (the mechanisms' own calibration);
-m is the means' share of mu^2. nu_star (the per-entry noise U tolerates) and eta_max (the non-private step's cap)
-transfer across N because (1) is the whole of N's effect on the noise.
-
-So (eps, delta, N) act through one number, kappa = mu N (the users a step averages over, in units of the noise):
+sigma_1: the noise multiplier of ONE full-batch Gaussian release at (eps, delta) (the mechanisms' own calibration);
+m: the means' share of mu^2. nu_star (the per-entry noise U tolerates) and eta_max (the non-private step's cap)
+transfer across N because (1) is the whole of N's effect on the noise. So (eps, delta, N) act through one number,
+kappa = mu N (the users a step averages over, in units of the noise):
 
     kappa < KAPPA_LEARN (2,500):  means only -- m = 0.99, one step of 1e-3 (U does not move): the model is the DP item
                                   means + the user's offset (+ the public-feature term, which costs nothing), i.e.
@@ -30,13 +29,13 @@ So (eps, delta, N) act through one number, kappa = mu N (the users a step averag
                                   0.6 at 6,000 (and 0.6 above), eta from (2) with nu_star = 0.1, capped at 120.
 
 Laplace (``dpsgd``, pure eps, per-user L1 clip c): T steps at eps_s = (1 - m) eps / T each put Lap(c / eps_s) on the
-sum; the noise on U after T steps is eta sqrt(2 T) c T / ((1 - m) eps N), which grows with T: the rule takes few
-steps and the same test on kappa = eps N / (sqrt(2 T) L1_SIGNAL) (the Laplace noise after T steps on the Gaussian
-scale, and an L1 clip's smaller signal: about 1 / sqrt(n_u d) of an L2 clip's, n_u ~ 100 ratings, d = 8).
+sum; the noise on U after T steps, eta sqrt(2 T) c T / ((1 - m) eps N), grows with T: the rule takes few steps and
+the same test on kappa = eps N / (sqrt(2 T) L1_SIGNAL) (the Laplace noise after T steps on the Gaussian scale, and an
+L1 clip's smaller signal: about 1 / sqrt(n_u d) of an L2 clip's, n_u ~ 100 ratings, d = 8).
 
-Fitted (validation splits only): ML-1M user subsamples of 500, 1,000 and 2,000 users for ML-100K runs; ML-100K's
-u1.base and synthetic data for ML-1M runs (``FITTED_ON``); experiments/studies/pnbm_lowrank_size_rule.py and
-docs/pnbm_lowrank.md, "The size rule". The default model's other constants were re-chosen the same way
+Fitted on validation splits only (``FITTED_ON``): ML-1M user subsamples of 500, 1,000 and 2,000 users for ML-100K
+runs; ML-100K's u1.base and synthetic data for ML-1M runs (experiments/studies/pnbm_lowrank_size_rule.py,
+docs/pnbm_lowrank.md "The size rule"). The default model's other constants were re-chosen the same way
 (``... size_rule.py constants``); the one a population chose differently is in ``POPULATION_CONSTANTS``.
 """
 
@@ -47,6 +46,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from dprec_torch.config import SIZE_RULE_KNOBS
+from dprec_torch.errors import ConfigError
 from dprec_torch.populations import POPULATION_CONSTANTS, POPULATION_FALLBACK, RULE_MECHANISMS, population  # noqa: F401
 
 #: the knobs the rule sets (a value of ``auto`` in the config asks for it; config.py accepts it for these keys)
@@ -124,9 +124,9 @@ def noise_level(mechanism: str, n_users: int, epsilon: float, delta: float, acco
 def rule_knobs(mechanism: str, n_users: int, n_items: int, epsilon: float, delta: float, catalogue: bool,
                accountant: str = "rdp") -> Knobs:
     """The knobs of ``mechanism`` (sgld | gaussian | dpsgd) on the low-rank PNBM for a fold of ``n_users`` privacy
-    units and ``n_items`` items at (``epsilon``, ``delta``) (module docstring). ``n_items`` and ``catalogue`` do not
-    move any knob of this version (the fits found no dependence worth a term: the per-entry noise (1) does not depend
-    on M, and the public-feature term costs nothing); they are inputs so that the record states them."""
+    units and ``n_items`` items at (``epsilon``, ``delta``) (module docstring). ``n_items`` and ``catalogue`` move no
+    knob (the fits found no dependence worth a term: (1) does not depend on M, the public-feature term costs nothing): the record
+    states them."""
     if mechanism not in RULE_MECHANISMS:
         raise ValueError(f"the size rule covers mechanism={'|'.join(RULE_MECHANISMS)}, not {mechanism}")
     gaussian = mechanism != "dpsgd"
@@ -165,8 +165,6 @@ def apply(cfg: Any, train: Any) -> tuple[Any, dict[str, Any] | None]:
     sizes (``train``: the fold's training ratings), and the record for ``metrics.json`` (None when nothing was ``auto``:
     ``cfg`` is returned as is). A knob given a number (the tuned file, or the command line) keeps it."""
     from omegaconf import OmegaConf, open_dict
-
-    from dprec_torch.errors import ConfigError
 
     auto_mech = [k for k in MECHANISM_KNOBS if cfg.mechanism.get(k) == "auto"]
     auto_model = [k for k in MODEL_KNOBS if cfg.model.get(k) == "auto"]

@@ -1,17 +1,16 @@
 """Sensitivity registry: a mechanism may print a finite epsilon only if the harness checks its sensitivity.
 
-Every epsilon rests on one sentence, "one unit moves the released pre-noise quantity by at most
-Delta". The harness (``tests/privacy/test_sensitivity_harness.py``) tests that sentence on small adversarial
-datasets (D = C exactly, ties, constant S, users at exactly tau, a single user, extreme ratings) by
-MATERIALISING what the mechanism's own code releases:
+Every epsilon rests on one sentence, "one unit moves the released pre-noise quantity by at most Delta". The harness
+(``tests/privacy/test_sensitivity_harness.py``) tests that sentence on small adversarial datasets (D = C exactly, ties,
+constant S, users at exactly tau, a single user, extreme ratings) by MATERIALISING what the mechanism's own code releases:
 
 (a) each unit's clipped contribution has norm <= c (plus float tolerance), and
-(b) for neighbouring datasets under the mechanism's relation (one unit added/removed, or one
-    rating's value changed) the released pre-noise aggregate moves by at most Delta.
+(b) for neighbouring datasets under the mechanism's relation (one unit added/removed, or one rating's value changed)
+    the released pre-noise aggregate moves by at most Delta.
 
-Registering a mechanism (a class: a ``MechanismOptimizer`` subclass or a predictor). Registration runs one way:
-a built-in case module (``privacy_harness/<family>_cases.py``) imports the case types from :mod:`.case`, never this
-module, and exports a table that this module imports and collects (:data:`CASE_MODULES`)::
+Registering a mechanism class (a ``MechanismOptimizer`` subclass or a predictor) runs one way: a built-in case module
+(``privacy_harness/<family>_cases.py``) imports the case types from :mod:`.case`, never this module, and exports a
+table that this module imports and collects (:data:`CASE_MODULES`)::
 
     from dprec_torch.privacy_harness.case import SensitivityCase
 
@@ -40,13 +39,12 @@ entry); a case claiming ``rating`` is also checked for a changed value when ``al
 "add/remove/change" relation). ``tau``: the case caps users at tau ratings before releasing.
 
 Enforcement. The harness test enumerates every ``MechanismOptimizer`` subclass and every class of
-``dprec_torch.mechanisms`` / ``dprec_torch.predictors`` with a ``privacy_report`` and fails for any
-that is neither registered, nor declared non-private (:func:`declare_non_private`; the test fits each
-declared predictor and checks its report says epsilon = inf), nor listed in :data:`PENDING`
-(known gaps, each named in the docs; registering a class requires removing it from there). So a new
-mechanism file fails the fast suite until it registers. :func:`check_claim` is the runtime form (a
-finite epsilon from an unregistered class raises a ``ConfigError``): the runner calls it in ``train_fold``
-(mechanisms) and ``fit_fold`` (fitted predictors and output mechanisms) before anything is scored.
+``dprec_torch.mechanisms`` / ``dprec_torch.predictors`` with a ``privacy_report`` and fails for any that is neither
+registered, nor declared non-private (:func:`declare_non_private`; the test fits each declared predictor and checks its
+report says epsilon = inf), nor listed in :data:`PENDING` (known gaps, each named in the docs; registering a class
+requires removing it from there). So a new mechanism file fails the fast suite until it registers. :func:`check_claim`
+is the runtime form (a finite epsilon from an unregistered class raises a ``ConfigError``): the runner calls it in
+``train_fold`` (mechanisms) and ``fit_fold`` (fitted predictors and output mechanisms) before anything is scored.
 """
 
 from __future__ import annotations
@@ -75,9 +73,9 @@ PENDING: dict[str, str] = {}
 #: (the low-rank PNBM's cases are added to the full form's) gets their cases concatenated in this order.
 CASE_MODULES = (sensitivity_cases, learned_similarity_cases, lowrank_pnbm_cases)
 
-#: The harnessed classes by qualified name, collected from the case modules' tables (no class imported): the runner's
-#: :func:`check_claim` reads this set before the registrations are resolved (importing every mechanism, predictor and
-#: Opacus takes seconds of start-up). It is the registrations' own keys, so it cannot drift from them.
+#: The harnessed classes by qualified name: the case tables' own keys (no class imported; it cannot drift from them). The
+#: runner's :func:`check_claim` reads it before the registrations resolve (importing every mechanism, predictor and Opacus
+#: takes seconds of start-up).
 HARNESSED = frozenset(name for module in CASE_MODULES for name in module.SENSITIVITY_CASES)
 
 _BUILDERS: dict[type, Builder] = {}
@@ -169,13 +167,13 @@ def check_claim(obj: Any, report: dict[str, Any]) -> None:
     except (TypeError, ValueError) as err:
         raise ConfigError(f"{type(obj).__name__}.privacy_report() gives epsilon={eps!r}: it must be a number, "
                           "inf or None") from err
+    name = qualified_name(type(obj))
     # once the case modules are loaded the live registrations decide; before, the checked list of their names
-    fast = not _LOADED and qualified_name(type(obj)) in HARNESSED
-    if not finite or fast or registered(type(obj)):
+    if not finite or (not _LOADED and name in HARNESSED) or registered(type(obj)):
         return
-    if qualified_name(type(obj)) in PENDING:
+    if name in PENDING:
         log.warning("%s reports epsilon=%g without a sensitivity harness yet (known gap: %s)", type(obj).__name__,
-                    float(eps), PENDING[qualified_name(type(obj))])
+                    float(eps), PENDING[name])
         return
     raise ConfigError(f"{type(obj).__name__} reports a finite epsilon but has no sensitivity harness: register it "
                       "with dprec_torch.privacy_harness.registry.register_sensitivity (see that module)")

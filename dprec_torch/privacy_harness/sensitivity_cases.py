@@ -1,10 +1,9 @@
 """The built-in mechanisms' sensitivity cases (:mod:`dprec_torch.privacy_harness.registry`).
 
-Each ``release(data, seed, units)`` runs the mechanism's OWN code -- its ``clip_residuals``, the model's
-``surrogate_loss`` backward (dense / sparse-pair torch / numba kernels) and the mechanism's ``add_noise`` at
-epsilon = inf, which for these mechanisms zeroes what is data-independent (PNBM's diagonal) and adds nothing; with
-``units`` it materialises every unit's clipped contribution by releasing that unit alone (a loop over the units of a
-tiny dataset: a verification tool, never a training path).
+Each ``release(data, seed, units)`` runs the mechanism's OWN code -- its ``clip_residuals``, the model's ``surrogate_loss``
+backward (dense / sparse-pair torch / numba kernels) and the mechanism's ``add_noise`` at epsilon = inf, which for these
+mechanisms zeroes what is data-independent (PNBM's diagonal) and adds nothing; with ``units`` it materialises every
+unit's clipped contribution by releasing that unit alone (a loop over a tiny dataset's units, never a training path).
 
 Public state is a function of ``seed`` only (registry docstring): PNBM's S is constant 1, constant 0.5 or a symmetric
 matrix of dyadic values {-1, -0.5, 0, 0.5, 1} (so |S_i| I_u sums hit the floor C exactly), and the item means r_bar
@@ -149,16 +148,10 @@ def _dpsgd_l1_case(model_kind: str, unit: str, relation: str, clip: float, tau: 
 
 
 def dpsgd_l1_cases() -> list[SensitivityCase]:
-    return [
-        _dpsgd_l1_case("pnbm", "user", "user", 0.5, backend=PNBM_BACKENDS[0]),
-        _dpsgd_l1_case("pnbm", "user", "user", 2.0, backend=PNBM_BACKENDS[1]),
-        _dpsgd_l1_case("pnbm", "user", "user", 0.5, backend=PNBM_BACKENDS[2]),
-        _dpsgd_l1_case("pnbm", "user", "rating", 0.5),
-        _dpsgd_l1_case("pnbm", "user", "user", 0.5, tau=4),
-        _dpsgd_l1_case("mf", "rating", "rating", 0.5),
-        _dpsgd_l1_case("mf", "user", "user", 0.5),
-        _dpsgd_l1_case("mf", "user", "rating", 0.5),
-    ]
+    by_backend = [_dpsgd_l1_case("pnbm", "user", "user", clip, backend=b) for clip, b in zip((0.5, 2.0, 0.5), PNBM_BACKENDS)]
+    return by_backend + [_dpsgd_l1_case("pnbm", "user", "rating", 0.5), _dpsgd_l1_case("pnbm", "user", "user", 0.5, tau=4),
+                         _dpsgd_l1_case("mf", "rating", "rating", 0.5), _dpsgd_l1_case("mf", "user", "user", 0.5),
+                         _dpsgd_l1_case("mf", "user", "rating", 0.5)]
 
 
 # ------------------------------------------------------------------ gaussian
@@ -315,11 +308,10 @@ def mcsherry_cases() -> list[SensitivityCase]:
         def release(data: Ratings, seed: int, units: bool) -> Release:
             mid = (float(data.scale.lo) + float(data.scale.hi)) / 2
             stated = McSherryMironov(epsilon=1.0).release_sensitivities(data.scale, data.n_items)[key]
-            total = global_effect_sums(data, mid)[key].double().reshape(-1)
-            rows = None
-            if units:  # one rating at a time, through the same function
-                rows = (unit_rows(data, "rating", lambda d: global_effect_sums(d, mid)[key].double().reshape(-1)) if len(data)
-                        else torch.zeros(0, total.numel()))
+            effects = lambda d: global_effect_sums(d, mid)[key].double().reshape(-1)  # noqa: E731
+            total = effects(data)
+            # with units: one rating at a time, through the same function
+            rows = (unit_rows(data, "rating", effects) if len(data) else torch.zeros(0, total.numel())) if units else None
             return Release(total, rows, stated)
 
         bound = 2.0 if key in ("gsum", "msum") else 1.0  # span/2 on the harness's 1-5 scale; a count moves by 1
@@ -330,11 +322,9 @@ def mcsherry_cases() -> list[SensitivityCase]:
         def release(data: Ratings, seed: int, units: bool) -> Release:
             mech = McSherryMironov(epsilon=1.0, clamp_b=clamp_b, beta_p=beta_p)
             means = public_means(data, seed)  # MAvg: released by step 1, public here (extremes make |r'| = span)
-            cov = weighted_covariance(data, means, mech.clamp_b, mech.beta_p)[0].double().reshape(-1)
-            rows = None
-            if units:  # one user at a time, through the same function
-                rows = unit_rows(data, "user", lambda d: weighted_covariance(d, means, mech.clamp_b, mech.beta_p)[0].double().reshape(-1))
-            return Release(cov, rows, mech.release_sensitivities(data.scale, data.n_items)["cov"])
+            cov = lambda d: weighted_covariance(d, means, mech.clamp_b, mech.beta_p)[0].double().reshape(-1)  # noqa: E731
+            rows = unit_rows(data, "user", cov) if units else None  # one user at a time, through the same function
+            return Release(cov(data), rows, mech.release_sensitivities(data.scale, data.n_items)["cov"])
 
         def bound_for(n_items: int) -> float:  # the case's own statement: the covariance bound at alpha = 2 span
             from dprec_torch.predictors.mcsherry import covariance_sensitivity

@@ -67,7 +67,12 @@ def validate(cfg: DictConfig) -> None:
     fill_dataset_defaults(cfg)
     # a mechanism x model pair the classes cannot train is one line before any data is read
     if is_trainable(cfg.model):
-        check_selection(cfg, training_mechanism(cfg))
+        mechanism = training_mechanism(cfg)
+        model = get_class(forms.model_target(resolve_model_node(cfg.model)))
+        for need in form_class(mechanism, model).needs_model:  # a capability the model class lacks: one line, no data read
+            if getattr(model, need, None) is None:
+                raise ConfigError(f"mechanism={cfg.mechanism.get('name', '?')} needs a model with {need}(); {model.__name__} has none")
+        check_selection(cfg, mechanism)
     else:
         wrapped_by_mechanism(cfg)
 

@@ -221,7 +221,8 @@ def test_train_py_exits_2_with_one_line(args: list[str], key: str, tmp_path: Pat
     assert len(lines) == 1 and key in lines[0], proc.stderr[-2000:]
 
 
-@pytest.mark.parametrize("pair", [["mechanism=sgld", "model=pcc"], ["mechanism=laplace_output", "model=pnbm_lowrank"]])
+@pytest.mark.parametrize("pair", [["mechanism=sgld", "model=pcc"], ["mechanism=laplace_output", "model=pnbm_lowrank"],
+                                  ["mechanism=gaussian", "model=pnbm_topk"]])
 def test_a_bad_mechanism_model_pair_is_one_line_before_any_data_is_read(tmp_path, monkeypatch, pair):
     """No data exists where the run would look: the refusal is the pair's, so it came before any read."""
     import dprec_torch
