@@ -181,6 +181,7 @@ DOMAINS: dict[str, Domain] = {
     "clip_norm": number("(0, inf)"),
     "noise_multiplier": number("[0, inf)", null=True, note="null = from epsilon"),
     "mean_fraction": number("(0, 1)"),
+    "mean_feature_prior": boolean(note="the item means' prior mean from public item features (low-rank PNBM)"),
     "select_rounds": number("[1, inf)", note="the expected number of private-selection rounds"),
     "select_score_share": number("(0, 1)"),
     "select_validation": number("(0, 1)"),

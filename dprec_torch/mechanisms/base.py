@@ -48,8 +48,6 @@ class MechanismOptimizer(Optimizer):
 
     name = "none"
     relation: str | None = None
-    #: model capabilities the class calls (attributes that BaseModel leaves None): checked before any data is read
-    needs_model: tuple[str, ...] = ()
     #: draws calibrated noise: its Poisson sampling is then part of the privacy proof (amplification), so the runner
     #: draws the sampler from the secret noise source too (``noise_seed``); only non-private SGD sets False
     private = True
@@ -67,6 +65,12 @@ class MechanismOptimizer(Optimizer):
     #: :meth:`report`'s cache: the step count it was computed at, and the report
     _report_key: tuple[int, bool] | None = None
     _report: dict[str, Any] | None = None
+
+    @classmethod
+    def model_lacks(cls, model: type) -> str | None:
+        """The capability this class calls that the model class leaves at BaseModel's None (checked before any data
+        is read); None when it has what the class needs."""
+        return None
 
     def __init__(self, params: Iterable[torch.Tensor], defaults: dict[str, Any], seed: int | None = None) -> None:
         super().__init__(params, defaults)

@@ -108,6 +108,7 @@ class ClippedLaplaceDPSGD(MapSGD):
         model: Any = None,
         mean_prior_std: float = 0.5,
         count_weight: float | None = 0.5,
+        mean_feature_prior: bool = False,
     ) -> None:
         epsilon, clip_norm, q = check_epsilon(epsilon, "mechanism"), float(clip_norm), float(sampling_ratio)
         if not clip_norm > 0 or math.isinf(clip_norm):
@@ -144,8 +145,10 @@ class ClippedLaplaceDPSGD(MapSGD):
                 raise ConfigError(f"mechanism.mean_fraction=0 would keep {whose} exact (non-private) item means")
             self.mean_epsilon = float(mean_fraction) * epsilon
             if self.lowrank:
-                self.mean_options = ItemMeansSpec(prior_std=float(mean_prior_std),
+                self.mean_options = ItemMeansSpec(prior_std=float(mean_prior_std), feature_prior=bool(mean_feature_prior),
                                                   count_weight=None if count_weight is None else float(count_weight))
+            elif mean_feature_prior:
+                raise ConfigError("mechanism.mean_feature_prior applies to the low-rank PNBM's item means only: set it false")
         self.releases_item_means = self.mean_epsilon > 0  # by prepare(), at eps_0
         self.step_epsilon = (math.inf if math.isinf(epsilon)
                              else laplace_step_epsilon(epsilon, int(context.total_steps), q, self.mean_epsilon, self.group))

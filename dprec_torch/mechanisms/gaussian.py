@@ -78,7 +78,6 @@ class GaussianDPSGD(MechanismOptimizer):
     configured ``unit``); the class attribute is ``None``: the runner reads ``cfg.mechanism.unit`` to pick the sampler."""
 
     name = "gaussian"
-    needs_model = ("per_example_grad_norms",)
     relation: str | None = None
 
     def __init__(
@@ -120,6 +119,10 @@ class GaussianDPSGD(MechanismOptimizer):
                                                          search="opacus").sigma if math.isfinite(epsilon) else 0.0)
         self.accountant = OpacusAccountant(accountant)
         self.state["mechanism"]["clipped_fraction"] = 0.0
+
+    @classmethod
+    def model_lacks(cls, model: type) -> str | None:
+        return "per_example_grad_norms" if model.per_example_grad_norms is None else None
 
     # ------------------------------------------------------------- pieces
     @property
@@ -198,7 +201,10 @@ class GaussianPNBM(GaussianDPSGD):
     """User-level Gaussian DP-SGD for PNBM (see the module docstring)."""
 
     relation = "user"
-    needs_model = ()  # clips with its own per-user rows
+
+    @classmethod
+    def model_lacks(cls, model: type) -> str | None:
+        return None  # clips with the model's own per-user rows
 
     def __init__(
         self,

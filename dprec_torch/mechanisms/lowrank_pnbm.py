@@ -51,8 +51,9 @@ def release_means(model: LowRankPNBM, budget: float, noise: str, options: ItemMe
         raise ConfigError("the low-rank PNBM must be attached to its training data before the mechanism")
     spec = replace(options, relation="user", noise=noise,
                    popularity_alpha=options.popularity_alpha if noise == "gaussian" else 0.0)
-    rel = (release_item_means(model.history, spec, generator, mu=budget) if noise == "gaussian"
-           else release_item_means(model.history, spec, generator, epsilon=budget))
+    features = model.features_.matrix if spec.feature_prior and model.features_ is not None else None  # public
+    rel = (release_item_means(model.history, spec, generator, mu=budget, features=features) if noise == "gaussian"
+           else release_item_means(model.history, spec, generator, epsilon=budget, features=features))
     install_item_means(model, rel)
     return rel
 

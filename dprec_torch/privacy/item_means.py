@@ -193,8 +193,9 @@ class ItemMeansSpec:
     """Which DP item-means estimator, and its options (the ``mean_*`` keys of the predictors and mechanisms):
     ``estimator`` ``posterior`` | ``centred`` (module docstring); ``relation`` ``user`` | ``rating``; ``noise``
     ``gaussian`` | ``laplace``. Posterior: ``prior_std`` (rating units), ``count_weight`` gamma (None: the default of
-    (relation, noise)), ``popularity_alpha`` and ``popularity_share`` (Gaussian only). Centred: ``global_fraction`` (the
-    global mean's share of a Laplace epsilon) and ``shrinkage`` (kappa / the counts' noise std)."""
+    (relation, noise)), ``popularity_alpha`` and ``popularity_share`` (Gaussian only), ``feature_prior`` (the prior's
+    mean from public item features, :func:`feature_prior_mean`). Centred: ``global_fraction`` (the global mean's share
+    of a Laplace epsilon) and ``shrinkage`` (kappa / the counts' noise std)."""
 
     estimator: str = "posterior"
     relation: str = "user"
@@ -205,6 +206,7 @@ class ItemMeansSpec:
     popularity_share: float = 0.1
     global_fraction: float = 0.1
     shrinkage: float = 8.0
+    feature_prior: bool = False
 
     def __post_init__(self) -> None:
         for key, allowed in (("estimator", ESTIMATORS), ("relation", RELATIONS), ("noise", NOISES)):
@@ -266,13 +268,15 @@ class ItemMeansRelease:
 
 
 def release_item_means(train: Any, spec: ItemMeansSpec, generator: SecretGenerator, *, epsilon: float | None = None,
-                       mu: float | None = None, noise_multiplier: float | None = None) -> ItemMeansRelease:
+                       mu: float | None = None, noise_multiplier: float | None = None,
+                       features: torch.Tensor | None = None) -> ItemMeansRelease:
     """Release DP item means of ``train`` with the estimator and options of ``spec`` (module docstring), the noise
     drawn from ``generator`` in the estimator's fixed order. The budget, exactly one of: ``epsilon``, the pure epsilon
     (``noise=laplace``; ``inf``: no noise, whatever the noise); ``mu``, the Gaussian-DP mu (``noise=gaussian``);
     ``noise_multiplier`` sigma (``noise=gaussian``). The posterior estimator adds N(0, (Delta / mu)^2) and takes
     mu = 1 / sigma when given sigma; the centred one runs two Gaussian mechanisms of multiplier sigma (sigma = 1 / mu
-    when given mu), for the caller's RDP/PRV accountant."""
+    when given mu), for the caller's RDP/PRV accountant. ``features`` (public, ``[M, F]``): the prior of the posterior
+    estimator's ``feature_prior``."""
     given = [k for k, v in (("epsilon", epsilon), ("mu", mu), ("noise_multiplier", noise_multiplier)) if v is not None]
     if len(given) != 1:
         raise ConfigError(f"release_item_means takes exactly one of epsilon, mu, noise_multiplier; got {given or 'none'}")
@@ -282,7 +286,7 @@ def release_item_means(train: Any, spec: ItemMeansSpec, generator: SecretGenerat
                           + f", got {given[0]}")
     if spec.estimator == "posterior":
         budget = epsilon if epsilon is not None else mu if mu is not None else math.inf if noise_multiplier == 0 else 1.0 / noise_multiplier
-        return _posterior(train, spec, budget, generator)
+        return _posterior(train, spec, budget, generator, features)
     if no_noise:
         raise ConfigError("the centred item-mean estimator needs a finite budget")
     sigma = noise_multiplier if noise_multiplier is not None or mu is None else 1.0 / mu
@@ -290,6 +294,21 @@ def release_item_means(train: Any, spec: ItemMeansSpec, generator: SecretGenerat
 
 
 # ------------------------------------------------------------------ the posterior estimator
+FEATURE_PRIOR_RIDGE = 1.0
+
+
+def feature_prior_mean(cp: torch.Tensor, dev: torch.Tensor, std: torch.Tensor | float, tau2: float,
+                       features: torch.Tensor) -> torch.Tensor:
+    """The prior mean of the item deviations (z units) from public item features phi_i: with x_i = (1, phi_i), the
+    noisy deviations d~_i = S'_i / C+_i weighted by their precision w_i = C+_i^2 / (C+_i^2 tau^2 + s_i^2),
+    beta = (X^T W X + FEATURE_PRIOR_RIDGE I)^-1 X^T W d~ and m_i = x_i . beta. The posterior mean then shrinks towards
+    m_i instead of 0: d_i = (m_i s_i^2 + C+_i tau^2 S'_i) / (C+_i^2 tau^2 + s_i^2) (-> S'_i / C_i as s -> 0). It reads
+    the released (S~, C~) and public data only: post-processing, no privacy cost."""
+    x = torch.cat([torch.ones(len(cp), 1, dtype=torch.float64, device=cp.device), features], 1)
+    w = cp * cp / (cp * cp * tau2 + std * std)
+    est = torch.where(cp > 0, dev / cp.clamp_min(1e-12), torch.zeros_like(dev))
+    ridge = FEATURE_PRIOR_RIDGE * torch.eye(x.shape[1], dtype=torch.float64, device=cp.device)
+    return x @ torch.linalg.solve(x.t() @ (x * w[:, None]) + ridge, x.t() @ (w * est))
 def _laplace(n: int, scale: float, gen: SecretGenerator, device: torch.device) -> torch.Tensor:
     u = gen.rand(n, device=gen.device, dtype=torch.float64).to(device) - 0.5
     return -scale * torch.sign(u) * torch.log1p(-2 * u.abs())
@@ -299,7 +318,8 @@ def _gauss(n: int, std: float, gen: SecretGenerator, device: torch.device) -> to
     return gen.randn(n, device=gen.device, dtype=torch.float64).to(device) * std
 
 
-def _posterior(train: Any, spec: ItemMeansSpec, budget: float, gen: SecretGenerator) -> ItemMeansRelease:
+def _posterior(train: Any, spec: ItemMeansSpec, budget: float, gen: SecretGenerator,
+               features: torch.Tensor | None = None) -> ItemMeansRelease:
     """(S, gamma C) + noise on all 2M entries, then the shrunk means (module docstring). ``budget`` is mu (GDP) for
     ``noise=gaussian``, the pure epsilon for ``noise=laplace``; inf = no noise. ``popularity_alpha`` > 0 (module
     docstring): the two stages (floor = 2 x K~'s noise std) are together exactly the caller's mu-GDP (one Gaussian
@@ -345,7 +365,12 @@ def _posterior(train: Any, spec: ItemMeansSpec, budget: float, gen: SecretGenera
     dev = s - cp * (g - mid) / half
     tau2 = (prior_std / half) ** 2
     den = cp * cp * tau2 + std_i * std_i
-    means = torch.where(den > 0, g + half * cp * tau2 * dev / den.clamp_min(1e-300), torch.full_like(s, g)).clamp(lo, hi)
+    if spec.feature_prior and features is not None and std > 0:  # post-processing of (S~, C~) and public features
+        prior = feature_prior_mean(cp, dev, std_i, tau2, features.to(cp.device, torch.float64))
+        means = (g + half * (prior * std_i * std_i + cp * tau2 * dev) / den).clamp(lo, hi)
+        details["feature_prior"] = f"ridge ({FEATURE_PRIOR_RIDGE:g}) on {features.shape[1]} public item features"
+    else:
+        means = torch.where(den > 0, g + half * cp * tau2 * dev / den.clamp_min(1e-300), torch.full_like(s, g)).clamp(lo, hi)
     return ItemMeansRelease(means.float(), float(g), spec, epsilon=given if noise == "laplace" else None,
                             mu=given if noise == "gaussian" else None, sensitivity=delta, noise_std=std,
                             details={"count_noise_std": count_std, "prior_std": prior_std, "count_weight": gamma, **details},

@@ -69,9 +69,8 @@ def validate(cfg: DictConfig) -> None:
     if is_trainable(cfg.model):
         mechanism = training_mechanism(cfg)
         model = get_class(forms.model_target(resolve_model_node(cfg.model)))
-        for need in form_class(mechanism, model).needs_model:  # a capability the model class lacks: one line, no data read
-            if getattr(model, need, None) is None:
-                raise ConfigError(f"mechanism={cfg.mechanism.get('name', '?')} needs a model with {need}(); {model.__name__} has none")
+        if need := form_class(mechanism, model).model_lacks(model):  # one line, before any data is read
+            raise ConfigError(f"mechanism={cfg.mechanism.get('name', '?')} needs a model with {need}(); {model.__name__} has none")
         check_selection(cfg, mechanism)
     else:
         wrapped_by_mechanism(cfg)

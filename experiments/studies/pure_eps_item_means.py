@@ -7,8 +7,10 @@ joint DP, no epsilon). This script measures that prediction with U = 0 on the fi
 releases at each epsilon:
 
 * ``exact``: the non-private item means, unshrunk (a shrunk release can beat them on rare items);
-* ``laplace``: the package's pure-epsilon release as `dpsgd` makes it (`release_item_means`, posterior estimator,
-  Laplace, user level, count weight 0.3, prior std 0.5: each user's (S, gamma C) contribution has L1 norm 1);
+* ``laplace``: the package's pure-epsilon release (`release_item_means`, posterior estimator, Laplace, user level,
+  count weight 0.3, prior std 0.5: each user's (S, gamma C) contribution has L1 norm 1), shrunk towards a constant;
+* ``laplace_feature_prior``: the same release shrunk towards a ridge on the public item features
+  (`mean_feature_prior`, post-processing): what `dpsgd` releases;
 * ``laplace_oracle``: an OPTIMISTIC bound on re-weighted Laplace releases, NOT a DP release: each rating's weight
   is a_i = (n_i / max n)^-0.7 from the TRUE item counts (free information no DP release has), the statistics are centred at
   the exact global mean, and the shrinkage prior's mean is a public-feature ridge fitted to the noisy deviations;
@@ -20,6 +22,7 @@ MEASUREMENT only: nothing here chooses a default.
 
     python experiments/studies/pure_eps_item_means.py run      # ~10 min on 2 cores
     python experiments/studies/pure_eps_item_means.py report
+    python experiments/studies/pure_eps_item_means.py prior-check   # the mean_feature_prior choice, on validation splits
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "docs" / "results" / "pnbm_lowrank" / "pure_eps_item_means.json"
 EPSILONS = (5.0, 10.0, 20.0, 50.0)
-RELEASES = ("exact", "laplace", "laplace_oracle", "gaussian")
+RELEASES = ("exact", "laplace", "laplace_feature_prior", "laplace_oracle", "gaussian")
 DELTA, REPEATS, BETA_P, FEATURE_REG = 1e-6, 2, 5.0, 10.0
 TARGET = 0.895  # the dpsgd epsilon=10 ML-1M row of the defaults issue
 
@@ -110,6 +113,7 @@ def run(out: Path) -> None:
     torch.set_num_threads(2)
     dataset = instantiate_node(compose_config(["data=ml-1m", "data.fold=all"]).data)
     laplace = ItemMeansSpec("posterior", "user", "laplace", 0.5, count_weight=0.3)
+    prior = ItemMeansSpec("posterior", "user", "laplace", 0.5, count_weight=0.3, feature_prior=True)
     gaussian = ItemMeansSpec("posterior", "user", "gaussian", 0.5, count_weight=0.3, popularity_alpha=0.5, popularity_share=0.2)
     rows: dict[str, dict[str, list[float]]] = {}
     t0 = time.perf_counter()
@@ -123,6 +127,8 @@ def run(out: Path) -> None:
             for _ in range(REPEATS):  # secret noise, a fresh key each draw
                 gen = noise_generator(None)
                 cell["laplace"].append(_score(train, test, features, release_item_means(train, laplace, gen, epsilon=eps).means.double()))
+                rel = release_item_means(train, prior, gen, epsilon=eps, features=features.matrix)
+                cell["laplace_feature_prior"].append(_score(train, test, features, rel.means.double()))
                 cell["laplace_oracle"].append(_score(train, test, features, _oracle_laplace(train, features, eps, _Noise(gen))))
                 mu = _gdp_mu(eps, DELTA)
                 cell["gaussian"].append(_score(train, test, features, release_item_means(train, gaussian, gen, mu=mu).means.double()))
@@ -134,12 +140,46 @@ def run(out: Path) -> None:
     out.write_text(json.dumps(doc, indent=1))
 
 
+PRIOR_CHECK = ROOT / "docs" / "results" / "pnbm_lowrank" / "feature_prior_check.json"
+
+
+def prior_check(out: Path) -> None:
+    """The choice of ``mechanism.mean_feature_prior`` for `dpsgd` on the low-rank PNBM, made on other people: each
+    dataset's fold-1 80/20 per-user validation split (ML-100K's decides for ML-1M runs, ML-1M's for ML-100K runs;
+    the two share no users), the Laplace release at eps in (1, 5, 10, 50) with and without the feature prior, U = 0,
+    three secret noise draws each. Test splits are never read."""
+    import torch
+
+    from dprec_torch.api import compose_config
+    from dprec_torch.config import instantiate_node
+    from dprec_torch.data.item_features import item_features_of
+    from dprec_torch.data.validation import validation_fold
+    from dprec_torch.privacy.item_means import ItemMeansSpec, release_item_means
+    from dprec_torch.seeding import noise_generator
+
+    torch.set_num_threads(2)
+    doc: dict[str, dict[str, dict[str, list[float]]]] = {}
+    for data in ("ml-100k", "ml-1m"):
+        fold = validation_fold(instantiate_node(compose_config([f"data={data}"]).data).folds[0], 0.2, 0)
+        features = item_features_of(fold.train, "prior_check")
+        for eps in (1.0, 5.0, 10.0, 50.0):
+            cell = doc.setdefault(data, {}).setdefault(f"{eps:g}", {"constant_prior": [], "feature_prior": []})
+            for _ in range(3):
+                for name, on in (("constant_prior", False), ("feature_prior", True)):
+                    spec = ItemMeansSpec("posterior", "user", "laplace", 0.5, count_weight=0.3, feature_prior=on)
+                    rel = release_item_means(fold.train, spec, noise_generator(None), epsilon=eps, features=features.matrix)
+                    cell[name].append(_score(fold.train, fold.test, features, rel.means.double()))
+    out.write_text(json.dumps({"splits": "fold-1 80/20 per-user validation split of each dataset (seed 0)",
+                               "results": doc}, indent=1))
+
+
 def summary(path: Path) -> str:
     """The markdown table of the JSON: mean test RMSE over folds (and noise draws) per release and epsilon."""
     doc = json.loads(path.read_text())
     head = "| release (user level, U = 0, public features) | " + " | ".join(f"ε={e}" for e in doc["results"]) + " |"
     lines = [head, "|---|" + "---|" * len(doc["results"])]
-    names = {"exact": "exact item means, unshrunk (no privacy)", "laplace": "pure ε: the package's Laplace means (what `dpsgd` releases)",
+    names = {"exact": "exact item means, unshrunk (no privacy)", "laplace": "pure ε: Laplace means, shrunk to a constant",
+             "laplace_feature_prior": "pure ε: Laplace means, shrunk to a feature ridge (what `dpsgd` releases)",
              "laplace_oracle": "pure ε, optimistic: true-count weights + feature prior (not DP)",
              "gaussian": f"(ε, δ={doc['delta_gaussian']:g}): Gaussian means, popularity-weighted"}
     for r in RELEASES:
@@ -150,9 +190,13 @@ def summary(path: Path) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("stage", choices=["run", "report"])
+    p.add_argument("stage", choices=["run", "report", "prior-check"])
     p.add_argument("--out", type=Path, default=OUT)
     a = p.parse_args()
+    if a.stage == "prior-check":
+        prior_check(PRIOR_CHECK)
+        print(PRIOR_CHECK.read_text())
+        return
     if a.stage == "run":
         run(a.out)
     from dprec_torch.study.markers import splice

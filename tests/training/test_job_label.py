@@ -7,9 +7,11 @@ from dprec_torch.training.run import job_label
 from tests.helpers import tiny_cfg
 
 #: labels these commands had before the clipped chain became its own class (commit f6dcc20's parent): published
-#: ``noise_seed`` runs of them rerun bit for bit only while these hold
+#: ``noise_seed`` runs of them rerun bit for bit only while these hold. (``mechanism=dpsgd`` on the default low-rank
+#: model is not here: its item means gained the feature prior, a different release, so its label moved with it.)
 LABELS_BEFORE_THE_FORMS_TABLE = {
-    "mechanism=dpsgd epsilon=1": "48debef4e7ef1cee9b6ef570ece82b04",
+    "mechanism=dpsgd model=pnbm epsilon=1": "b095fa2e5b58c15adbb6151c44700929",
+    "mechanism=gaussian model=mf epsilon=1": "04d33b1ea315cdcc7040b3bbd3677dc8",
     "mechanism=gaussian epsilon=10": "088f6209f8b7a36b108ba5d2b2d5d96e",
     "mechanism=sgld epsilon=20": "a524b1e4a1cc0caa3326689fc6df7b79",
     "mechanism=sgld epsilon=20 data=ml-1m": "698f639fea8b4d70d9d824d67a6ab960",
