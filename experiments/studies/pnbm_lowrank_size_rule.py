@@ -370,13 +370,23 @@ def report(rule: Path, means: Path, sweep_path: Path, out: Path) -> str:
         rows = json.loads(path.read_text())["results"] if path.exists() else []
         return {(r["set"], r["epsilon"]): r for r in rows}
 
-    ru, me = table(rule), table(means)
-    sets = sorted({k[0] for k in ru}, key=lambda n: n_users_of(Path("/tmp/size_rule"), n) if not n.startswith("syn") else 1e9)
+    if rule.exists():
+        ru, me = table(rule), table(means)
+
+        def n_of(name: str) -> int:
+            return n_users_of(Path("/tmp/size_rule"), name)
+    else:  # the grid runs are not on this machine: the committed record's grid (the sweeps below are what a rerun changes)
+        grid = json.loads(out.read_text())["validation_grid"]
+        ru = {(g["set"], g["epsilon"]): {"rmse": g["rmse_rule"], "runs": [{"rmse": x} for x in g["runs_rule"]]} for g in grid}
+        me = {(g["set"], g["epsilon"]): {"rmse": g["rmse_means_only"], "runs": [{"rmse": x} for x in g["runs_means_only"]]}
+              for g in grid if g["rmse_means_only"] is not None}
+        n_of = {g["set"]: g["n_users"] for g in grid}.__getitem__
+    sets = sorted({k[0] for k in ru}, key=lambda n: n_of(n) if not n.startswith("syn") else 1e9)
     eps = sorted({k[1] for k in ru})
     records, lines = [], ["| fitting set (N users) | " + " | ".join(f"eps = {e:g}" for e in eps) + " |",
                           "|---|" + "---|" * len(eps)]
     for name in sets:
-        n = n_users_of(Path("/tmp/size_rule"), name)
+        n = n_of(name)
         cells = []
         for e in eps:
             r, m = ru.get((name, e)), me.get((name, e))
@@ -394,6 +404,7 @@ def report(rule: Path, means: Path, sweep_path: Path, out: Path) -> str:
                          f"{', lr ' + format(k.lr, '.3g') + ', m ' + format(k.mean_fraction, '.2f') if k.learns else ', means only'})")
         lines.append(f"| {name} ({n}) | " + " | ".join(cells) + " |")
     sweep_rows = json.loads(sweep_path.read_text()) if sweep_path.exists() else {}
+    sweep_rows = {tag: sweep_rows[tag] for tag in sorted(sweep_rows)}  # ML-100K first, whatever order the sweeps ran in
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"rule": "dprec_torch/privacy/size_rule.py", "validation_grid": records,
                                "constants": {k: getattr(R, k) for k in dir(R) if k.isupper() and not k.startswith("_")},

@@ -84,3 +84,15 @@ def test_the_feature_prior_choice_holds_on_the_validation_splits_it_was_made_on(
         for cell in cells.values():
             assert sum(cell["feature_prior"]) < sum(cell["constant_prior"])
     assert "mean_feature_prior: true" in (ROOT / "conf/tuned/dpsgd_pnbm_lowrank.yaml").read_text()
+
+
+def test_the_size_rule_blocks_sweep_rows_are_the_sweep_json():
+    """docs/pnbm_lowrank.md's per-command sweep rows (the ``size_rule`` block, ``size_rule.py report``) show
+    ``size_rule_sweep.json``'s figures: a redrawn sweep must be reported again."""
+    doc = (ROOT / "docs/pnbm_lowrank.md").read_text()
+    block = doc[doc.index("<!-- size_rule:start -->"):doc.index("<!-- size_rule:end -->")]
+    sweeps = json.loads((ROOT / "docs/results/pnbm_lowrank/size_rule_sweep.json").read_text())
+    assert sweeps and all(rows for rows in sweeps.values())
+    for rows in sweeps.values():
+        for r in rows:
+            assert f"| `{r['command']}` | {r['test_rmse']:.4f} |" in block, r["command"]
