@@ -71,7 +71,7 @@ def check_selection(cfg: DictConfig, mechanism: type) -> None:
     grid = selection_grid(node)
     if not grid or any(not isinstance(v, list) or len(v) == 0 for v in grid.values()):
         raise ConfigError("mechanism.select_grid must map mechanism keys to non-empty lists of values, e.g. {mean_fraction: [auto, 0.9]}")
-    unknown = sorted(set(grid) - set(node) | set(grid) & set(SELECT_KEYS))
+    unknown = sorted((set(grid) - set(node)) | (set(grid) & set(SELECT_KEYS)))
     if unknown:
         raise ConfigError(f"mechanism.select_grid names {unknown[0]}, which is not a key of mechanism={node.get('name', '?')}")
     for key, values in grid.items():  # each candidate value in its key's range, as a typed value would be
@@ -94,11 +94,6 @@ def clipped_error_sum(pred: torch.Tensor, truth: torch.Tensor, users: torch.Tens
     counts = torch.bincount(users, minlength=n_users).double()
     present = counts > 0
     return float((sums[present] / counts[present]).clamp(max=bound).sum())
-
-
-def _laplace(gen: SecretGenerator, scale: float) -> float:
-    u = float(gen.rand(1, dtype=torch.float64)) - 0.5
-    return -scale * math.copysign(1.0, u) * math.log1p(-2.0 * abs(u))
 
 
 def _candidate(grid: dict[str, list[Any]], gen: SecretGenerator) -> dict[str, Any]:
@@ -140,7 +135,7 @@ def select_fold(cfg: DictConfig, fold: Fold, device: torch.device, train_round: 
             record, model = train_round(round_config(cfg, candidate, eps_train), val)
         test = val.test
         raw = clipped_error_sum(model.predict(test.users, test.items), test.values, test.users, test.n_users, bound)
-        score = -raw + _laplace(gen, bound / eps_score)
+        score = float(gen.add_laplace_(torch.tensor([-raw], dtype=torch.float64), bound / eps_score))
         rounds.append({"round": j, "candidate": candidate, "noisy_score": score})
         log.info("private selection, fold %s round %d: %s -> noisy score %.4g", fold.index, j, candidate, score)
         if best is None or score > best[0]:

@@ -74,7 +74,7 @@ def _oracle_laplace(train, features, epsilon, gen):
     z = (train.values.double() - g) / half
     t = a[train.items]
     w = t / _per(train.users, t * (z.abs() + gamma), train.n_users).clamp_min(1e-12)[train.users]
-    lap = gen.laplace(2 * m, 1.0 / epsilon)
+    lap = gen.add_laplace_(torch.zeros(2 * m, dtype=torch.float64), 1.0 / epsilon)
     s, c = (_per(train.items, w * z, m) + lap[:m]) / a, (_per(train.items, w * gamma, m) + lap[m:]) / (gamma * a)
     std = math.sqrt(2.0) / epsilon / a
     cp = c.clamp_min(0.0)
@@ -84,19 +84,6 @@ def _oracle_laplace(train, features, epsilon, gen):
     est = torch.where(cp > 0, s / cp.clamp_min(1e-9), torch.zeros_like(s))
     beta = torch.linalg.solve(x.t() @ (x * wt[:, None]) + torch.eye(x.shape[1], dtype=torch.float64), x.t() @ (wt * est))
     return (g + half * ((x @ beta) * std * std + cp * tau2 * s) / den).clamp(lo, hi)
-
-
-class _Noise:
-    """Laplace draws for the oracle bound from a secret generator (the package's CSPRNG)."""
-
-    def __init__(self, gen) -> None:
-        self.gen = gen
-
-    def laplace(self, n: int, scale: float):
-        import torch
-
-        u = self.gen.rand(n, dtype=torch.float64) - 0.5
-        return -scale * torch.sign(u) * torch.log1p(-2.0 * u.abs())
 
 
 def run(out: Path) -> None:
@@ -129,7 +116,7 @@ def run(out: Path) -> None:
                 cell["laplace"].append(_score(train, test, features, release_item_means(train, laplace, gen, epsilon=eps).means.double()))
                 rel = release_item_means(train, prior, gen, epsilon=eps, features=features.matrix)
                 cell["laplace_feature_prior"].append(_score(train, test, features, rel.means.double()))
-                cell["laplace_oracle"].append(_score(train, test, features, _oracle_laplace(train, features, eps, _Noise(gen))))
+                cell["laplace_oracle"].append(_score(train, test, features, _oracle_laplace(train, features, eps, gen)))
                 mu = _gdp_mu(eps, DELTA)
                 cell["gaussian"].append(_score(train, test, features, release_item_means(train, gaussian, gen, mu=mu).means.double()))
         print(f"fold {fold.index}: {time.perf_counter() - t0:.0f} s", flush=True)

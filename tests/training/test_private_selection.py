@@ -76,3 +76,11 @@ def test_one_expected_round_stops_after_the_first(tmp_path):
     metrics = train(tiny_cfg(*BASE, "mechanism.select=private", "mechanism.select_rounds=1", "epsilon=3",
                              f"output_dir={tmp_path}"))
     assert metrics["privacy"]["selection"]["rounds"] == 1
+
+
+def test_the_selection_draws_from_the_secret_key_when_no_noise_seed_is_given(tmp_path):
+    """Without ``noise_seed`` each run's selection (candidates, score noise, stopping) comes from its own secret
+    256-bit key: two runs of the same job draw different noisy scores."""
+    scores = [train(tiny_cfg(*BASE, "mechanism.select=private", "mechanism.select_rounds=1", "epsilon=3",
+                             f"output_dir={tmp_path / str(k)}"))["privacy"]["selection"]["noisy_scores"] for k in range(2)]
+    assert scores[0] != scores[1]
