@@ -7,24 +7,25 @@ never run (annotations only). Hydra ``_target_`` strings are not imports either.
 
 :data:`LAYERS` lists the units bottom to top; a unit may import only units on lower layers. Each layer, low to high:
 
-0. ``errors``: the two exception types every layer raises; ``chacha``: the CSPRNG's kernels; ``populations``: whose
+0. ``chacha_triton``: the CSPRNG's GPU kernel (Triton; imports no package unit, ``chacha`` imports it);
+1. ``errors``: the two exception types every layer raises; ``chacha``: the CSPRNG's kernels; ``populations``: whose
    people a data config holds; ``config_domains``: the config's value domains (none imports a package unit);
-1. plumbing with no domain knowledge: ``io`` (atomic writes), ``seeding``, ``device``, ``config`` (Hydra glue,
+2. plumbing with no domain knowledge: ``io`` (atomic writes), ``seeding``, ``device``, ``config`` (Hydra glue,
    schema check), ``sweep_cache``, ``startup``;
-2. ``data``: ratings, folds, readers;
-3. ``interfaces``: the Protocols (what a model, predictor, mechanism IS), so models and mechanisms look them up
+3. ``data``: ratings, folds, readers;
+4. ``interfaces``: the Protocols (what a model, predictor, mechanism IS), so models and mechanisms look them up
    from below;
-4. ``models``: the trainable ``nn.Module``s (PNBM, MF) and their batching/pair kernels;
-5. ``privacy``: privacy math only -- accountants, budgets, sensitivity formulas, scope, ledger (``pnbm_clipping``
+5. ``models``: the trainable ``nn.Module``s (PNBM, MF) and their batching/pair kernels;
+6. ``privacy``: privacy math only -- accountants, budgets, sensitivity formulas, scope, ledger (``pnbm_clipping``
    reads ``models.batching``);
-6. ``predictors``: fitted predictors (kNN, Slope One, PNCF, ...);
-7. ``mechanisms``: training optimizers and output mechanisms (they privatise models and predictors);
-8. ``privacy_harness``: the sensitivity harness, whose cases build real mechanisms, models and predictors;
-9. ``evaluation``: metrics, cross-validation, the non-private baselines;
-10. ``training``: the runners behind ``train.py`` and ``evaluate.py`` (checkpoints, trainer);
-11. ``study``, ``audit``, ``attacks``: what is built on finished runs (two-stage study and its report, empirical
+7. ``predictors``: fitted predictors (kNN, Slope One, PNCF, ...);
+8. ``mechanisms``: training optimizers and output mechanisms (they privatise models and predictors);
+9. ``privacy_harness``: the sensitivity harness, whose cases build real mechanisms, models and predictors;
+10. ``evaluation``: metrics, cross-validation, the non-private baselines;
+11. ``training``: the runners behind ``train.py`` and ``evaluate.py`` (checkpoints, trainer);
+12. ``study``, ``audit``, ``attacks``: what is built on finished runs (two-stage study and its report, empirical
     privacy audits, the LIA attack); ``cli``: the command line's one-line check;
-12. ``api``: the notebook surface (``dprec_torch.train``/``load_run``).
+13. ``api``: the notebook surface (``dprec_torch.train``/``load_run``).
 
 Target: no cycle, at most :data:`MAX_UPWARD` import running back up (a same-layer import counts).
 A new unit must be added to :data:`LAYERS`, or this test fails.
@@ -44,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "dprec_torch"
 
 LAYERS: list[set[str]] = [
+    {"chacha_triton"},
     {"errors", "chacha", "populations", "config_domains", "forms"},
     {"io", "seeding", "device", "config", "sweep_cache", "startup"},
     {"data"},

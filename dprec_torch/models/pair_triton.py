@@ -54,9 +54,10 @@ def _kernel() -> Any:
     triton, tl = _triton, _tl
 
     @triton.jit
-    def target_l1(rows, items, crow, cols, xv, e, den, a, S, stride_s, out,  # pragma: no cover - GPU
-                  INCLUDE_DIAGONAL: tl.constexpr, BLOCK: tl.constexpr):
-        """out[t] = sum_j |e_t (x_uj / d_t - a_t sign(s_ij))| over u's history j (j != i unless INCLUDE_DIAGONAL)."""
+    def target_norm(rows, items, crow, cols, xv, e, den, a, S, stride_s, out,  # pragma: no cover - GPU
+                    INCLUDE_DIAGONAL: tl.constexpr, SQUARE: tl.constexpr, BLOCK: tl.constexpr):
+        """out[t] = sum_j |v_tj| (SQUARE: sum_j v_tj^2), v_tj = e_t (x_uj / d_t - a_t sign(s_ij)), over u's history j
+        (j != i unless INCLUDE_DIAGONAL)."""
         t = tl.program_id(0)
         r = tl.load(rows + t)
         i = tl.load(items + t).to(tl.int64)
@@ -73,20 +74,23 @@ def _kernel() -> Any:
             x = tl.load(xv + offs, mask=m, other=0.0)
             s = tl.load(S + i * stride_s + j, mask=m, other=0.0)
             sg = tl.where(s > 0, 1.0, tl.where(s < 0, -1.0, 0.0)).to(tl.float64)
-            v = tl.abs(e_t * (x / d_t - a_t * sg))
+            v = e_t * (x / d_t - a_t * sg)
+            v = v * v if SQUARE else tl.abs(v)
             if not INCLUDE_DIAGONAL:  # s_ii's entry is discarded (pnbm_clipping's module doc)
                 m = m & (j != i)
             total += tl.where(m, v, 0.0)
         tl.store(out + t, tl.sum(total, axis=0))
 
-    return target_l1
+    return target_norm
 
 
-def user_l1_norms(rows: torch.Tensor, items: torch.Tensor, crow: torch.Tensor, cols: torch.Tensor, xv: torch.Tensor,
-                  e: torch.Tensor, den: torch.Tensor, a: torch.Tensor, S: torch.Tensor, n_rows: int,
-                  include_diagonal: bool) -> torch.Tensor:
-    """||G_u||_1 for every batch row (float64, shape ``[n_rows]``): the sums of
-    :func:`dprec_torch.models.pair_numba.user_l1_norms`, one Triton program per target."""
+def user_norms(rows: torch.Tensor, items: torch.Tensor, crow: torch.Tensor, cols: torch.Tensor, xv: torch.Tensor,
+               e: torch.Tensor, den: torch.Tensor, a: torch.Tensor, S: torch.Tensor, n_rows: int,
+               include_diagonal: bool, p: int = 1) -> torch.Tensor:
+    """||G_u||_p (p = 1 or 2) for every batch row (float64, shape ``[n_rows]``): the pair sums of
+    :func:`dprec_torch.models.pair_numba.user_l1_norms` (p = 1) or of the closed form
+    :func:`dprec_torch.privacy.pnbm_clipping.per_user_grad_norms` (p = 2), one Triton program per target, float64
+    accumulation; the L2 sums are not the closed form's (no cancellation of its expanded square)."""
     n_t = int(rows.numel())
     out = torch.zeros(n_rows, dtype=torch.float64, device=S.device)
     if n_t == 0:
@@ -96,9 +100,10 @@ def user_l1_norms(rows: torch.Tensor, items: torch.Tensor, crow: torch.Tensor, c
     _kernel()[(n_t,)](
         rows.contiguous(), items.contiguous(), crow.contiguous(), cols.contiguous(), xv.contiguous(),
         e.contiguous(), den.contiguous(), a.contiguous(), S, S.stride(0), per_target,
-        INCLUDE_DIAGONAL=bool(include_diagonal), BLOCK=BLOCK,
+        INCLUDE_DIAGONAL=bool(include_diagonal), SQUARE=p == 2, BLOCK=BLOCK,
     )
     order = torch.argsort(rows, stable=True)
     lengths = torch.bincount(rows, minlength=n_rows)
-    return torch.segment_reduce(per_target[order], "sum", lengths=lengths, unsafe=True)
+    sums = torch.segment_reduce(per_target[order], "sum", lengths=lengths, unsafe=True)
+    return sums.sqrt() if p == 2 else sums
 

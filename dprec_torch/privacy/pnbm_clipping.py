@@ -124,25 +124,27 @@ def _pair_chunks(model: Any, batch: Any, residuals: torch.Tensor, chunk_pairs: i
 def per_user_grad_norms(model: Any, batch: Any, residuals: torch.Tensor, p: float = 2, include_diagonal: bool = False,
                         chunk_pairs: int | None = None, method: str = "auto") -> torch.Tensor:
     """||G_u||_p for every batch row (user), shape ``[len(batch.users)]``, float64. ``method``: ``pairs`` (enumeration,
-    any p), ``closed`` (p = 2 closed form), ``auto`` (closed for p = 2)."""
+    any p), ``closed`` (p = 2 closed form), ``auto`` (p = 2: the fused Triton pair sums on a GPU, the closed form
+    elsewhere; p = 1: the fused pair sums, numba on the CPU, Triton on a GPU)."""
     if p not in (1, 2):
         raise ConfigError(f"clipping norm must be 1 or 2, got {p}")
     if method not in ("auto", "pairs", "closed"):
         raise ConfigError(f"method must be auto, pairs or closed, got '{method}'")
+    _check_pnbm(model)
     n_rows = int(batch.users.numel())
-    if method == "closed" or (method == "auto" and p == 2):
+    triton_ok = method != "closed" and model.pair_backend != "torch" and pair_triton.available(model.S)
+    if method == "closed" or (method == "auto" and p == 2 and not triton_ok):
         if p != 2:
             raise ConfigError("the closed form exists for the L2 norm only")
         return _closed_form_l2(model, batch, residuals, include_diagonal).sqrt()
-    _check_pnbm(model)
-    kernel = (pair_numba if pair_numba.use_numba(model.pair_backend, model.S)  # the same bits, compiled (CPU)
-              else pair_triton if model.pair_backend != "torch" and pair_triton.available(model.S)  # fused, no pair temporaries (GPU)
-              else None) if p == 1 else None
+    kernel = (pair_numba if p == 1 and pair_numba.use_numba(model.pair_backend, model.S)  # the same bits, compiled (CPU)
+              else pair_triton if triton_ok else None)  # fused, no pair temporaries (GPU)
     if kernel is not None:
         _, den, a = target_terms(model, batch)
         crow, cols, xv = _history(batch)
-        return kernel.user_l1_norms(batch.rows, batch.items, crow, cols, xv, residuals.detach().to(torch.float64),
-                                    den, a, model.S.detach(), n_rows, include_diagonal)
+        args = (batch.rows, batch.items, crow, cols, xv, residuals.detach().to(torch.float64), den, a, model.S.detach(),
+                n_rows, include_diagonal)
+        return kernel.user_l1_norms(*args) if kernel is pair_numba else kernel.user_norms(*args, p=p)
     acc = torch.zeros(n_rows, dtype=torch.float64, device=residuals.device)
     for t, i, j, val in _pair_chunks(model, batch, residuals, chunk_pairs):
         if not include_diagonal:  # zeroed, not compacted: the same sums, one pass and no host sync fewer

@@ -17,6 +17,10 @@ included on ``--device cuda``) and the 1-minute load average after it.
     OMP_NUM_THREADS=2 python experiments/benchmarks/bench_pnbm_lowrank.py --rows ml1m-400 --device cpu \
         --out docs/results/benchmarks/lowrank-cpu.json
     python experiments/benchmarks/bench_pnbm_lowrank.py --rows ml1m-400 syn20m --device cuda
+    python experiments/benchmarks/bench_pnbm_lowrank.py --rows ml1m-400 --device cuda --profile /tmp/lowrank-prof.txt
+
+``--profile FILE``: after the timed steps, 20 more under ``torch.profiler`` (CPU, and CUDA on a GPU), their operator
+table (self time) written to FILE: where a step's time goes.
 """
 
 from __future__ import annotations
@@ -49,7 +53,21 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def run_row(name: str, device: str) -> dict:
+def profile_steps(trainer, device: torch.device, path: Path, steps: int = 20) -> None:
+    """``steps`` more steps under torch.profiler; the operator table sorted by self time to ``path``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        for _ in range(steps):
+            trainer._step()
+        sync(device)
+    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    tables = [prof.key_averages().table(sort_by=k, row_limit=40) for k in dict.fromkeys([key, "self_cpu_time_total"])]
+    path.write_text(f"{steps} steps on {device}\n" + "\n".join(tables))
+
+
+def run_row(name: str, device: str, profile_path: Path | None = None) -> dict:
     from hydra import compose, initialize_config_dir
 
     from dprec_torch.training.run import instantiate_node, setup_training, validate
@@ -77,6 +95,8 @@ def run_row(name: str, device: str) -> dict:
     sync(dev)
     steps_s = time.perf_counter() - t0
     rmse = float(torch.sqrt(((setup.model.predict(fold.test.users, fold.test.items) - fold.test.values) ** 2).mean()))
+    if profile_path is not None:  # after the row's figures: they are the plain run's
+        profile_steps(trainer, dev, profile_path)
     from bench import machine  # experiments/benchmarks/ is the script's folder
 
     return {"row": name, "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu",
@@ -93,9 +113,10 @@ def main() -> None:
     ap.add_argument("--rows", nargs="+", default=["ml1m-400"], choices=list(ROWS))
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--profile", type=Path, default=None, help="write 20 profiled steps' operator table here")
     a = ap.parse_args()
     for name in a.rows:
-        row = run_row(name, a.device)
+        row = run_row(name, a.device, a.profile)
         print(json.dumps(row), flush=True)
         if a.out is not None:
             with a.out.open("a") as f:

@@ -1,4 +1,4 @@
-"""The fused Triton per-user L1 norms (``models.pair_triton``) equal the torch pair enumeration.
+"""The fused Triton per-user L1 and L2 norms (``models.pair_triton``) equal the torch pair enumeration.
 
 On a GPU the kernel runs natively (``-m gpu``); without one it runs in Triton's CPU interpreter
 (``TRITON_INTERPRET=1``, a subprocess, since the flag is read when the kernel is defined). Both skip
@@ -37,13 +37,13 @@ with torch.no_grad():  # signs of every kind, exact zeros included
 batch = full_batch(train.to(device), model.item_means)
 res = torch.randn(batch.n_targets, generator=torch.Generator().manual_seed(2), dtype=torch.float64).to(device)
 out = {}
-for diag in (False, True):
-    ref = pc.per_user_grad_norms(model, batch, res, p=1, include_diagonal=diag, method="pairs")
+for diag, p in ((False, 1), (True, 1), (False, 2), (True, 2)):
+    ref = pc.per_user_grad_norms(model, batch, res, p=p, include_diagonal=diag, method="pairs")
     _, den, a = pc.target_terms(model, batch)
     crow, cols, xv = pc._history(batch)
-    got = pair_triton.user_l1_norms(batch.rows, batch.items, crow, cols, xv, res, den, a, model.S, len(batch.users), diag)
-    again = pair_triton.user_l1_norms(batch.rows, batch.items, crow, cols, xv, res, den, a, model.S, len(batch.users), diag)
-    out[str(diag)] = {"max_rel": float(((got - ref).abs() / ref.abs().clamp_min(1e-300)).max()),
+    args = (batch.rows, batch.items, crow, cols, xv, res, den, a, model.S, len(batch.users), diag)
+    got, again = pair_triton.user_norms(*args, p=p), pair_triton.user_norms(*args, p=p)
+    out[f"diag={diag} p={p}"] = {"max_rel": float(((got - ref).abs() / ref.abs().clamp_min(1e-300)).max()),
                       "deterministic": bool(torch.equal(got, again)), "n": int(ref.numel()),
                       "positive": int((ref > 0).sum())}
 print(json.dumps(out))
@@ -65,11 +65,11 @@ def _assert_same(out: dict) -> None:
 
 
 @pytest.mark.slow
-def test_triton_l1_norms_equal_the_pair_enumeration_in_the_interpreter():
+def test_triton_norms_equal_the_pair_enumeration_in_the_interpreter():
     _assert_same(_check("cpu", {"TRITON_INTERPRET": "1"}))
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_triton_l1_norms_equal_the_pair_enumeration_on_cuda():
+def test_triton_norms_equal_the_pair_enumeration_on_cuda():
     _assert_same(_check("cuda", {}))

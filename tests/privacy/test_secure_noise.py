@@ -7,6 +7,7 @@ on 10^6 draws with a fixed key). The 256-bit keys and their derivation: tests/pr
 
 from __future__ import annotations
 
+import os
 import struct
 
 import numpy as np
@@ -160,3 +161,28 @@ def test_half_open_uniforms_never_reach_one(dtype) -> None:
     u = noise.uniform(KEY, 100_000, dtype=dtype)
     assert u.dtype == dtype and u.min() >= 0 and u.max() < 1
     assert stats.kstest(u.double().numpy(), stats.uniform().cdf).pvalue > 1e-3
+
+
+TRITON_CHECK = r"""
+import numpy as np, torch
+from dprec_torch import chacha
+assert chacha._triton(torch.device("cpu")) is not None
+for n in (1, 21, 1001, 128 * 8 * 3 + 5):  # a partial program, several programs
+    lo, hi = chacha.torch_keystream(np.arange(8, dtype=np.uint32) * 0x9E3779B9, n, "cpu")
+    words = (hi.numpy().astype(np.uint64) << np.uint64(32)) | lo.numpy().astype(np.uint64)
+    assert np.array_equal(words, chacha.keystream_words(np.arange(8, dtype=np.uint32) * 0x9E3779B9, n)), n
+print("same")
+"""
+
+
+def test_the_triton_kernel_gives_the_same_words_in_the_interpreter() -> None:
+    """On a GPU the words come from one Triton kernel (dprec_torch/chacha_triton.py): here it runs in Triton's CPU
+    interpreter (a subprocess: the flag is read at import) and must give the numba kernels' words."""
+    pytest.importorskip("triton", reason="Triton is not installed (CPU wheels of torch ship without it)")
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    proc = subprocess.run([sys.executable, "-c", TRITON_CHECK], cwd=Path(__file__).resolve().parents[2],
+                          env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "same", proc.stderr[-2000:]

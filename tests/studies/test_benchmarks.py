@@ -237,7 +237,7 @@ def test_prepare_gpu_pylibs_makes_hydra_importable_without_site_packages(tmp_pat
                           text=True, env={**os.environ, "DPREC_DATA": str(tmp_path / "no-data")})
     assert proc.returncode == 0, proc.stderr
     libs = tmp_path / ".gpu_pylibs"
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import hydra, omegaconf, antlr4, yaml, pytest; "
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import hydra, omegaconf, antlr4, yaml; "
             "from hydra import compose; assert hydra.__file__.startswith(sys.argv[1])")
     check = subprocess.run([sys.executable, "-S", "-c", code, str(libs)], capture_output=True, text=True)
     assert check.returncode == 0, check.stderr
@@ -283,6 +283,13 @@ LOWRANK_CPU, LOWRANK_GPU = "| low-rank PNBM, ML-1M fold 1, 402 steps at q = 0.3,
 EPOCH_DPSGD = "| full-S `dpsgd_paper` epoch vs the dense reference, ML-1M, 2 threads |"
 EPOCH_NONE = "| full-S `none` epoch vs the dense reference, ML-1M, 2 threads |"
 GAUSSIAN_GPU = "| full-S `gaussian` on a GPU, ML-1M |"
+DESIGN_CPU = "| the design card on ML-1M, `python train.py mechanism=sgld epsilon=20 data=ml-1m`, caches warm, CPU |"
+DESIGN_GPU = "| the same on one GPU (H200) |"
+
+
+def designcard_json(end_to_end: float, machine: str, runs: int = 3, data: str = "ml-1m") -> dict:
+    return {"command": f"python train.py mechanism=sgld epsilon=20 data={data}", "runs": [{"end_to_end": end_to_end}] * runs,
+            "end_to_end": end_to_end, "to_first_epoch": end_to_end / 2, "load_avg": 0.1, "machine": machine}
 
 
 def startup_json(end_to_end: float, device: str = "cpu", runs: int = 5, extra: str = "", machine: str = "Test CPU, 2 cores") -> dict:
@@ -308,7 +315,8 @@ def speed(folder: Path) -> str:
 def test_speed_targets_say_not_measured_and_name_the_command_without_files(tmp_path: Path) -> None:
     table = speed(tmp_path)
     for key, row in (("startup-cpu", STARTUP_CPU), ("startup-gpu", STARTUP_GPU), ("lowrank-cpu", LOWRANK_CPU),
-                     ("lowrank-gpu", LOWRANK_GPU), ("ml1m-t2", EPOCH_DPSGD), ("ml1m-t2", EPOCH_NONE), ("gpu", GAUSSIAN_GPU)):
+                     ("lowrank-gpu", LOWRANK_GPU), ("ml1m-t2", EPOCH_DPSGD), ("ml1m-t2", EPOCH_NONE),
+                     ("gpu-mechanisms", GAUSSIAN_GPU), ("designcard-cpu", DESIGN_CPU), ("designcard-gpu", DESIGN_GPU)):
         assert verdict(table, row) == "not measured", row
         assert publish.SPEED_COMMANDS[key] in next(line for line in table.splitlines() if line.startswith(row))
 
@@ -332,8 +340,13 @@ def test_speed_target_verdicts_follow_the_json_files(tmp_path: Path) -> None:
                 "epochs": 3, "test_rmse": 0.9}
     write(met, "gpu-check.json", gpu_check(mechanisms=[{**gaussian, "seconds_per_epoch": 0.05, "seconds_per_epoch_after_first": 0.025}]))
     write(miss, "gpu-check.json", gpu_check(mechanisms=[{**gaussian, "seconds_per_epoch": 0.05, "seconds_per_epoch_after_first": 0.035}]))
+    write(met, "designcard-cpu-ml1m-sgld.json", designcard_json(59.0, "Test CPU, 2 cores"))
+    write(miss, "designcard-cpu-ml1m-sgld.json", designcard_json(61.0, "Test CPU, 2 cores"))
+    write(met, "designcard-gpu-ml1m-sgld.json", designcard_json(14.0, "Test CPU, GPU NVIDIA H200"))
+    write(miss, "designcard-gpu-ml1m-sgld.json", designcard_json(16.0, "Test CPU, GPU NVIDIA H200"))
     good, bad = speed(met), speed(miss)
-    for row in (STARTUP_CPU, STARTUP_GPU, LOWRANK_CPU, LOWRANK_GPU, EPOCH_DPSGD, EPOCH_NONE, GAUSSIAN_GPU):
+    for row in (STARTUP_CPU, STARTUP_GPU, LOWRANK_CPU, LOWRANK_GPU, EPOCH_DPSGD, EPOCH_NONE, GAUSSIAN_GPU, DESIGN_CPU,
+                DESIGN_GPU):
         assert verdict(good, row).startswith("**met**"), row
         assert verdict(bad, row).startswith("**not met**"), row
     assert verdict(good, STARTUP_GPU) == "**met**"  # measured on the H200 the target names
@@ -349,8 +362,10 @@ def test_speed_targets_refuse_figures_of_another_measurement(tmp_path: Path) -> 
     rows = [epoch_row(f"pnbm-dpsgd-ml1m-{impl}", 0.1 if impl == "sparse" else 3.0, 0.9, threads=1) for impl in ("sparse", "dense")]
     write(tmp_path, "bench-cpu-ml1m-t2.json", {"machine": "Test CPU", "rows": rows})
     write(tmp_path, "gpu-check.json", gpu_check(dry_run=True))
+    write(tmp_path, "designcard-cpu-ml1m-sgld.json", designcard_json(5.0, "Test CPU, GPU NVIDIA H200"))  # not the CPU
+    write(tmp_path, "designcard-gpu-ml1m-sgld.json", designcard_json(5.0, "Test CPU, GPU NVIDIA H200", data="ml-100k"))
     table = speed(tmp_path)
-    for row in (STARTUP_CPU, STARTUP_GPU, LOWRANK_CPU, EPOCH_DPSGD, EPOCH_NONE, GAUSSIAN_GPU):
+    for row in (STARTUP_CPU, STARTUP_GPU, LOWRANK_CPU, EPOCH_DPSGD, EPOCH_NONE, GAUSSIAN_GPU, DESIGN_CPU, DESIGN_GPU):
         assert verdict(table, row) == "not measured", row
     assert verdict(table, LOWRANK_GPU) == "**met** (on another GPU than the target's H200)"
 
