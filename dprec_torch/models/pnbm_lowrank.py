@@ -51,6 +51,7 @@ from dprec_torch.data.ratings import Ratings
 from dprec_torch.errors import ConfigError
 from dprec_torch.models.base import BaseModel
 from dprec_torch.models.batching import UserBatch
+from dprec_torch.models import lowrank_numba
 from dprec_torch.models.history import BindsHistory
 from dprec_torch.models.content import check_item_features, public_features_text, resolve_item_features, feature_systems
 
@@ -76,15 +77,45 @@ def user_aggregates(users: torch.Tensor, items: torch.Tensor, y: torch.Tensor, u
     return p * inv_sqrt[:, None], inv_sqrt[users]
 
 
+def user_segments(rows: torch.Tensor, n_rows: int) -> torch.Tensor | None:
+    """Offsets ``[n_rows + 1]`` of each row's ratings when ``rows`` is grouped by row in ascending order (a batch drawn
+    from ratings sorted by user), where the CPU kernels may run (:func:`kernels_for`); None otherwise."""
+    if rows.device.type != "cpu" or not lowrank_numba.available():
+        return None
+    if rows.numel() > 1 and not bool((rows[1:] >= rows[:-1]).all()):
+        return None
+    seg = torch.zeros(n_rows + 1, dtype=torch.int64)
+    torch.cumsum(torch.bincount(rows, minlength=n_rows), 0, out=seg[1:])
+    return seg
+
+
+def kernels_for(seg: torch.Tensor | None, u: torch.Tensor) -> bool:
+    """Whether the fused CPU kernels (:mod:`.lowrank_numba`) compute this batch: grouped rows, U on the CPU, and their
+    row sums are torch's here (the same numbers as the torch path, bit for bit)."""
+    if seg is None or u.device.type != "cpu" or not lowrank_numba.exact(torch.float64, int(u.shape[1])):
+        return False
+    lowrank_numba.set_threads()
+    return True
+
+
 def per_user_gradients(users: torch.Tensor, items: torch.Tensor, y: torch.Tensor, u: torch.Tensor, n_users: int,
-                       e: torch.Tensor | None = None, forward: tuple[torch.Tensor, torch.Tensor] | None = None
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows g_uj (one per rating, module docstring) of each user's gradient dL_u/dU, and the per-user norms ``[N]``.
+                       e: torch.Tensor | None = None, forward: tuple[torch.Tensor | None, torch.Tensor] | None = None,
+                       seg: torch.Tensor | None = None, norm: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows g_uj (one per rating, module docstring) of each user's gradient dL_u/dU, and the per-user norms ``[N]``
+    (``norm`` = 2: Frobenius; 1: the sum of |entries|).
 
     ``e``: the errors e_ui = y_ui - f_ui when the caller has them (possibly scaled per user); computed from U otherwise.
-    ``forward``: (u_j per rating, sum_j u_j y_uj per user) when the caller's forward computed them (the same numbers).
+    ``forward``: (u_j per rating or None, sum_j u_j y_uj per user) when the caller's forward computed them (the same
+    numbers). ``seg``: the users' rating offsets (:func:`user_segments`): with ``e`` and ``forward``, one fused CPU
+    pass (:func:`.lowrank_numba.gradient_rows`), the same numbers.
     """
-    if forward is None:
+    if e is not None and forward is not None and kernels_for(seg, u):
+        inv_sqrt = torch.bincount(users, minlength=n_users).to(u.dtype).clamp_min(1.0).rsqrt()
+        rows, l2, l1 = lowrank_numba.gradient_rows(u.numpy(), items.numpy(), users.numpy(), seg.numpy(), y.numpy(), e.numpy(),
+                                                   forward[1].numpy(), inv_sqrt.numpy(),
+                                                   lowrank_numba.width(torch.float64), norm == 1)
+        return torch.from_numpy(rows), torch.from_numpy(l1) if norm == 1 else torch.from_numpy(l2).sqrt()
+    if forward is None or forward[0] is None:
         ui = u.index_select(0, items)
         p_sum = torch.zeros(n_users, u.shape[1], dtype=u.dtype, device=u.device).index_add_(0, users, ui * y[:, None])
     else:
@@ -98,6 +129,8 @@ def per_user_gradients(users: torch.Tensor, items: torch.Tensor, y: torch.Tensor
     yw = (y * w)[:, None]
     rows = p.index_select(0, users).sub_(torch.mul(ui, 2.0).mul_(yw)).mul_(e[:, None])
     rows.add_(q.index_select(0, users).mul_(yw)).mul_(-2.0)
+    if norm == 1:
+        return rows, torch.zeros(n_users, dtype=u.dtype, device=u.device).index_add_(0, users, rows.abs().sum(1))
     norms = torch.zeros(n_users, dtype=u.dtype, device=u.device).index_add_(0, users, (rows * rows).sum(1)).sqrt()
     return rows, norms
 
@@ -111,21 +144,30 @@ def clipped_sum(users: torch.Tensor, items: torch.Tensor, rows: torch.Tensor, no
 
 class _ExplicitGradient(torch.autograd.Function):
     """The surrogate's value forward; backward, dL/dU as the explicit per-user rows summed in float64 (the same numbers
-    the mechanisms' per-user norms are computed from), cast to U's dtype."""
+    the mechanisms' per-user norms are computed from), cast to U's dtype. ``clipped``: the clip's (rows, per-user
+    factor) at exactly these residuals (:meth:`LowRankPNBM.stash_clipped_rows`), else None."""
 
     @staticmethod
-    def forward(ctx, U, value, rows, items, y, e, n_rows, clipped_rows):  # type: ignore[override]
-        ctx.save_for_backward(U.detach(), rows, items, y, e, clipped_rows)
-        ctx.n_rows = n_rows
+    def forward(ctx, U, value, rows, items, y, e, n_rows, seg, clipped):  # type: ignore[override]
+        ctx.save_for_backward(U.detach(), rows, items, y, e)
+        ctx.n_rows, ctx.seg, ctx.clipped = n_rows, seg, clipped
         return value.clone()
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        U, rows, items, y, e, g = ctx.saved_tensors
-        if g.numel() == 0:  # no rows stashed by the clip: compute them at the (scaled) residuals
-            g, _ = per_user_gradients(rows, items, y.double(), U.double(), ctx.n_rows, e.double())
-        out = torch.zeros(U.shape, dtype=torch.float64, device=U.device).index_add_(0, items, g)
-        return (out * grad.double()).to(U.dtype), None, None, None, None, None, None, None
+        U, rows, items, y, e = ctx.saved_tensors
+        if ctx.clipped is None:  # no rows stashed by the clip: compute them at the (scaled) residuals
+            g, factor = per_user_gradients(rows, items, y.double(), U.double(), ctx.n_rows, e.double())[0], None
+        else:
+            g, factor = ctx.clipped
+        if factor is not None and kernels_for(ctx.seg, U):  # sum_u clip_u g_u in one pass, index_add_'s order
+            out = torch.from_numpy(lowrank_numba.scatter_scaled(g.numpy(), factor.numpy(), ctx.seg.numpy(),
+                                                                items.numpy(), U.shape[0]))
+        else:
+            if factor is not None:  # each rating's row times its user's factor, then summed per item
+                g = g * factor.index_select(0, rows)[:, None]
+            out = torch.zeros(U.shape, dtype=torch.float64, device=U.device).index_add_(0, items, g)
+        return (out * grad.double()).to(U.dtype), None, None, None, None, None, None, None, None
 
 
 # ----------------------------------------------------------------------------------------------- model
@@ -142,6 +184,7 @@ class _BatchTerms:
     targets_are_history: bool  # user-level batch: the targets ARE the history, in the same order
     base: torch.Tensor  # r_bar_i + b_u at the batch targets
     content: torch.Tensor | None  # w_u . phi_i at the batch targets (public item features), None without them
+    seg: torch.Tensor | None = None  # user level, CPU: each row's rating offsets (user_segments), for the kernels
 
 
 @dataclass
@@ -234,6 +277,10 @@ class LowRankPNBM(BindsHistory, BaseModel):
         if w is None or self.features_ is None:
             return None
         phi = self.features_.matrix.to(w.device, w.dtype)
+        if w.device.type == "cpu" and lowrank_numba.exact(w.dtype, int(w.shape[1])):  # the same numbers, one pass
+            lowrank_numba.set_threads()
+            return torch.from_numpy(lowrank_numba.feature_dots(w.contiguous().numpy(), phi.contiguous().numpy(),
+                                                               rows.numpy(), items.numpy(), lowrank_numba.width(w.dtype)))
         return w.index_select(0, rows).mul_(phi.index_select(0, items)).sum(1)
 
     # --------------------------------------------------------------- training
@@ -251,7 +298,8 @@ class LowRankPNBM(BindsHistory, BaseModel):
             ut = (self._user_terms(batch.rows, batch.items, batch.values, n_rows) if batch.source is None
                   else self._source_terms(batch.source).select(batch.users, batch.target_index))
             y, _, content = self._feature_part(ut, batch.rows, batch.items)
-            terms = _BatchTerms(batch.rows, batch.items, y, ut.b, ut.w, y, True, self._base(batch, ut.b), content)
+            terms = _BatchTerms(batch.rows, batch.items, y, ut.b, ut.w, y, True, self._base(batch, ut.b), content,
+                                user_segments(batch.rows, n_rows))
         else:  # rating level: the history from the CSR block (x = r - r_bar, built from this model's live r_bar)
             crow = batch.x.crow_indices()
             rows = torch.repeat_interleave(torch.arange(n_rows, device=crow.device), crow[1:] - crow[:-1])
@@ -285,6 +333,15 @@ class LowRankPNBM(BindsHistory, BaseModel):
     def _f(self, batch: UserBatch, terms: _BatchTerms, U: torch.Tensor) -> torch.Tensor:
         """f_ui at the batch targets (module docstring), differentiable in U. Every target is in its user's history."""
         n_rows = int(batch.users.numel())
+        if terms.targets_are_history and kernels_for(terms.seg, U):  # one pass per user (lowrank_numba), same numbers
+            Ud = U.detach()
+            sq = (Ud * Ud).sum(1)
+            p_sum, f = lowrank_numba.forward_sums(Ud.numpy(), terms.items.numpy(), terms.rows.numpy(), terms.seg.numpy(),
+                                                  terms.y.numpy(), terms.w.numpy(), sq.numpy(),
+                                                  lowrank_numba.width(torch.float64))
+            p_sum = torch.from_numpy(p_sum)
+            batch.cache["_forward_sums"] = (weakref.ref(U), U._version, terms, None, p_sum)
+            return torch.from_numpy(f)
         # index_select, not U[items]: its backward is index_add_, bit-reproducible across CPU threads (advanced
         # indexing's backward, an accumulating index_put_, is not)
         ui = U.index_select(0, batch.items)
@@ -305,7 +362,7 @@ class LowRankPNBM(BindsHistory, BaseModel):
         the batch for the step's ``surrogate_loss`` (used once, only while U is unchanged)."""
         terms = self._terms(batch)
         f = self._f(batch, terms, self.U)
-        if torch.is_grad_enabled() and f.requires_grad:
+        if torch.is_grad_enabled() and (f.requires_grad or terms.targets_are_history):  # (the CPU kernels' f has no graph)
             batch.cache["_forward_f"] = (weakref.ref(self.U), self.U._version, f)
         return terms.base + f if terms.content is None else terms.base + terms.content + f
 
@@ -331,21 +388,22 @@ class LowRankPNBM(BindsHistory, BaseModel):
         if not terms.targets_are_history:  # rating-level batches (no per-user clip): autograd
             return 2.0 * (residuals.detach().to(f.dtype) * f).sum()
         value = 2.0 * (residuals.detach().double() * f.detach().double()).sum()
-        stash = batch.cache.pop("_clipped_rows", None)  # the clip's own scaled rows (stash_clipped_rows), if current
-        rows = stash[2] if stash is not None and stash[0] is residuals and stash[1] == self.U._version else \
-            torch.zeros(0, dtype=torch.float64, device=self.U.device)
+        stash = batch.cache.pop("_clipped_rows", None)  # the clip's own rows and factors (stash_clipped_rows), if current
+        clipped = stash[2] if stash is not None and stash[0] is residuals and stash[1] == self.U._version else None
         return _ExplicitGradient.apply(self.U, value, terms.rows, terms.items, terms.y, -residuals.detach(),
-                                       int(batch.users.numel()), rows)
+                                       int(batch.users.numel()), terms.seg, clipped)
 
-    def stash_clipped_rows(self, batch: UserBatch, clipped: torch.Tensor, rows: torch.Tensor) -> None:
-        """Keep the clip's rows scaled by each user's clip factor (float64) for the step's ``surrogate_loss`` at exactly
-        ``clipped``: rows are linear in the residuals, so these ARE the gradient rows at ``clipped`` (computed once)."""
-        batch.cache["_clipped_rows"] = (clipped, self.U._version, rows)
+    def stash_clipped_rows(self, batch: UserBatch, clipped: torch.Tensor, rows: torch.Tensor, factor: torch.Tensor) -> None:
+        """Keep the clip's rows (at the unclipped residuals) and each user's clip factor (float64) for the step's
+        ``surrogate_loss`` at exactly ``clipped``: rows are linear in the residuals, so rows times their user's factor
+        ARE the gradient rows at ``clipped`` (computed once)."""
+        batch.cache["_clipped_rows"] = (clipped, self.U._version, (rows, factor))
 
     @torch.no_grad()
-    def per_user_gradient_rows(self, batch: UserBatch, residuals: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(rows g_uj per target, ||g_u||_F per batch row) of the gradient of ``surrogate_loss`` at ``residuals``
-        (explicit formula, module docstring); the batch must be user level (targets = history)."""
+    def per_user_gradient_rows(self, batch: UserBatch, residuals: torch.Tensor, p: int = 2
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rows g_uj per target, ||g_u||_p per batch row: p = 2 Frobenius, p = 1 the sum of |entries|) of the gradient
+        of ``surrogate_loss`` at ``residuals`` (explicit formula, module docstring); the batch must be user level."""
         terms = self._terms(batch)
         if not terms.targets_are_history:
             raise ConfigError("per-user gradient norms need user-level batches (every rating of each sampled user): "
@@ -354,7 +412,7 @@ class LowRankPNBM(BindsHistory, BaseModel):
         hit = batch.cache.get("_forward_sums")
         fwd = hit[3:] if hit is not None and hit[0]() is self.U and hit[1] == self.U._version and hit[2] is terms else None
         return per_user_gradients(terms.rows, terms.items, terms.y.double(), self.U.detach().double(),
-                                  int(batch.users.numel()), e, fwd)
+                                  int(batch.users.numel()), e, fwd, terms.seg, p)  # p: the norm's order
 
     def per_example_grad_norms(self, batch: UserBatch, residuals: torch.Tensor, unit: str) -> torch.Tensor:
         """||g_u||_F per batch row (``unit`` = user only: a rating moves its user's b_u, y and p_u)."""

@@ -1,0 +1,331 @@
+"""Fused CPU kernels (numba) for the low-rank PNBM's user-level step, bit for bit the torch path's numbers.
+
+The torch path of :mod:`dprec_torch.models.pnbm_lowrank` makes a dozen passes over ``[R, d]`` float64 temporaries
+a step (gathers of U's rows, products, ``index_add_`` scatters, whose CPU kernel radix-sorts its index first). These
+kernels make one pass per stage over the user segments of a batch (its ratings are grouped by user, rows ascending):
+
+* :func:`forward_sums`: p_sum_u = sum_{j in R_u} u_j y_uj and f_ui = (u_i . p_u) - |u_i|^2 y_ui w_u, p_u = p_sum_u w_u;
+* :func:`gradient_rows`: the rows g_uj of dL_u/dU and the per-user norms (L2, or L1 for the Laplace mechanism);
+* :func:`scatter_scaled`: sum_u clip_u g_u into ``[M, d]`` (the clipped gradient);
+* :func:`feature_dots`: w_u . phi_i per rating (the public item features' part).
+
+Same numbers, not just close ones: every sum is formed in the order torch forms it. ``index_add_`` on the CPU adds
+the sources of an output row in index order, starting from 0; ``x.sum(1)`` of a contiguous ``[R, d]`` tensor adds a
+row in the order of ATen's ``SumKernel.cpp`` (:func:`row_sum`: 256-bit vectors on every x86 capability, so W = 4
+lanes of float64 or 8 of float32; float32 accumulates in float32); products and differences are single IEEE
+operations (no fastmath, no contraction into FMA). :func:`exact` checks the row-sum order against torch once per
+process and dtype, and the caller keeps the torch path where it differs (another torch, another CPU).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+try:  # numba is a dependency, but the torch path must keep working where it cannot load
+    import numba
+    from numba import njit, prange
+except Exception:  # pragma: no cover - exercised only without numba
+    numba = None
+
+if numba is not None and "NUMBA_THREADING_LAYER" not in os.environ:
+    numba.config.THREADING_LAYER = "workqueue"  # sleeping workers (see dprec_torch.models.pair_numba)
+
+_CACHE = dict(cache=True, nogil=True)
+_BLOCK = 256  # ratings per unit of parallel work: the row sums run across a block's ratings
+
+
+def width(dtype: torch.dtype) -> int:
+    """Lanes of the vector ATen's CPU sum kernel uses: 32 bytes on every x86 capability (AVX512 included)."""
+    return 32 // torch.empty((), dtype=dtype).element_size()
+
+
+def available() -> bool:
+    """Whether the kernels may run: numba imports and ``DPREC_LOWRANK_KERNEL`` is not ``torch``."""
+    return numba is not None and os.environ.get("DPREC_LOWRANK_KERNEL", "auto") != "torch"
+
+
+@functools.lru_cache(maxsize=None)
+def exact(dtype: torch.dtype, d: int) -> bool:
+    """Whether :func:`row_sum` reproduces torch's ``x.sum(1)`` of ``[R, d]`` ``dtype`` rows bit for bit here (checked
+    once on 4,096 random rows with magnitudes over six decades, signs and zeros)."""
+    if not available():
+        return False
+    gen = torch.Generator().manual_seed(d)
+    x = torch.randn(4096, d, generator=gen, dtype=torch.float64) * 10 ** (6 * torch.rand(4096, d, generator=gen) - 3)
+    x = x.to(dtype)
+    x[::7, 0] = 0.0
+    ok = torch.equal(torch.from_numpy(_rows_sum(x.numpy(), width(dtype))), x.sum(1))
+    if not ok:
+        log.warning("the low-rank kernels' row sums differ from this torch's x.sum(1) (%s, d=%d): the torch path runs",
+                    dtype, d)
+    return ok
+
+
+if numba is not None:
+
+    @njit(inline="always", **_CACHE)
+    def _ceil_log2(x):  # pragma: no cover - compiled
+        """ATen's CeilLog2: 1 for x <= 2, else ceil(log2 x)."""
+        if x <= 2:
+            return 1
+        v, r = x - 1, 0
+        while v > 0:
+            v >>= 1
+            r += 1
+        return r
+
+    @njit(inline="always", **_CACHE)
+    def _cascade(a, base, stride, n):  # pragma: no cover - compiled
+        """multi_row_sum's one accumulator: a[base + i stride], i < n, through its 4-level cascade."""
+        z = a.dtype.type(0)
+        acc0, acc1, acc2, acc3 = z, z, z, z
+        lp = max(4, _ceil_log2(n) // 4)
+        step = 1 << lp
+        lmask = step - 1
+        i = 0
+        while i + step <= n:
+            for _ in range(step):
+                acc0 += a[base + i * stride]
+                i += 1
+            acc1 += acc0
+            acc0 = z
+            if (i & (lmask << lp)) == 0:
+                acc2 += acc1
+                acc1 = z
+                if (i & (lmask << (2 * lp))) == 0:
+                    acc3 += acc2
+                    acc2 = z
+        while i < n:
+            acc0 += a[base + i * stride]
+            i += 1
+        acc0 += acc1
+        acc0 += acc2
+        acc0 += acc3
+        return acc0
+
+    @njit(inline="always", **_CACHE)
+    def _ilp_sum(a, base, stride, n):  # pragma: no cover - compiled
+        """row_sum with four interleaved accumulators over a[base + i stride], i < n."""
+        n4 = n // 4
+        if n4 < 16:  # each accumulator's cascade is then one plain run from 0 (the common case: short rows)
+            z = a.dtype.type(0)
+            p0, p1, p2, p3 = z, z, z, z
+            for t in range(n4):
+                p0 += a[base + (4 * t) * stride]
+                p1 += a[base + (4 * t + 1) * stride]
+                p2 += a[base + (4 * t + 2) * stride]
+                p3 += a[base + (4 * t + 3) * stride]
+            for i in range(4 * n4, n):
+                p0 += a[base + i * stride]
+            p0 += p1
+            p0 += p2
+            p0 += p3
+            return p0
+        p0 = _cascade(a, base, 4 * stride, n4)
+        p1 = _cascade(a, base + stride, 4 * stride, n4)
+        p2 = _cascade(a, base + 2 * stride, 4 * stride, n4)
+        p3 = _cascade(a, base + 3 * stride, 4 * stride, n4)
+        for i in range(4 * n4, n):
+            p0 += a[base + i * stride]
+        p0 += p1
+        p0 += p2
+        p0 += p3
+        return p0
+
+    @njit(inline="always", **_CACHE)
+    def row_sum(a, d, w):  # pragma: no cover - compiled
+        """a[0] + ... + a[d - 1] in the order of torch's CPU ``sum(1)`` (W = ``w`` lanes): rows shorter than W by the
+        scalar path; else the tail past the last whole vector first, then lane totals 0 .. W - 1, each lane a strided
+        four-accumulator sum over the vectors."""
+        if d < w:
+            return _ilp_sum(a, 0, 1, d)
+        nv = d // w
+        f = a.dtype.type(0)
+        for k in range(nv * w, d):
+            f += a[k]
+        for lane in range(w):
+            f += _ilp_sum(a, lane, w, nv)
+        return f
+
+    @njit(**_CACHE)
+    def _rows_sum(x, w):  # pragma: no cover - compiled
+        out = np.empty(x.shape[0], x.dtype)
+        for r in range(x.shape[0]):
+            out[r] = row_sum(x[r], x.shape[1], w)
+        return out
+
+    @njit(inline="always", **_CACHE)
+    def _block_ilp(buf, base, stride, n, nb, out, tmp):  # pragma: no cover - compiled
+        """out[:nb] = :func:`_ilp_sum` of each column b of ``buf`` ([d, B]: element e of row b at buf[e, b]), over
+        elements base + i stride, i < n; the same operations in the same order per row, the loops over rows inside."""
+        n4 = n // 4
+        if n4 >= 16:  # long rows (the cascade): row by row
+            for b in range(nb):
+                out[b] = _ilp_sum(buf[:, b], base, stride, n)
+            return
+        z = buf.dtype.type(0)
+        for j in range(4):  # p_j = sum_t a[4t + j], from 0
+            for b in range(nb):
+                tmp[j, b] = z
+            for t in range(n4):
+                col = base + (4 * t + j) * stride
+                for b in range(nb):
+                    tmp[j, b] += buf[col, b]
+        for i in range(4 * n4, n):
+            col = base + i * stride
+            for b in range(nb):
+                tmp[0, b] += buf[col, b]
+        for b in range(nb):
+            out[b] = ((tmp[0, b] + tmp[1, b]) + tmp[2, b]) + tmp[3, b]
+
+    @njit(inline="always", **_CACHE)
+    def block_row_sum(buf, d, w, nb, out, lane, tmp):  # pragma: no cover - compiled
+        """out[:nb] = :func:`row_sum` of each column of ``buf`` ([d, B]), bit for bit, vectorised across rows."""
+        if d < w:
+            _block_ilp(buf, 0, 1, d, nb, out, tmp)
+            return
+        nv = d // w
+        z = buf.dtype.type(0)
+        for b in range(nb):
+            out[b] = z
+        for k in range(nv * w, d):
+            for b in range(nb):
+                out[b] += buf[k, b]
+        for ln in range(w):
+            _block_ilp(buf, ln, w, nv, nb, lane, tmp)
+            for b in range(nb):
+                out[b] += lane[b]
+
+    @njit(inline="always", **_CACHE)
+    def _blocks(n):  # pragma: no cover - compiled
+        return (n + _BLOCK - 1) // _BLOCK
+
+    @njit(parallel=True, **_CACHE)
+    def forward_sums(U, items, rows, seg, y, wu, sq, w):  # pragma: no cover - compiled
+        """(p_sum [n, d], f [R]) of :meth:`LowRankPNBM._f` on a user-level batch: p_sum_u = sum_k u_{i_k} y_k (float64,
+        index order), f_k = (u_{i_k} . p_u) - (|u_{i_k}|^2 y_k) w_u with p_u = p_sum_u w_u; ``sq`` = |u_i|^2 per item
+        (torch's ``(U * U).sum(1)``), ``wu`` = n_u^(-1/2) in float32 per user, ``seg`` the users' rating offsets,
+        ``rows`` each rating's user."""
+        n, d, n_r = seg.size - 1, U.shape[1], items.size
+        p_sum = np.zeros((n, d))
+        for r in prange(n):
+            for k in range(seg[r], seg[r + 1]):
+                yk = np.float64(y[k])
+                for c in range(d):
+                    p_sum[r, c] += U[items[k], c] * yk
+        p = np.empty((n, d))
+        for r in range(n):
+            wr = np.float64(wu[r])
+            for c in range(d):
+                p[r, c] = p_sum[r, c] * wr
+        f = np.empty(n_r)
+        for blk in prange(_blocks(n_r)):
+            k0 = blk * _BLOCK
+            nb = min(n_r, k0 + _BLOCK) - k0
+            buf = np.empty((d, _BLOCK))
+            dot, lane, tmp = np.empty(_BLOCK), np.empty(_BLOCK), np.empty((4, _BLOCK))
+            for b in range(nb):
+                for c in range(d):
+                    buf[c, b] = U[items[k0 + b], c] * p[rows[k0 + b], c]
+            block_row_sum(buf, d, w, nb, dot, lane, tmp)
+            for b in range(nb):
+                k = k0 + b
+                f[k] = dot[b] - (sq[items[k]] * np.float64(y[k])) * np.float64(wu[rows[k]])
+        return p_sum, f
+
+    @njit(parallel=True, **_CACHE)
+    def gradient_rows(U, items, rows_of, seg, y, e, p_sum, inv_sqrt, w, l1):  # pragma: no cover - compiled
+        """(rows [R, d], squared L2 norms [n], L1 norms [n] or empty) of :func:`per_user_gradients`: with v = n_u^(-1/2)
+        (``inv_sqrt``, float64, torch's rsqrt), q_u = sum_k u_{i_k} e_k and yw = y_k v, row k = ((p_sum_u v -
+        (2 u_{i_k}) yw) e_k + q_u yw) (-2). The square root is the caller's (torch's vectorised sqrt is not always
+        correctly rounded: its bits are its own)."""
+        n, d, n_r = seg.size - 1, U.shape[1], items.size
+        q = np.zeros((n, d))
+        pv = np.empty((n, d))
+        for r in prange(n):
+            for k in range(seg[r], seg[r + 1]):
+                ek = e[k]
+                for c in range(d):
+                    q[r, c] += U[items[k], c] * ek
+            for c in range(d):
+                pv[r, c] = p_sum[r, c] * inv_sqrt[r]
+        out = np.empty((n_r, d))
+        sq2 = np.empty(n_r)
+        ab1 = np.empty(n_r if l1 else 0)
+        for blk in prange(_blocks(n_r)):
+            k0 = blk * _BLOCK
+            nb = min(n_r, k0 + _BLOCK) - k0
+            buf = np.empty((d, _BLOCK))
+            tot, lane, tmp = np.empty(_BLOCK), np.empty(_BLOCK), np.empty((4, _BLOCK))
+            for b in range(nb):
+                k = k0 + b
+                r, i = rows_of[k], items[k]
+                yw = np.float64(y[k]) * inv_sqrt[r]
+                for c in range(d):
+                    g = ((pv[r, c] - (U[i, c] * 2.0) * yw) * e[k] + q[r, c] * yw) * -2.0
+                    out[k, c] = g
+                    buf[c, b] = g * g
+            block_row_sum(buf, d, w, nb, tot, lane, tmp)
+            for b in range(nb):
+                sq2[k0 + b] = tot[b]
+            if l1:
+                for b in range(nb):
+                    for c in range(d):
+                        buf[c, b] = abs(out[k0 + b, c])
+                block_row_sum(buf, d, w, nb, tot, lane, tmp)
+                for b in range(nb):
+                    ab1[k0 + b] = tot[b]
+        l2 = np.empty(n)
+        l1n = np.empty(n if l1 else 0)
+        for r in prange(n):  # index_add_'s sum of a user's rating terms: in order, from 0
+            s2, s1 = 0.0, 0.0
+            for k in range(seg[r], seg[r + 1]):
+                s2 += sq2[k]
+                if l1:
+                    s1 += ab1[k]
+            l2[r] = s2
+            if l1:
+                l1n[r] = s1
+        return out, l2, l1n
+
+    @njit(**_CACHE)
+    def scatter_scaled(rows, factor, seg, items, n_items):  # pragma: no cover - compiled
+        """out [M, d] = sum_k (rows_k factor_u(k)) at item i_k, each item's sum in k order from 0 (``index_add_``)."""
+        out = np.zeros((n_items, rows.shape[1]))
+        for r in range(seg.size - 1):
+            fr = factor[r]
+            for k in range(seg[r], seg[r + 1]):
+                i = items[k]
+                for c in range(rows.shape[1]):
+                    out[i, c] = out[i, c] + rows[k, c] * fr
+        return out
+
+    @njit(parallel=True, **_CACHE)
+    def feature_dots(wf, phi, rows, items, w):  # pragma: no cover - compiled
+        """w_{u_k} . phi_{i_k} per pair in wf's dtype (products in wf's dtype, torch's row-sum order)."""
+        n_r, n_f = rows.size, wf.shape[1]
+        out = np.empty(n_r, wf.dtype)
+        for blk in prange(_blocks(n_r)):
+            k0 = blk * _BLOCK
+            nb = min(n_r, k0 + _BLOCK) - k0
+            buf = np.empty((n_f, _BLOCK), wf.dtype)
+            tot, lane, tmp = np.empty(_BLOCK, wf.dtype), np.empty(_BLOCK, wf.dtype), np.empty((4, _BLOCK), wf.dtype)
+            for c in range(n_f):
+                for b in range(nb):
+                    buf[c, b] = wf[rows[k0 + b], c] * phi[items[k0 + b], c]
+            block_row_sum(buf, n_f, w, nb, tot, lane, tmp)
+            for b in range(nb):
+                out[k0 + b] = tot[b]
+        return out
+
+
+def set_threads() -> None:
+    """numba's threads follow torch's."""
+    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
