@@ -15,6 +15,9 @@ row in the order of ATen's ``SumKernel.cpp`` (:func:`row_sum`: 256-bit vectors o
 lanes of float64 or 8 of float32; float32 accumulates in float32); products and differences are single IEEE
 operations (no fastmath, no contraction into FMA). :func:`exact` checks the row-sum order against torch once per
 process and dtype, and the caller keeps the torch path where it differs (another torch, another CPU).
+
+One thread: on 2 cores the kernels are bound by memory traffic, and parallel loops (``prange``) gained nothing in the
+step while their compilation took 20 s more on a first run (``@njit(cache=True)``: later runs load the machine code).
 """
 
 from __future__ import annotations
@@ -30,15 +33,12 @@ log = logging.getLogger(__name__)
 
 try:  # numba is a dependency, but the torch path must keep working where it cannot load
     import numba
-    from numba import njit, prange
+    from numba import njit
 except Exception:  # pragma: no cover - exercised only without numba
     numba = None
 
-if numba is not None and "NUMBA_THREADING_LAYER" not in os.environ:
-    numba.config.THREADING_LAYER = "workqueue"  # sleeping workers (see dprec_torch.models.pair_numba)
-
 _CACHE = dict(cache=True, nogil=True)
-_BLOCK = 256  # ratings per unit of parallel work: the row sums run across a block's ratings
+_BLOCK = 256  # ratings per block: the row sums run across a block's ratings (loops the compiler vectorises)
 
 
 def width(dtype: torch.dtype) -> int:
@@ -70,7 +70,7 @@ def exact(dtype: torch.dtype, d: int) -> bool:
 
 if numba is not None:
 
-    @njit(inline="always", **_CACHE)
+    @njit(**_CACHE)
     def _ceil_log2(x):  # pragma: no cover - compiled
         """ATen's CeilLog2: 1 for x <= 2, else ceil(log2 x)."""
         if x <= 2:
@@ -81,7 +81,7 @@ if numba is not None:
             r += 1
         return r
 
-    @njit(inline="always", **_CACHE)
+    @njit(**_CACHE)
     def _cascade(a, base, stride, n):  # pragma: no cover - compiled
         """multi_row_sum's one accumulator: a[base + i stride], i < n, through its 4-level cascade."""
         z = a.dtype.type(0)
@@ -110,24 +110,10 @@ if numba is not None:
         acc0 += acc3
         return acc0
 
-    @njit(inline="always", **_CACHE)
+    @njit(**_CACHE)
     def _ilp_sum(a, base, stride, n):  # pragma: no cover - compiled
         """row_sum with four interleaved accumulators over a[base + i stride], i < n."""
         n4 = n // 4
-        if n4 < 16:  # each accumulator's cascade is then one plain run from 0 (the common case: short rows)
-            z = a.dtype.type(0)
-            p0, p1, p2, p3 = z, z, z, z
-            for t in range(n4):
-                p0 += a[base + (4 * t) * stride]
-                p1 += a[base + (4 * t + 1) * stride]
-                p2 += a[base + (4 * t + 2) * stride]
-                p3 += a[base + (4 * t + 3) * stride]
-            for i in range(4 * n4, n):
-                p0 += a[base + i * stride]
-            p0 += p1
-            p0 += p2
-            p0 += p3
-            return p0
         p0 = _cascade(a, base, 4 * stride, n4)
         p1 = _cascade(a, base + stride, 4 * stride, n4)
         p2 = _cascade(a, base + 2 * stride, 4 * stride, n4)
@@ -139,7 +125,7 @@ if numba is not None:
         p0 += p3
         return p0
 
-    @njit(inline="always", **_CACHE)
+    @njit(**_CACHE)
     def row_sum(a, d, w):  # pragma: no cover - compiled
         """a[0] + ... + a[d - 1] in the order of torch's CPU ``sum(1)`` (W = ``w`` lanes): rows shorter than W by the
         scalar path; else the tail past the last whole vector first, then lane totals 0 .. W - 1, each lane a strided
@@ -161,16 +147,29 @@ if numba is not None:
             out[r] = row_sum(x[r], x.shape[1], w)
         return out
 
+    @njit(**_CACHE)
+    def _columns_ilp(buf, base, stride, n, nb, out):  # pragma: no cover - compiled
+        """:func:`_ilp_sum` of each column of ``buf``, column by column (long rows: the cascade)."""
+        for b in range(nb):
+            out[b] = _ilp_sum(buf[:, b], base, stride, n)
+
     @njit(inline="always", **_CACHE)
     def _block_ilp(buf, base, stride, n, nb, out, tmp):  # pragma: no cover - compiled
         """out[:nb] = :func:`_ilp_sum` of each column b of ``buf`` ([d, B]: element e of row b at buf[e, b]), over
         elements base + i stride, i < n; the same operations in the same order per row, the loops over rows inside."""
         n4 = n // 4
         if n4 >= 16:  # long rows (the cascade): row by row
-            for b in range(nb):
-                out[b] = _ilp_sum(buf[:, b], base, stride, n)
+            _columns_ilp(buf, base, stride, n, nb, out)
             return
         z = buf.dtype.type(0)
+        if n4 == 0:  # p1 = p2 = p3 = +0, and p0 (a sum from +0) is never -0: adding them changes no bit
+            for b in range(nb):
+                out[b] = z
+            for i in range(n):
+                col = base + i * stride
+                for b in range(nb):
+                    out[b] += buf[col, b]
+            return
         for j in range(4):  # p_j = sum_t a[4t + j], from 0
             for b in range(nb):
                 tmp[j, b] = z
@@ -203,11 +202,11 @@ if numba is not None:
             for b in range(nb):
                 out[b] += lane[b]
 
-    @njit(inline="always", **_CACHE)
+    @njit(**_CACHE)
     def _blocks(n):  # pragma: no cover - compiled
         return (n + _BLOCK - 1) // _BLOCK
 
-    @njit(parallel=True, **_CACHE)
+    @njit(**_CACHE)
     def forward_sums(U, items, rows, seg, y, wu, sq, w):  # pragma: no cover - compiled
         """(p_sum [n, d], f [R]) of :meth:`LowRankPNBM._f` on a user-level batch: p_sum_u = sum_k u_{i_k} y_k (float64,
         index order), f_k = (u_{i_k} . p_u) - (|u_{i_k}|^2 y_k) w_u with p_u = p_sum_u w_u; ``sq`` = |u_i|^2 per item
@@ -215,7 +214,7 @@ if numba is not None:
         ``rows`` each rating's user."""
         n, d, n_r = seg.size - 1, U.shape[1], items.size
         p_sum = np.zeros((n, d))
-        for r in prange(n):
+        for r in range(n):
             for k in range(seg[r], seg[r + 1]):
                 yk = np.float64(y[k])
                 for c in range(d):
@@ -226,7 +225,7 @@ if numba is not None:
             for c in range(d):
                 p[r, c] = p_sum[r, c] * wr
         f = np.empty(n_r)
-        for blk in prange(_blocks(n_r)):
+        for blk in range(_blocks(n_r)):
             k0 = blk * _BLOCK
             nb = min(n_r, k0 + _BLOCK) - k0
             buf = np.empty((d, _BLOCK))
@@ -240,7 +239,7 @@ if numba is not None:
                 f[k] = dot[b] - (sq[items[k]] * np.float64(y[k])) * np.float64(wu[rows[k]])
         return p_sum, f
 
-    @njit(parallel=True, **_CACHE)
+    @njit(**_CACHE)
     def gradient_rows(U, items, rows_of, seg, y, e, p_sum, inv_sqrt, w, l1):  # pragma: no cover - compiled
         """(rows [R, d], squared L2 norms [n], L1 norms [n] or empty) of :func:`per_user_gradients`: with v = n_u^(-1/2)
         (``inv_sqrt``, float64, torch's rsqrt), q_u = sum_k u_{i_k} e_k and yw = y_k v, row k = ((p_sum_u v -
@@ -249,7 +248,7 @@ if numba is not None:
         n, d, n_r = seg.size - 1, U.shape[1], items.size
         q = np.zeros((n, d))
         pv = np.empty((n, d))
-        for r in prange(n):
+        for r in range(n):
             for k in range(seg[r], seg[r + 1]):
                 ek = e[k]
                 for c in range(d):
@@ -259,7 +258,7 @@ if numba is not None:
         out = np.empty((n_r, d))
         sq2 = np.empty(n_r)
         ab1 = np.empty(n_r if l1 else 0)
-        for blk in prange(_blocks(n_r)):
+        for blk in range(_blocks(n_r)):
             k0 = blk * _BLOCK
             nb = min(n_r, k0 + _BLOCK) - k0
             buf = np.empty((d, _BLOCK))
@@ -284,7 +283,7 @@ if numba is not None:
                     ab1[k0 + b] = tot[b]
         l2 = np.empty(n)
         l1n = np.empty(n if l1 else 0)
-        for r in prange(n):  # index_add_'s sum of a user's rating terms: in order, from 0
+        for r in range(n):  # index_add_'s sum of a user's rating terms: in order, from 0
             s2, s1 = 0.0, 0.0
             for k in range(seg[r], seg[r + 1]):
                 s2 += sq2[k]
@@ -307,25 +306,21 @@ if numba is not None:
                     out[i, c] = out[i, c] + rows[k, c] * fr
         return out
 
-    @njit(parallel=True, **_CACHE)
+    @njit(**_CACHE)
     def feature_dots(wf, phi, rows, items, w):  # pragma: no cover - compiled
         """w_{u_k} . phi_{i_k} per pair in wf's dtype (products in wf's dtype, torch's row-sum order)."""
         n_r, n_f = rows.size, wf.shape[1]
         out = np.empty(n_r, wf.dtype)
-        for blk in prange(_blocks(n_r)):
+        for blk in range(_blocks(n_r)):
             k0 = blk * _BLOCK
             nb = min(n_r, k0 + _BLOCK) - k0
             buf = np.empty((n_f, _BLOCK), wf.dtype)
             tot, lane, tmp = np.empty(_BLOCK, wf.dtype), np.empty(_BLOCK, wf.dtype), np.empty((4, _BLOCK), wf.dtype)
-            for c in range(n_f):
-                for b in range(nb):
-                    buf[c, b] = wf[rows[k0 + b], c] * phi[items[k0 + b], c]
+            for b in range(nb):
+                r, i = rows[k0 + b], items[k0 + b]
+                for c in range(n_f):
+                    buf[c, b] = wf[r, c] * phi[i, c]
             block_row_sum(buf, n_f, w, nb, tot, lane, tmp)
             for b in range(nb):
                 out[k0 + b] = tot[b]
         return out
-
-
-def set_threads() -> None:
-    """numba's threads follow torch's."""
-    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))

@@ -92,10 +92,7 @@ def user_segments(rows: torch.Tensor, n_rows: int) -> torch.Tensor | None:
 def kernels_for(seg: torch.Tensor | None, u: torch.Tensor) -> bool:
     """Whether the fused CPU kernels (:mod:`.lowrank_numba`) compute this batch: grouped rows, U on the CPU, and their
     row sums are torch's here (the same numbers as the torch path, bit for bit)."""
-    if seg is None or u.device.type != "cpu" or not lowrank_numba.exact(torch.float64, int(u.shape[1])):
-        return False
-    lowrank_numba.set_threads()
-    return True
+    return seg is not None and u.device.type == "cpu" and lowrank_numba.exact(torch.float64, int(u.shape[1]))
 
 
 def per_user_gradients(users: torch.Tensor, items: torch.Tensor, y: torch.Tensor, u: torch.Tensor, n_users: int,
@@ -278,7 +275,6 @@ class LowRankPNBM(BindsHistory, BaseModel):
             return None
         phi = self.features_.matrix.to(w.device, w.dtype)
         if w.device.type == "cpu" and lowrank_numba.exact(w.dtype, int(w.shape[1])):  # the same numbers, one pass
-            lowrank_numba.set_threads()
             return torch.from_numpy(lowrank_numba.feature_dots(w.contiguous().numpy(), phi.contiguous().numpy(),
                                                                rows.numpy(), items.numpy(), lowrank_numba.width(w.dtype)))
         return w.index_select(0, rows).mul_(phi.index_select(0, items)).sum(1)
