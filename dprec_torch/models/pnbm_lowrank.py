@@ -327,7 +327,9 @@ class LowRankPNBM(BindsHistory, BaseModel):
         return terms
 
     def _f(self, batch: UserBatch, terms: _BatchTerms, U: torch.Tensor) -> torch.Tensor:
-        """f_ui at the batch targets (module docstring), differentiable in U. Every target is in its user's history."""
+        """f_ui at the batch targets (module docstring), differentiable in U (except from the fused CPU kernel of a
+        user-level batch, whose gradient is the explicit one of :meth:`surrogate_loss`, never autograd's). Every target
+        is in its user's history."""
         n_rows = int(batch.users.numel())
         if terms.targets_are_history and kernels_for(terms.seg, U):  # one pass per user (lowrank_numba), same numbers
             Ud = U.detach()
