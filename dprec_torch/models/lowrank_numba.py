@@ -203,8 +203,15 @@ if numba is not None:
                 out[b] += lane[b]
 
     @njit(**_CACHE)
-    def _blocks(n):  # pragma: no cover - compiled
-        return (n + _BLOCK - 1) // _BLOCK
+    def _user_sums(U, items, seg, wts):  # pragma: no cover - compiled
+        """[n, d]: sum_k u_{i_k} wts_k per user (float64, in index order from 0: ``index_add_``'s sums)."""
+        out = np.zeros((seg.size - 1, U.shape[1]))
+        for r in range(seg.size - 1):
+            for k in range(seg[r], seg[r + 1]):
+                wk = np.float64(wts[k])
+                for c in range(U.shape[1]):
+                    out[r, c] += U[items[k], c] * wk
+        return out
 
     @njit(**_CACHE)
     def forward_sums(U, items, rows, seg, y, wu, sq, w):  # pragma: no cover - compiled
@@ -213,23 +220,16 @@ if numba is not None:
         (torch's ``(U * U).sum(1)``), ``wu`` = n_u^(-1/2) in float32 per user, ``seg`` the users' rating offsets,
         ``rows`` each rating's user."""
         n, d, n_r = seg.size - 1, U.shape[1], items.size
-        p_sum = np.zeros((n, d))
-        for r in range(n):
-            for k in range(seg[r], seg[r + 1]):
-                yk = np.float64(y[k])
-                for c in range(d):
-                    p_sum[r, c] += U[items[k], c] * yk
+        p_sum = _user_sums(U, items, seg, y)
         p = np.empty((n, d))
         for r in range(n):
             wr = np.float64(wu[r])
             for c in range(d):
                 p[r, c] = p_sum[r, c] * wr
         f = np.empty(n_r)
-        for blk in range(_blocks(n_r)):
-            k0 = blk * _BLOCK
-            nb = min(n_r, k0 + _BLOCK) - k0
-            buf = np.empty((d, _BLOCK))
-            dot, lane, tmp = np.empty(_BLOCK), np.empty(_BLOCK), np.empty((4, _BLOCK))
+        buf, dot, lane, tmp = np.empty((d, _BLOCK)), np.empty(_BLOCK), np.empty(_BLOCK), np.empty((4, _BLOCK))
+        for k0 in range(0, n_r, _BLOCK):
+            nb = min(n_r - k0, _BLOCK)
             for b in range(nb):
                 for c in range(d):
                     buf[c, b] = U[items[k0 + b], c] * p[rows[k0 + b], c]
@@ -246,23 +246,17 @@ if numba is not None:
         (2 u_{i_k}) yw) e_k + q_u yw) (-2). The square root is the caller's (torch's vectorised sqrt is not always
         correctly rounded: its bits are its own)."""
         n, d, n_r = seg.size - 1, U.shape[1], items.size
-        q = np.zeros((n, d))
+        q = _user_sums(U, items, seg, e)
         pv = np.empty((n, d))
         for r in range(n):
-            for k in range(seg[r], seg[r + 1]):
-                ek = e[k]
-                for c in range(d):
-                    q[r, c] += U[items[k], c] * ek
             for c in range(d):
                 pv[r, c] = p_sum[r, c] * inv_sqrt[r]
         out = np.empty((n_r, d))
         sq2 = np.empty(n_r)
         ab1 = np.empty(n_r if l1 else 0)
-        for blk in range(_blocks(n_r)):
-            k0 = blk * _BLOCK
-            nb = min(n_r, k0 + _BLOCK) - k0
-            buf = np.empty((d, _BLOCK))
-            tot, lane, tmp = np.empty(_BLOCK), np.empty(_BLOCK), np.empty((4, _BLOCK))
+        buf, tot, lane, tmp = np.empty((d, _BLOCK)), np.empty(_BLOCK), np.empty(_BLOCK), np.empty((4, _BLOCK))
+        for k0 in range(0, n_r, _BLOCK):
+            nb = min(n_r - k0, _BLOCK)
             for b in range(nb):
                 k = k0 + b
                 r, i = rows_of[k], items[k]
@@ -311,11 +305,10 @@ if numba is not None:
         """w_{u_k} . phi_{i_k} per pair in wf's dtype (products in wf's dtype, torch's row-sum order)."""
         n_r, n_f = rows.size, wf.shape[1]
         out = np.empty(n_r, wf.dtype)
-        for blk in range(_blocks(n_r)):
-            k0 = blk * _BLOCK
-            nb = min(n_r, k0 + _BLOCK) - k0
-            buf = np.empty((n_f, _BLOCK), wf.dtype)
-            tot, lane, tmp = np.empty(_BLOCK, wf.dtype), np.empty(_BLOCK, wf.dtype), np.empty((4, _BLOCK), wf.dtype)
+        buf, tmp = np.empty((n_f, _BLOCK), wf.dtype), np.empty((4, _BLOCK), wf.dtype)
+        tot, lane = np.empty(_BLOCK, wf.dtype), np.empty(_BLOCK, wf.dtype)
+        for k0 in range(0, n_r, _BLOCK):
+            nb = min(n_r - k0, _BLOCK)
             for b in range(nb):
                 r, i = rows[k0 + b], items[k0 + b]
                 for c in range(n_f):
