@@ -38,6 +38,9 @@ except Exception:  # pragma: no cover - exercised only without numba
     numba = None
 
 _CACHE = dict(cache=True, nogil=True)
+#: the kernels run on batches of at least this many ratings: below it the torch path takes a few ms a step, less than
+#: a first run's compilation of the kernels (about 15 s, then loaded from numba's cache) would ever give back
+MIN_RATINGS = 100_000
 _BLOCK = 256  # ratings per block: the row sums run across a block's ratings (loops the compiler vectorises)
 
 
@@ -46,9 +49,12 @@ def width(dtype: torch.dtype) -> int:
     return 32 // torch.empty((), dtype=dtype).element_size()
 
 
-def available() -> bool:
-    """Whether the kernels may run: numba imports and ``DPREC_LOWRANK_KERNEL`` is not ``torch``."""
-    return numba is not None and os.environ.get("DPREC_LOWRANK_KERNEL", "auto") != "torch"
+def available(n_ratings: int | None = None) -> bool:
+    """Whether the kernels may run (on ``n_ratings`` ratings): numba imports, ``DPREC_LOWRANK_KERNEL`` is not ``torch``
+    and the batch has at least :data:`MIN_RATINGS` ratings (``numba`` forces them on any size)."""
+    mode = os.environ.get("DPREC_LOWRANK_KERNEL", "auto")
+    big = n_ratings is None or n_ratings >= MIN_RATINGS or mode == "numba"
+    return numba is not None and mode != "torch" and big
 
 
 @functools.lru_cache(maxsize=None)

@@ -80,7 +80,7 @@ def user_aggregates(users: torch.Tensor, items: torch.Tensor, y: torch.Tensor, u
 def user_segments(rows: torch.Tensor, n_rows: int) -> torch.Tensor | None:
     """Offsets ``[n_rows + 1]`` of each row's ratings when ``rows`` is grouped by row in ascending order (a batch drawn
     from ratings sorted by user), where the CPU kernels may run (:func:`kernels_for`); None otherwise."""
-    if rows.device.type != "cpu" or not lowrank_numba.available():
+    if rows.device.type != "cpu" or not lowrank_numba.available(int(rows.numel())):
         return None
     if rows.numel() > 1 and not bool((rows[1:] >= rows[:-1]).all()):
         return None
@@ -274,7 +274,8 @@ class LowRankPNBM(BindsHistory, BaseModel):
         if w is None or self.features_ is None:
             return None
         phi = self.features_.matrix.to(w.device, w.dtype)
-        if w.device.type == "cpu" and lowrank_numba.exact(w.dtype, int(w.shape[1])):  # the same numbers, one pass
+        if (w.device.type == "cpu" and lowrank_numba.available(int(rows.numel()))
+                and lowrank_numba.exact(w.dtype, int(w.shape[1]))):  # the same numbers, one pass
             return torch.from_numpy(lowrank_numba.feature_dots(w.contiguous().numpy(), phi.contiguous().numpy(),
                                                                rows.numpy(), items.numpy(), lowrank_numba.width(w.dtype)))
         return w.index_select(0, rows).mul_(phi.index_select(0, items)).sum(1)

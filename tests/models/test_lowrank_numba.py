@@ -36,10 +36,12 @@ def batch(seed: int, n_users: int = 40, n_items: int = 30, d: int = 8):
 
 @pytest.mark.parametrize("d", [1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_forward_and_gradient_kernels_are_the_torch_path_bit_for_bit(d, seed):
+def test_forward_and_gradient_kernels_are_the_torch_path_bit_for_bit(d, seed, monkeypatch):
+    monkeypatch.setenv("DPREC_LOWRANK_KERNEL", "numba")  # the kernels on this small batch too
     rows, items, y, e, U, n = batch(seed, d=d)
     assert K.exact(torch.float64, d)
     seg = L.user_segments(rows, n)
+    assert seg is not None and L.kernels_for(seg, U)
     w = torch.bincount(rows, minlength=n).float().clamp_min(1.0).rsqrt()
     # forward: p_sum and f as LowRankPNBM._f's torch expressions
     ui = U.index_select(0, items)
@@ -71,6 +73,14 @@ def test_feature_dots_are_torchs_float32_row_sums(n_f):
     assert got.dtype == wf.numpy().dtype and torch.equal(torch.from_numpy(got), ref)
 
 
+def test_the_kernels_serve_big_batches_unless_told(monkeypatch):
+    assert K.available(K.MIN_RATINGS) and not K.available(K.MIN_RATINGS - 1) and K.available()
+    monkeypatch.setenv("DPREC_LOWRANK_KERNEL", "numba")
+    assert K.available(10)
+    monkeypatch.setenv("DPREC_LOWRANK_KERNEL", "torch")
+    assert not K.available(K.MIN_RATINGS)
+
+
 def test_the_row_sum_check_catches_a_wrong_lane_width(monkeypatch):
     """The guard that keeps the torch path where the order differs must be able to say no."""
     K.exact.cache_clear()
@@ -89,7 +99,7 @@ def test_the_row_sum_check_catches_a_wrong_lane_width(monkeypatch):
 def test_training_is_the_same_with_and_without_the_kernels(tmp_path, monkeypatch, mech):
     """Whole runs (public item features, the clip, the noise under one noise seed): the same U and test RMSE."""
     out = []
-    for kernel in ("torch", "auto"):
+    for kernel in ("torch", "numba"):  # numba: the kernels on this small data too (auto leaves them to big batches)
         monkeypatch.setenv("DPREC_LOWRANK_KERNEL", kernel)
         run = dprec_torch.train(["data=synthetic", "model=pnbm_lowrank", *mech, "mechanism.epochs=3", "device=cpu",
                                  "noise_seed=5", "compare_baselines=false", "tensorboard=false",
