@@ -107,7 +107,7 @@ def per_user_gradients(users: torch.Tensor, items: torch.Tensor, y: torch.Tensor
     pass (:func:`.lowrank_numba.gradient_rows`), the same numbers.
     """
     if e is not None and forward is not None and kernels_for(seg, u):
-        inv_sqrt = torch.bincount(users, minlength=n_users).to(u.dtype).clamp_min(1.0).rsqrt()
+        inv_sqrt = (seg[1:] - seg[:-1]).to(u.dtype).clamp_min(1.0).rsqrt()  # the counts, as bincount gives them
         rows, l2, l1 = lowrank_numba.gradient_rows(u.numpy(), items.numpy(), users.numpy(), seg.numpy(), y.numpy(), e.numpy(),
                                                    forward[1].numpy(), inv_sqrt.numpy(),
                                                    lowrank_numba.width(torch.float64), norm == 1)

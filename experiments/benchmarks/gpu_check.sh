@@ -21,7 +21,7 @@ for arg in "$@"; do
     *) echo "usage: bash experiments/benchmarks/gpu_check.sh [--dry-run]" >&2; exit 2 ;;
   esac
 done
-# the device image has no Hydra/OmegaConf/Opacus/pytest: the carried copies first, then the project itself
+# the device image has no Hydra/OmegaConf/Opacus (it has pytest): the carried copies first, then the project itself
 export PYTHONPATH="$ROOT/.gpu_pylibs:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 [ -d "$ROOT/.gpu_data" ] && export DPREC_DATA="${DPREC_DATA:-$ROOT/.gpu_data}"
 export DPREC_CACHE="${DPREC_CACHE:-$(mktemp -d /tmp/dprec-cache.XXXX)}"
