@@ -90,7 +90,7 @@ class ClippedSGLD(MechanismOptimizer):
 
     def clip_residuals(self, residuals: torch.Tensor, batch: Any = None, model: Any = None) -> torch.Tensor:
         """Each sampled user's whole gradient of U clipped to Frobenius norm C."""
-        if batch is None or model is None or batch.n_targets != batch.ind.values().numel():
+        if batch is None or model is None or not batch.is_user_level():
             raise ConfigError("mechanism=sgld (clipped chain) needs user-level batches and the model to clip per user")
         return clip_lowrank(self, residuals, batch, model)
 

@@ -181,7 +181,7 @@ class ClippedLaplaceDPSGD(MapSGD):
         unit=user, per target for unit=rating)."""
         if batch is None or model is None:
             raise ConfigError("mechanism=dpsgd_l1 needs the batch and the model to clip per unit")
-        if self.unit == "user" and batch.n_targets != batch.ind.values().numel():
+        if self.unit == "user" and not batch.is_user_level():
             raise ConfigError("mechanism=dpsgd_l1 unit=user needs user-level batches (every rating of each sampled user); "
                               "the runner must sample users (mechanism.unit=user)")
         if self.lowrank:

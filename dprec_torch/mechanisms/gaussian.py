@@ -134,7 +134,7 @@ class GaussianDPSGD(MechanismOptimizer):
         """Step 2: e_ui <- e_ui min(1, c / ||g_x||) for the unit x holding (u, i)."""
         if model is None or model.per_example_grad_norms is None:  # BaseModel's default: none
             raise ConfigError(f"mechanism=gaussian needs a model with per_example_grad_norms(); {type(model).__name__} has none")
-        if self.unit == "user" and batch.n_targets != batch.ind.values().numel():
+        if self.unit == "user" and not batch.is_user_level():
             raise ConfigError("mechanism=gaussian unit=user needs user-level batches (every rating of each sampled "
                               "user), but the runner sampled ratings: it must pick the sampler from mechanism.unit")
         norms = model.per_example_grad_norms(batch, residuals, self.unit)
@@ -284,7 +284,7 @@ class GaussianPNBM(GaussianDPSGD):
         """e_ui <- e_ui min(1, c / ||G_u||_2), ||G_u|| from the PNBM closed form (off-diagonal)."""
         if batch is None or model is None:
             raise ConfigError("mechanism=gaussian needs the batch and the model to clip per user")
-        if batch.n_targets != batch.ind.values().numel():
+        if not batch.is_user_level():
             raise ConfigError("mechanism=gaussian with PNBM needs user-level batches (every rating of each sampled user)")
         if self.lowrank:
             return clip_lowrank(self, residuals, batch, model)

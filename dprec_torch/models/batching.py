@@ -8,7 +8,7 @@ history; with user-level sampling they are the whole history.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -21,16 +21,57 @@ class UserBatch:
     """History blocks ``x`` (centred ratings) and ``ind`` (indicator), |B| x M CSR, plus targets."""
 
     users: torch.Tensor  # global ids of the batch rows
-    x: torch.Tensor | None  # CSR |B| x M, (r_uj - r_bar_j) I_uj (None: not built, see make_batch's ``history``)
-    ind: torch.Tensor | None  # CSR |B| x M, I_uj
+    x_: torch.Tensor | None  # CSR |B| x M, (r_uj - r_bar_j) I_uj (None: not built, see make_batch's ``history``)
+    ind_: torch.Tensor | None  # CSR |B| x M, I_uj
     rows: torch.Tensor  # batch row of each target
     items: torch.Tensor  # item of each target
     values: torch.Tensor  # rating of each target
     target_index: torch.Tensor  # position of each target in the training Ratings
     source: Ratings | None = None  # that training Ratings (None: unknown), so per-user terms can be read from it
+    #: the targets are every rating of each sampled user (make_batch without a rating mask): the user-level checks
+    user_level: bool = False
+    #: [|B| + 1] start of each row's targets when they are grouped by row (make_batch's segment path), else None
+    row_offsets: torch.Tensor | None = None
+    #: builds (x, ind) on first read (make_batch's user-level batches: a model that reads the targets only, such as
+    #: the low-rank PNBM, never pays for the CSR blocks)
+    history_builder: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = field(default=None, repr=False, compare=False)
     #: values derived from this batch and reused within a step (name -> (validity key, value)); the one place a step
     #: parks work between the model's forward and the mechanism's gradient, so a reader sees what is reused
     cache: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def _history(self) -> None:
+        if self.x_ is None and self.history_builder is not None:
+            self.x_, self.ind_ = self.history_builder()
+            self.history_builder = None
+
+    @property
+    def x(self) -> torch.Tensor | None:
+        self._history()
+        return self.x_
+
+    @x.setter
+    def x(self, value: torch.Tensor | None) -> None:
+        self._history()
+        self.x_ = value
+
+    @property
+    def ind(self) -> torch.Tensor | None:
+        self._history()
+        return self.ind_
+
+    @ind.setter
+    def ind(self, value: torch.Tensor | None) -> None:
+        self._history()
+        self.ind_ = value
+
+    @property
+    def has_history(self) -> bool:
+        """Whether ``x``/``ind`` exist or can be built (False: make_batch's ``history=False``)."""
+        return self.x_ is not None or self.history_builder is not None
+
+    def is_user_level(self) -> bool:
+        """Whether the targets are the whole history of each sampled user (what per-user clipping needs)."""
+        return self.user_level or (self.has_history and self.n_targets == int(self.ind.values().numel()))
 
     @property
     def n_targets(self) -> int:
@@ -76,12 +117,42 @@ def rows_times(batch: "UserBatch", name: str, mat: torch.Tensor) -> torch.Tensor
     return torch.sparse.mm(src if src.dtype == mat.dtype else src.to(mat.dtype), mat)
 
 
+def user_offsets(train: Ratings) -> torch.Tensor | None:
+    """[N + 1] start of each user's ratings in ``train`` when its ratings are grouped by ascending user (as the data
+    layer stores them), else None."""
+    u = train.users
+    if u.numel() > 1 and not bool((u[1:] >= u[:-1]).all()):
+        return None
+    off = torch.zeros(train.n_users + 1, dtype=torch.long, device=u.device)
+    off[1:] = torch.cumsum(train.user_counts(), 0)
+    return off
+
+
+def _segments(offsets: torch.Tensor, users: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(positions of the ratings of ``users`` (ascending ids) in the grouped ratings, the batch row of each, each
+    row's offsets in the batch): what the nonzero of their rating mask gives, from the users' offsets instead of a
+    pass over every rating."""
+    starts = offsets.index_select(0, users)
+    lens = offsets.index_select(0, users + 1) - starts
+    rows = torch.repeat_interleave(torch.arange(users.numel(), device=users.device), lens)
+    row_offsets = torch.zeros(users.numel() + 1, dtype=torch.long, device=users.device)
+    torch.cumsum(lens, 0, out=row_offsets[1:])
+    shift = starts - row_offsets[:-1]  # each user's start minus its place in the batch
+    return torch.arange(rows.numel(), device=users.device) + shift.index_select(0, rows), rows, row_offsets
+
+
 def make_batch(train: Ratings, item_means: torch.Tensor, rating_mask: torch.Tensor | None, user_mask: torch.Tensor,
-               history: bool = True) -> UserBatch:
+               history: bool = True, offsets: torch.Tensor | None = None) -> UserBatch:
     """Build a batch: history of users in ``user_mask``, targets = ratings in ``rating_mask`` (None: every rating of
     those users, i.e. user level), which must only select ratings of users in ``user_mask``. ``history=False`` leaves
-    ``x``/``ind`` unbuilt (None) for a model that reads the targets only (``reads_history = False``)."""
+    ``x``/``ind`` unbuilt (None) for a model that reads the targets only (``reads_history = False``). ``offsets``:
+    :func:`user_offsets` of ``train`` (a user-level batch then gathers its users' segments)."""
     users = torch.nonzero(user_mask).flatten()
+    if rating_mask is None and offsets is not None:
+        tgt, rows, row_offsets = _segments(offsets, users)
+        items, values = train.items.index_select(0, tgt), train.values.index_select(0, tgt)
+        return UserBatch(users, None, None, rows, items, values, tgt, train, user_level=True, row_offsets=row_offsets,
+                         history_builder=lambda: _blocks(train, item_means, users, rows, items, values))
     row_of = torch.full((train.n_users,), -1, dtype=torch.long, device=train.device)
     row_of[users] = torch.arange(users.numel(), device=train.device)
     hist = user_mask.index_select(0, train.users) if history or rating_mask is None else None
@@ -92,14 +163,24 @@ def make_batch(train: Ratings, item_means: torch.Tensor, rating_mask: torch.Tens
                 train.values.index_select(0, at))
 
     tgt, rows, items, values = targets = ratings(hist if rating_mask is None else rating_mask)
+    if rating_mask is None:  # user level: the history is the targets, its blocks built when first read
+        return UserBatch(users, None, None, rows, items, values, tgt, train, user_level=True,
+                         history_builder=lambda: _blocks(train, item_means, users, rows, items, values))
     x = ind = None
-    if history:  # at user level the history is the targets, gathered once
-        _, h_rows, h_items, h_vals = targets if rating_mask is None or torch.equal(hist, rating_mask) else ratings(hist)
-        x = _to_csr(h_rows, h_items, h_vals - item_means.index_select(0, h_items), users.numel(), train.n_items)
-        # x's sparsity pattern, sorted once
-        ind = torch.sparse_csr_tensor(x.crow_indices(), x.col_indices(), torch.ones_like(x.values()), x.shape,
-                                      check_invariants=False)
+    if history:
+        _, h_rows, h_items, h_vals = targets if torch.equal(hist, rating_mask) else ratings(hist)
+        x, ind = _blocks(train, item_means, users, h_rows, h_items, h_vals)
     return UserBatch(users, x, ind, rows, items, values, tgt, train)
+
+
+def _blocks(train: Ratings, item_means: torch.Tensor, users: torch.Tensor, rows: torch.Tensor, items: torch.Tensor,
+            values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, ind): the history's CSR blocks, x centred by ``item_means`` as they stand when built (a batch is used
+    within the step that drew it; the full batch of gamma = 1 reads them at its first use)."""
+    x = _to_csr(rows, items, values - item_means.index_select(0, items), users.numel(), train.n_items)
+    # x's sparsity pattern, sorted once
+    return x, torch.sparse_csr_tensor(x.crow_indices(), x.col_indices(), torch.ones_like(x.values()), x.shape,
+                                      check_invariants=False)
 
 
 def full_batch(train: Ratings, item_means: torch.Tensor) -> UserBatch:
@@ -132,6 +213,7 @@ class PoissonBatchSampler:
         # which the mechanisms' unit=user checks read)
         self.history = bool(history) or unit == "user"
         self._full: UserBatch | None = None  # gamma = 1: built by the first sample(), then reused
+        self._offsets: torch.Tensor | None | bool = False  # user_offsets(train), found at the first user-level draw
 
     def steps_per_epoch(self) -> int:
         return poisson_steps_per_epoch(self.ratio)
@@ -148,5 +230,7 @@ class PoissonBatchSampler:
             user_mask[t.users[pick]] = True
         else:
             user_mask = self.generator.rand(t.n_users, device=self.generator.device).to(t.device) < self.ratio
-            pick = None  # every rating of the sampled users
+            if self._offsets is False:
+                self._offsets = user_offsets(t)
+            return make_batch(t, self.item_means, None, user_mask, self.history, self._offsets)  # every rating of them
         return make_batch(t, self.item_means, pick, user_mask, self.history)

@@ -7,7 +7,8 @@ kernels make one pass per stage over the user segments of a batch (its ratings a
 * :func:`forward_sums`: p_sum_u = sum_{j in R_u} u_j y_uj and f_ui = (u_i . p_u) - |u_i|^2 y_ui w_u, p_u = p_sum_u w_u;
 * :func:`gradient_rows`: the rows g_uj of dL_u/dU and the per-user norms (L2, or L1 for the Laplace mechanism);
 * :func:`scatter_scaled`: sum_u clip_u g_u into ``[M, d]`` (the clipped gradient);
-* :func:`feature_dots`: w_u . phi_i per rating (the public item features' part).
+* :func:`feature_dots`: w_u . phi_i per rating (the public item features' part; once per release of the item
+  means, for every rating of the training data: a step gathers its ratings').
 
 Same numbers, not just close ones: every sum is formed in the order torch forms it. ``index_add_`` on the CPU adds
 the sources of an output row in index order, starting from 0; ``x.sum(1)`` of a contiguous ``[R, d]`` tensor adds a
@@ -16,8 +17,10 @@ lanes of float64 or 8 of float32; float32 accumulates in float32); products and 
 operations (no fastmath, no contraction into FMA). :func:`exact` checks the row-sum order against torch once per
 process and dtype, and the caller keeps the torch path where it differs (another torch, another CPU).
 
-One thread: on 2 cores the kernels are bound by memory traffic, and parallel loops (``prange``) gained nothing in the
-step while their compilation took 20 s more on a first run (``@njit(cache=True)``: later runs load the machine code).
+The rank d reaches the kernels as ``len(tag)`` (:func:`rank_tag`), so each rank is compiled with its loops unrolled.
+
+One thread: on 2 cores parallel loops (``prange``) gained nothing in the step while their compilation took 20 s
+more on a first run (``@njit(cache=True)``: later runs load the machine code).
 """
 
 from __future__ import annotations
@@ -47,6 +50,13 @@ _BLOCK = 256  # ratings per block: the row sums run across a block's ratings (lo
 def width(dtype: torch.dtype) -> int:
     """Lanes of the vector ATen's CPU sum kernel uses: 32 bytes on every x86 capability (AVX512 included)."""
     return 32 // torch.empty((), dtype=dtype).element_size()
+
+
+@functools.lru_cache(maxsize=None)
+def rank_tag(d: int) -> tuple[int, ...]:
+    """d zeros: the kernels read d as ``len(tag)``, so numba compiles one version per rank with its loops unrolled
+    (the same operations in the same order; about 2x faster than a rank read at run time)."""
+    return (0,) * int(d)
 
 
 def available(n_ratings: int | None = None) -> bool:
@@ -209,24 +219,30 @@ if numba is not None:
                 out[b] += lane[b]
 
     @njit(**_CACHE)
-    def _user_sums(U, items, seg, wts):  # pragma: no cover - compiled
+    def _user_sums(U, items, seg, wts, tag):  # pragma: no cover - compiled
         """[n, d]: sum_k u_{i_k} wts_k per user (float64, in index order from 0: ``index_add_``'s sums)."""
-        out = np.zeros((seg.size - 1, U.shape[1]))
+        d = len(tag)
+        out = np.zeros((seg.size - 1, d))
+        acc = np.zeros(d)
         for r in range(seg.size - 1):
+            for c in range(d):
+                acc[c] = 0.0
             for k in range(seg[r], seg[r + 1]):
-                wk = np.float64(wts[k])
-                for c in range(U.shape[1]):
-                    out[r, c] += U[items[k], c] * wk
+                wk, i = np.float64(wts[k]), items[k]
+                for c in range(d):
+                    acc[c] += U[i, c] * wk
+            for c in range(d):
+                out[r, c] = acc[c]
         return out
 
     @njit(**_CACHE)
-    def forward_sums(U, items, rows, seg, y, wu, sq, w):  # pragma: no cover - compiled
+    def forward_sums(U, items, rows, seg, y, wu, sq, w, tag):  # pragma: no cover - compiled
         """(p_sum [n, d], f [R]) of :meth:`LowRankPNBM._f` on a user-level batch: p_sum_u = sum_k u_{i_k} y_k (float64,
         index order), f_k = (u_{i_k} . p_u) - (|u_{i_k}|^2 y_k) w_u with p_u = p_sum_u w_u; ``sq`` = |u_i|^2 per item
         (torch's ``(U * U).sum(1)``), ``wu`` = n_u^(-1/2) in float32 per user, ``seg`` the users' rating offsets,
-        ``rows`` each rating's user."""
-        n, d, n_r = seg.size - 1, U.shape[1], items.size
-        p_sum = _user_sums(U, items, seg, y)
+        ``rows`` each rating's user; ``tag`` a tuple of d zeros (:func:`rank_tag`: d known when compiled)."""
+        n, d, n_r = seg.size - 1, len(tag), items.size
+        p_sum = _user_sums(U, items, seg, y, tag)
         p = np.empty((n, d))
         for r in range(n):
             wr = np.float64(wu[r])
@@ -246,13 +262,13 @@ if numba is not None:
         return p_sum, f
 
     @njit(**_CACHE)
-    def gradient_rows(U, items, rows_of, seg, y, e, p_sum, inv_sqrt, w, l1):  # pragma: no cover - compiled
+    def gradient_rows(U, items, rows_of, seg, y, e, p_sum, inv_sqrt, w, l1, tag):  # pragma: no cover - compiled
         """(rows [R, d], squared L2 norms [n], L1 norms [n] or empty) of :func:`per_user_gradients`: with v = n_u^(-1/2)
         (``inv_sqrt``, float64, torch's rsqrt), q_u = sum_k u_{i_k} e_k and yw = y_k v, row k = ((p_sum_u v -
         (2 u_{i_k}) yw) e_k + q_u yw) (-2). The square root is the caller's (torch's vectorised sqrt is not always
         correctly rounded: its bits are its own)."""
-        n, d, n_r = seg.size - 1, U.shape[1], items.size
-        q = _user_sums(U, items, seg, e)
+        n, d, n_r = seg.size - 1, len(tag), items.size
+        q = _user_sums(U, items, seg, e, tag)
         pv = np.empty((n, d))
         for r in range(n):
             for c in range(d):
@@ -295,14 +311,15 @@ if numba is not None:
         return out, l2, l1n
 
     @njit(**_CACHE)
-    def scatter_scaled(rows, factor, seg, items, n_items):  # pragma: no cover - compiled
+    def scatter_scaled(rows, factor, seg, items, n_items, tag):  # pragma: no cover - compiled
         """out [M, d] = sum_k (rows_k factor_u(k)) at item i_k, each item's sum in k order from 0 (``index_add_``)."""
-        out = np.zeros((n_items, rows.shape[1]))
+        d = len(tag)
+        out = np.zeros((n_items, d))
         for r in range(seg.size - 1):
             fr = factor[r]
             for k in range(seg[r], seg[r + 1]):
                 i = items[k]
-                for c in range(rows.shape[1]):
+                for c in range(d):
                     out[i, c] = out[i, c] + rows[k, c] * fr
         return out
 

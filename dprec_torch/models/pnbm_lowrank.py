@@ -77,11 +77,14 @@ def user_aggregates(users: torch.Tensor, items: torch.Tensor, y: torch.Tensor, u
     return p * inv_sqrt[:, None], inv_sqrt[users]
 
 
-def user_segments(rows: torch.Tensor, n_rows: int) -> torch.Tensor | None:
+def user_segments(rows: torch.Tensor, n_rows: int, known: torch.Tensor | None = None) -> torch.Tensor | None:
     """Offsets ``[n_rows + 1]`` of each row's ratings when ``rows`` is grouped by row in ascending order (a batch drawn
-    from ratings sorted by user), where the CPU kernels may run (:func:`kernels_for`); None otherwise."""
+    from ratings sorted by user), where the CPU kernels may run (:func:`kernels_for`); None otherwise. ``known``: the
+    batch's own offsets (``UserBatch.row_offsets``), when its sampler built it from them."""
     if rows.device.type != "cpu" or not lowrank_numba.available(int(rows.numel())):
         return None
+    if known is not None:
+        return known
     if rows.numel() > 1 and not bool((rows[1:] >= rows[:-1]).all()):
         return None
     seg = torch.zeros(n_rows + 1, dtype=torch.int64)
@@ -110,7 +113,8 @@ def per_user_gradients(users: torch.Tensor, items: torch.Tensor, y: torch.Tensor
         inv_sqrt = (seg[1:] - seg[:-1]).to(u.dtype).clamp_min(1.0).rsqrt()  # the counts, as bincount gives them
         rows, l2, l1 = lowrank_numba.gradient_rows(u.numpy(), items.numpy(), users.numpy(), seg.numpy(), y.numpy(), e.numpy(),
                                                    forward[1].numpy(), inv_sqrt.numpy(),
-                                                   lowrank_numba.width(torch.float64), norm == 1)
+                                                   lowrank_numba.width(torch.float64), norm == 1,
+                                                   lowrank_numba.rank_tag(u.shape[1]))
         return torch.from_numpy(rows), torch.from_numpy(l1) if norm == 1 else torch.from_numpy(l2).sqrt()
     if forward is None or forward[0] is None:
         ui = u.index_select(0, items)
@@ -159,7 +163,8 @@ class _ExplicitGradient(torch.autograd.Function):
             g, factor = ctx.clipped
         if factor is not None and kernels_for(ctx.seg, U):  # sum_u clip_u g_u in one pass, index_add_'s order
             out = torch.from_numpy(lowrank_numba.scatter_scaled(g.numpy(), factor.numpy(), ctx.seg.numpy(),
-                                                                items.numpy(), U.shape[0]))
+                                                                items.numpy(), U.shape[0],
+                                                                lowrank_numba.rank_tag(U.shape[1])))
         else:
             if factor is not None:  # each rating's row times its user's factor, then summed per item
                 g = g * factor.index_select(0, rows)[:, None]
@@ -175,12 +180,11 @@ class _BatchTerms:
     rows: torch.Tensor  # history: batch row of each rating
     items: torch.Tensor
     y: torch.Tensor  # y of each history rating
-    b: torch.Tensor  # b_u per batch row
     w: torch.Tensor  # n_u^(-1/2) per batch row
     y_target: torch.Tensor  # y at the batch targets
     targets_are_history: bool  # user-level batch: the targets ARE the history, in the same order
-    base: torch.Tensor  # r_bar_i + b_u at the batch targets
-    content: torch.Tensor | None  # w_u . phi_i at the batch targets (public item features), None without them
+    pred_base: torch.Tensor  # r_bar_i + b_u (+ w_u . phi_i with public item features) at the batch targets
+    target: torch.Tensor  # the clamped training target r_bar_i + b_u + y_ui (+ w_u . phi_i) at the batch targets
     seg: torch.Tensor | None = None  # user level, CPU: each row's rating offsets (user_segments), for the kernels
 
 
@@ -194,9 +198,9 @@ class _UserTerms:
     y0: torch.Tensor
     system: tuple[torch.Tensor, torch.Tensor] | None
 
-    def select(self, rows: torch.Tensor, ratings: torch.Tensor) -> "_UserTerms":
-        """These terms at the rows ``rows`` and the ratings ``ratings``."""
-        a, rhs = (None, None) if self.system is None else self.system
+    def select(self, rows: torch.Tensor, ratings: torch.Tensor, systems: bool = True) -> "_UserTerms":
+        """These terms at the rows ``rows`` and the ratings ``ratings`` (without the ridge systems: ``systems=False``)."""
+        a, rhs = (None, None) if self.system is None or not systems else self.system
         return _UserTerms(self.b.index_select(0, rows), self.w.index_select(0, rows), self.y0.index_select(0, ratings),
                           None if a is None else (a.index_select(0, rows), rhs.index_select(0, rows)))
 
@@ -262,7 +266,7 @@ class LowRankPNBM(BindsHistory, BaseModel):
                       ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """(y per rating: what the rows' own feature weights leave, clamped; the weights w_u per row; w_u . phi_i per
         rating), or (y0, None, None) without features. The solve runs on the rows as given: LAPACK's rounding of one
-        row's solve depends on its place in the batch, so a cached solution would not be these bits."""
+        row's solve depends on its place in the batch (:meth:`_source_features` solves every user once, in place)."""
         if ut.system is None:
             return ut.y0, None, None
         wf = torch.linalg.solve(ut.system[0], ut.system[1].unsqueeze(-1)).squeeze(-1)
@@ -287,16 +291,20 @@ class LowRankPNBM(BindsHistory, BaseModel):
         hit = batch.cache.get("_lowrank_terms")
         if hit is not None and hit[0] == key and hit[1] is batch.values:
             return hit[2]
-        if batch.ind is None or batch.x is None:
+        if not batch.has_history:
             raise ConfigError("model.similarity=lowrank reads each sampled user's whole history: the batch has none")
         n_rows = int(batch.users.numel())
-        if batch.n_targets == int(batch.ind.values().numel()):  # user level: the targets are the whole history
-            # from every user's terms when the source is known: per-user sums in the source's order, the batch's own bits
-            ut = (self._user_terms(batch.rows, batch.items, batch.values, n_rows) if batch.source is None
-                  else self._source_terms(batch.source).select(batch.users, batch.target_index))
-            y, _, content = self._feature_part(ut, batch.rows, batch.items)
-            terms = _BatchTerms(batch.rows, batch.items, y, ut.b, ut.w, y, True, self._base(batch, ut.b), content,
-                                user_segments(batch.rows, n_rows))
+        if batch.is_user_level():  # user level: the targets are the whole history
+            if batch.source is None:
+                ut = self._user_terms(batch.rows, batch.items, batch.values, n_rows)
+                y, _, content = self._feature_part(ut, batch.rows, batch.items)
+                pred_base, target = self._bases(self._base(batch, ut.b), y, content)
+                w = ut.w
+            else:  # every rating's terms from the source's (per-user sums in its order): gathered, the same bits
+                y_all, pred_all, target_all = self._source_ratings(batch.source)
+                y, pred_base, target = (t.index_select(0, batch.target_index) for t in (y_all, pred_all, target_all))
+                w = self._source_terms(batch.source).w.index_select(0, batch.users)
+            terms = _BatchTerms(batch.rows, batch.items, y, w, y, True, pred_base, target, user_segments(batch.rows, n_rows, batch.row_offsets))
         else:  # rating level: the history from the CSR block (x = r - r_bar, built from this model's live r_bar)
             crow = batch.x.crow_indices()
             rows = torch.repeat_interleave(torch.arange(n_rows, device=crow.device), crow[1:] - crow[:-1])
@@ -309,12 +317,33 @@ class LowRankPNBM(BindsHistory, BaseModel):
                    - ut.b.double()[batch.rows]).clamp(-self.clamp_r, self.clamp_r).float()
             if content is not None:
                 y_t = (y_t - content).clamp(-self.clamp_r, self.clamp_r)
-            terms = _BatchTerms(rows, items, y, ut.b, ut.w, y_t, False, self._base(batch, ut.b), content)
+            terms = _BatchTerms(rows, items, y, ut.w, y_t, False, *self._bases(self._base(batch, ut.b), y_t, content))
         batch.cache["_lowrank_terms"] = (key, batch.values, terms)
         return terms
 
     def _base(self, batch: UserBatch, b: torch.Tensor) -> torch.Tensor:
         return self.item_means.index_select(0, batch.items) + b.index_select(0, batch.rows)
+
+    @staticmethod
+    def _bases(base: torch.Tensor, y: torch.Tensor, content: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(what f is added to in a prediction, the training target): r_bar_i + b_u (+ w_u . phi_i), and
+        r_bar_i + b_u + y_ui (+ w_u . phi_i), in that order of additions."""
+        if content is None:
+            return base, base + y
+        return base + content, base + y + content
+
+    def _source_ratings(self, train: Ratings) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(y, prediction base, training target) of every rating in ``train`` (:meth:`_bases`), cached with
+        :meth:`_source_features`: a user-level step gathers its ratings' instead of recomputing them."""
+        y, _, content = self._source_features(train)
+        hit = self._predict_cache.get("ratings")
+        if hit is not None and hit[0] is y:
+            return hit[1]
+        b = self._source_terms(train).b
+        base = self.item_means.index_select(0, train.items) + b.index_select(0, train.users)
+        out = (y, *self._bases(base, y, content))
+        self._predict_cache["ratings"] = (y, out)
+        return out
 
     def _source_terms(self, train: Ratings) -> _UserTerms:
         """Every user's :class:`_UserTerms` in ``train`` (rows = users), cached per r_bar version: they read r_bar and
@@ -327,6 +356,19 @@ class LowRankPNBM(BindsHistory, BaseModel):
         self._predict_cache["terms"] = (train.values, train.users, key, terms)
         return terms
 
+    def _source_features(self, train: Ratings) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """:meth:`_feature_part` of every rating in ``train`` (one batched solve over all users, rows = users), cached
+        with :meth:`_source_terms`. A step gathers its users' y and w_u . phi_i from it: at q = 1 the batch IS this
+        solve's input, so the bits are those of a per-batch solve; below q = 1 each user's weights no longer depend on
+        who else was sampled (LAPACK rounds a system by its place in the batch)."""
+        ut = self._source_terms(train)
+        hit = self._predict_cache.get("features")
+        if hit is not None and hit[0] is ut:
+            return hit[1]
+        out = self._feature_part(ut, train.users, train.items)
+        self._predict_cache["features"] = (ut, out)
+        return out
+
     def _f(self, batch: UserBatch, terms: _BatchTerms, U: torch.Tensor) -> torch.Tensor:
         """f_ui at the batch targets (module docstring), differentiable in U (except from the fused CPU kernel of a
         user-level batch, whose gradient is the explicit one of :meth:`surrogate_loss`, never autograd's). Every target
@@ -337,7 +379,8 @@ class LowRankPNBM(BindsHistory, BaseModel):
             sq = (Ud * Ud).sum(1)
             p_sum, f = lowrank_numba.forward_sums(Ud.numpy(), terms.items.numpy(), terms.rows.numpy(), terms.seg.numpy(),
                                                   terms.y.numpy(), terms.w.numpy(), sq.numpy(),
-                                                  lowrank_numba.width(torch.float64))
+                                                  lowrank_numba.width(torch.float64),
+                                                  lowrank_numba.rank_tag(Ud.shape[1]))
             p_sum = torch.from_numpy(p_sum)
             batch.cache["_forward_sums"] = (weakref.ref(U), U._version, terms, None, p_sum)
             return torch.from_numpy(f)
@@ -363,13 +406,12 @@ class LowRankPNBM(BindsHistory, BaseModel):
         f = self._f(batch, terms, self.U)
         if torch.is_grad_enabled() and (f.requires_grad or terms.targets_are_history):  # (the CPU kernels' f has no graph)
             batch.cache["_forward_f"] = (weakref.ref(self.U), self.U._version, f)
-        return terms.base + f if terms.content is None else terms.base + terms.content + f
+        return terms.pred_base + f
 
     def training_targets(self, batch: UserBatch) -> torch.Tensor:
         """The clamped targets r_bar_i + b_u + y_ui: the Trainer's residual is then f_ui - y_ui (module docstring)."""
         terms = self._terms(batch)
-        base = terms.base + terms.y_target
-        return base if terms.content is None else base + terms.content
+        return terms.target
 
     def surrogate_loss(self, batch: UserBatch, residuals: torch.Tensor) -> torch.Tensor:
         """2 sum e'_ui f_ui with e' = ``residuals`` (f - y, possibly scaled per user) held constant: its gradient in U is
@@ -438,7 +480,7 @@ class LowRankPNBM(BindsHistory, BaseModel):
         fixed = self._predict_cache.get("fixed")  # U-free terms: computed once per item-means release
         if fixed is None or fixed[0] != means_key:
             ut = self._source_terms(h)
-            y, wf, _ = self._feature_part(ut, h.users, h.items)
+            y, wf, _ = self._source_features(h)
             keys = h.users * self.n_items + h.items
             order = torch.argsort(keys)
             fixed = (means_key, (ut.b, ut.w, keys[order], y[order], wf, y))

@@ -48,7 +48,7 @@ def test_forward_and_gradient_kernels_are_the_torch_path_bit_for_bit(d, seed, mo
     p_sum = torch.zeros(n, d, dtype=U.dtype).index_add_(0, rows, ui * y[:, None])
     f = (ui * (p_sum * w[:, None]).index_select(0, rows)).sum(1) - (U * U).sum(1).index_select(0, items) * y * w[rows]
     kp, kf = K.forward_sums(U.numpy(), items.numpy(), rows.numpy(), seg.numpy(), y.numpy(), w.numpy(),
-                            (U * U).sum(1).numpy(), K.width(torch.float64))
+                            (U * U).sum(1).numpy(), K.width(torch.float64), K.rank_tag(d))
     assert torch.equal(torch.from_numpy(kp), p_sum) and torch.equal(torch.from_numpy(kf), f)
     # gradient rows and norms: the kernel branch of per_user_gradients against its torch branch
     for norm in (2, 1):
@@ -58,7 +58,7 @@ def test_forward_and_gradient_kernels_are_the_torch_path_bit_for_bit(d, seed, mo
     # the clipped scatter: rows times their user's factor, summed per item in index order
     factor = torch.rand(n, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
     ref = torch.zeros(U.shape, dtype=torch.float64).index_add_(0, items, ref_rows * factor[rows][:, None])
-    got = K.scatter_scaled(ref_rows.numpy(), factor.numpy(), seg.numpy(), items.numpy(), U.shape[0])
+    got = K.scatter_scaled(ref_rows.numpy(), factor.numpy(), seg.numpy(), items.numpy(), U.shape[0], K.rank_tag(d))
     assert torch.equal(torch.from_numpy(got), ref)
 
 
