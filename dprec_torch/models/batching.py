@@ -32,6 +32,8 @@ class UserBatch:
     user_level: bool = False
     #: [|B| + 1] start of each row's targets when they are grouped by row (make_batch's segment path), else None
     row_offsets: torch.Tensor | None = None
+    #: [|B|] where each row's run of targets starts in ``source`` (with ``row_offsets``), else None
+    source_starts: torch.Tensor | None = None
     #: builds (x, ind) on first read (make_batch's user-level batches: a model that reads the targets only, such as
     #: the low-rank PNBM, never pays for the CSR blocks)
     history_builder: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = field(default=None, repr=False, compare=False)
@@ -68,6 +70,10 @@ class UserBatch:
     def has_history(self) -> bool:
         """Whether ``x``/``ind`` exist or can be built (False: make_batch's ``history=False``)."""
         return self.x_ is not None or self.history_builder is not None
+
+    def gather(self, per_rating: torch.Tensor) -> torch.Tensor:
+        """``per_rating`` (one value per rating of ``source``) at the targets (:func:`_gather`)."""
+        return _gather(per_rating, self.target_index, self.source_starts, self.row_offsets)
 
     def is_user_level(self) -> bool:
         """Whether the targets are the whole history of each sampled user (what per-user clipping needs)."""
@@ -128,17 +134,43 @@ def user_offsets(train: Ratings) -> torch.Tensor | None:
     return off
 
 
-def _segments(offsets: torch.Tensor, users: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _runs_kernel(t: torch.Tensor, n: int) -> bool:
+    """Whether a batch of ``n`` ratings copies runs of ``t`` with the CPU kernel (numba; big batches only, as the
+    low-rank kernels: :func:`.lowrank_numba.available`)."""
+    if t.device.type != "cpu":
+        return False
+    from dprec_torch.models import lowrank_numba
+
+    return lowrank_numba.available(n)
+
+
+def _gather(per_rating: torch.Tensor, index: torch.Tensor, starts: torch.Tensor | None,
+            row_offsets: torch.Tensor | None) -> torch.Tensor:
+    """``per_rating[index]``: ``index_select``, or, for a big CPU batch of runs (``starts``, ``row_offsets``), a copy
+    of each row's run (the same values)."""
+    if starts is not None and _runs_kernel(per_rating, int(index.numel())):
+        from dprec_torch.models import lowrank_numba
+
+        return torch.from_numpy(lowrank_numba.gather_runs(per_rating.numpy(), starts.numpy(), row_offsets.numpy()))
+    return per_rating.index_select(0, index)
+
+
+def _segments(offsets: torch.Tensor, users: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(positions of the ratings of ``users`` (ascending ids) in the grouped ratings, the batch row of each, each
-    row's offsets in the batch): what the nonzero of their rating mask gives, from the users' offsets instead of a
-    pass over every rating."""
+    row's offsets in the batch, each row's start in the ratings): what the nonzero of their rating mask gives, from
+    the users' offsets instead of a pass over every rating."""
     starts = offsets.index_select(0, users)
     lens = offsets.index_select(0, users + 1) - starts
-    rows = torch.repeat_interleave(torch.arange(users.numel(), device=users.device), lens)
     row_offsets = torch.zeros(users.numel() + 1, dtype=torch.long, device=users.device)
     torch.cumsum(lens, 0, out=row_offsets[1:])
+    if users.device.type == "cpu" and _runs_kernel(users, int(row_offsets[-1])):  # (no host sync on a GPU)
+        from dprec_torch.models import lowrank_numba
+
+        pos, rows = lowrank_numba.run_segments(starts.numpy(), row_offsets.numpy())
+        return torch.from_numpy(pos), torch.from_numpy(rows), row_offsets, starts
+    rows = torch.repeat_interleave(torch.arange(users.numel(), device=users.device), lens)
     shift = starts - row_offsets[:-1]  # each user's start minus its place in the batch
-    return torch.arange(rows.numel(), device=users.device) + shift.index_select(0, rows), rows, row_offsets
+    return torch.arange(rows.numel(), device=users.device) + shift.index_select(0, rows), rows, row_offsets, starts
 
 
 def make_batch(train: Ratings, item_means: torch.Tensor, rating_mask: torch.Tensor | None, user_mask: torch.Tensor,
@@ -149,10 +181,10 @@ def make_batch(train: Ratings, item_means: torch.Tensor, rating_mask: torch.Tens
     :func:`user_offsets` of ``train`` (a user-level batch then gathers its users' segments)."""
     users = torch.nonzero(user_mask).flatten()
     if rating_mask is None and offsets is not None:
-        tgt, rows, row_offsets = _segments(offsets, users)
-        items, values = train.items.index_select(0, tgt), train.values.index_select(0, tgt)
+        tgt, rows, row_offsets, starts = _segments(offsets, users)
+        items, values = (_gather(t, tgt, starts, row_offsets) for t in (train.items, train.values))
         return UserBatch(users, None, None, rows, items, values, tgt, train, user_level=True, row_offsets=row_offsets,
-                         history_builder=lambda: _blocks(train, item_means, users, rows, items, values))
+                         source_starts=starts, history_builder=lambda: _blocks(train, item_means, users, rows, items, values))
     row_of = torch.full((train.n_users,), -1, dtype=torch.long, device=train.device)
     row_of[users] = torch.arange(users.numel(), device=train.device)
     hist = user_mask.index_select(0, train.users) if history or rating_mask is None else None

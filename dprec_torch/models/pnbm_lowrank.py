@@ -111,10 +111,9 @@ def per_user_gradients(users: torch.Tensor, items: torch.Tensor, y: torch.Tensor
     """
     if e is not None and forward is not None and kernels_for(seg, u):
         inv_sqrt = (seg[1:] - seg[:-1]).to(u.dtype).clamp_min(1.0).rsqrt()  # the counts, as bincount gives them
-        rows, l2, l1 = lowrank_numba.gradient_rows(u.numpy(), items.numpy(), users.numpy(), seg.numpy(), y.numpy(), e.numpy(),
-                                                   forward[1].numpy(), inv_sqrt.numpy(),
-                                                   lowrank_numba.width(torch.float64), norm == 1,
-                                                   lowrank_numba.rank_tag(u.shape[1]))
+        rows, l2, l1 = lowrank_numba.gradient_rows(u.numpy(), items.numpy(), seg.numpy(), y.numpy(), e.numpy(),
+                                                   forward[1].numpy(), inv_sqrt.numpy(), norm == 1,
+                                                   lowrank_numba.rank_tag(u.shape[1]), lowrank_numba.lane_tag(torch.float64))
         return torch.from_numpy(rows), torch.from_numpy(l1) if norm == 1 else torch.from_numpy(l2).sqrt()
     if forward is None or forward[0] is None:
         ui = u.index_select(0, items)
@@ -302,7 +301,7 @@ class LowRankPNBM(BindsHistory, BaseModel):
                 w = ut.w
             else:  # every rating's terms from the source's (per-user sums in its order): gathered, the same bits
                 y_all, pred_all, target_all = self._source_ratings(batch.source)
-                y, pred_base, target = (t.index_select(0, batch.target_index) for t in (y_all, pred_all, target_all))
+                y, pred_base, target = (batch.gather(t) for t in (y_all, pred_all, target_all))
                 w = self._source_terms(batch.source).w.index_select(0, batch.users)
             terms = _BatchTerms(batch.rows, batch.items, y, w, y, True, pred_base, target, user_segments(batch.rows, n_rows, batch.row_offsets))
         else:  # rating level: the history from the CSR block (x = r - r_bar, built from this model's live r_bar)
@@ -377,10 +376,9 @@ class LowRankPNBM(BindsHistory, BaseModel):
         if terms.targets_are_history and kernels_for(terms.seg, U):  # one pass per user (lowrank_numba), same numbers
             Ud = U.detach()
             sq = (Ud * Ud).sum(1)
-            p_sum, f = lowrank_numba.forward_sums(Ud.numpy(), terms.items.numpy(), terms.rows.numpy(), terms.seg.numpy(),
-                                                  terms.y.numpy(), terms.w.numpy(), sq.numpy(),
-                                                  lowrank_numba.width(torch.float64),
-                                                  lowrank_numba.rank_tag(Ud.shape[1]))
+            p_sum, f = lowrank_numba.forward_sums(Ud.numpy(), terms.items.numpy(), terms.seg.numpy(), terms.y.numpy(),
+                                                  terms.w.numpy(), sq.numpy(), lowrank_numba.rank_tag(Ud.shape[1]),
+                                                  lowrank_numba.lane_tag(torch.float64))
             p_sum = torch.from_numpy(p_sum)
             batch.cache["_forward_sums"] = (weakref.ref(U), U._version, terms, None, p_sum)
             return torch.from_numpy(f)

@@ -34,7 +34,7 @@ def batch(seed: int, n_users: int = 40, n_items: int = 30, d: int = 8):
     return rows, items, y, e, U, n_users
 
 
-@pytest.mark.parametrize("d", [1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33])
+@pytest.mark.parametrize("d", [1, 3, 4, 5, 8, 17])  # d < W, d = W, a tail, two vectors, the cascade
 @pytest.mark.parametrize("seed", [0, 1])
 def test_forward_and_gradient_kernels_are_the_torch_path_bit_for_bit(d, seed, monkeypatch):
     monkeypatch.setenv("DPREC_LOWRANK_KERNEL", "numba")  # the kernels on this small batch too
@@ -47,8 +47,8 @@ def test_forward_and_gradient_kernels_are_the_torch_path_bit_for_bit(d, seed, mo
     ui = U.index_select(0, items)
     p_sum = torch.zeros(n, d, dtype=U.dtype).index_add_(0, rows, ui * y[:, None])
     f = (ui * (p_sum * w[:, None]).index_select(0, rows)).sum(1) - (U * U).sum(1).index_select(0, items) * y * w[rows]
-    kp, kf = K.forward_sums(U.numpy(), items.numpy(), rows.numpy(), seg.numpy(), y.numpy(), w.numpy(),
-                            (U * U).sum(1).numpy(), K.width(torch.float64), K.rank_tag(d))
+    kp, kf = K.forward_sums(U.numpy(), items.numpy(), seg.numpy(), y.numpy(), w.numpy(), (U * U).sum(1).numpy(),
+                            K.rank_tag(d), K.lane_tag(torch.float64))
     assert torch.equal(torch.from_numpy(kp), p_sum) and torch.equal(torch.from_numpy(kf), f)
     # gradient rows and norms: the kernel branch of per_user_gradients against its torch branch
     for norm in (2, 1):

@@ -22,8 +22,10 @@ def grouped_ratings(seed: int, n_users: int = 40, n_items: int = 30, density: fl
     return Ratings(users, items, values, n_users, n_items, RatingScale(1, 5))
 
 
+@pytest.mark.parametrize("kernel", ["torch", "numba"])  # the run copies in torch ops, or the CPU kernel's
 @pytest.mark.parametrize("seed", range(4))
-def test_segment_batches_are_the_mask_batches(seed):
+def test_segment_batches_are_the_mask_batches(seed, kernel, monkeypatch):
+    monkeypatch.setenv("DPREC_LOWRANK_KERNEL", kernel)
     data = grouped_ratings(seed)
     gen = torch.Generator().manual_seed(100 + seed)
     user_mask = torch.rand(data.n_users, generator=gen) < 0.4
@@ -32,6 +34,8 @@ def test_segment_batches_are_the_mask_batches(seed):
     slow = make_batch(data, means, None, user_mask)
     for name in ("users", "rows", "items", "values", "target_index"):
         assert torch.equal(getattr(fast, name), getattr(slow, name)), name
+    per_rating = torch.randn(len(data), generator=gen)
+    assert torch.equal(fast.gather(per_rating), per_rating[slow.target_index])
     assert fast.is_user_level() and slow.is_user_level()
     counts = torch.bincount(fast.rows, minlength=fast.users.numel())
     assert torch.equal(fast.row_offsets, torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)]))
@@ -66,10 +70,12 @@ def model_with_features(data: Ratings) -> LowRankPNBM:
     return model
 
 
+@pytest.mark.parametrize("kernel", ["torch", "numba"])
 @pytest.mark.parametrize("q", [1.0, 0.5])
-def test_gathered_terms_are_the_batch_terms(q):
+def test_gathered_terms_are_the_batch_terms(q, kernel, monkeypatch):
     """Each user's terms (offset, feature weights, clamped residuals, targets) are a function of that user alone: the
     terms gathered from every user's equal the batch's own solve, to the last bit for the full batch."""
+    monkeypatch.setenv("DPREC_LOWRANK_KERNEL", kernel)
     data = grouped_ratings(3)
     model = model_with_features(data)
     gen = torch.Generator().manual_seed(9)
