@@ -115,7 +115,7 @@ class MechanismOptimizer(Optimizer):
         st["max_clipped_norm"] = float((norms * factor).max()) if norms.numel() else 0.0
         st["residual_bound"] = float("inf")
         if rows is not None:
-            factor = factor[rows]
+            factor = factor.index_select(0, rows)
         return (residuals.double() * factor).to(residuals.dtype)
 
     def grads(self) -> list[torch.Tensor]:

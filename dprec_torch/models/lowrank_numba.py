@@ -140,6 +140,11 @@ if numba is not None:
     def _ilp_sum(a, base, stride, n):  # pragma: no cover - compiled
         """row_sum with four interleaved accumulators over a[base + i stride], i < n."""
         n4 = n // 4
+        if n4 == 0:  # p1 = p2 = p3 = +0, and p0 (a sum from +0) is never -0: adding them changes no bit
+            p = a.dtype.type(0)
+            for i in range(n):
+                p += a[base + i * stride]
+            return p
         p0 = _cascade(a, base, 4 * stride, n4)
         p1 = _cascade(a, base + stride, 4 * stride, n4)
         p2 = _cascade(a, base + 2 * stride, 4 * stride, n4)
@@ -162,6 +167,14 @@ if numba is not None:
         f = a.dtype.type(0)
         for k in range(nv * w, d):
             f += a[k]
+        if nv < 4:  # a lane is a[lane] + a[lane + w] + ...: its leading +0 only turns an all -0 lane into +0, which
+            # f (a sum from +0, never -0) absorbs alike
+            for lane in range(w):
+                p = a[lane]
+                for i in range(1, nv):
+                    p += a[lane + i * w]
+                f += p
+            return f
         for lane in range(w):
             f += _ilp_sum(a, lane, w, nv)
         return f

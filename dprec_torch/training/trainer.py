@@ -93,7 +93,8 @@ class Trainer:
         target = self.model.training_targets(batch)  # the ratings, unless the model trains on a transformed target
         fused = None if bound is None else self.model.fused_step(batch, target, bound)  # None: not fused
         residuals = fused[1] if fused is not None else (self.model.batch_predict(batch) - target).detach()
-        if not torch.isfinite(residuals).all():
+        sq = (residuals.double() ** 2).sum()  # the step's loss: finite iff every residual is (one scalar to check)
+        if not torch.isfinite(sq):
             raise TrainingDiverged("the training loss became NaN/inf; lower the learning rate (mechanism.lr) "
                                    "-- the last good checkpoint, if any (checkpoint_every), was kept")
         clipped = self.optimizer.clip_residuals(residuals, batch, self.model)
@@ -104,7 +105,7 @@ class Trainer:
                                f"elementwise_residual_clip() = {bound}: the fused step's gradient would be wrong")
         self.optimizer.step()
         self.model.project_()  # a no-op unless the model has a constraint set
-        return (residuals.double() ** 2).sum(), batch.n_targets  # summed on the device: no host sync per step
+        return sq, batch.n_targets  # summed on the device
 
     def fit(self, fold: Fold, restored: dict[str, Any] | None = None) -> TrainResult:
         """Train (from the checkpoint when resuming). ``restored``: the checkpoint the caller (``train_fold``) already
