@@ -96,7 +96,7 @@ def exact(dtype: torch.dtype, d: int) -> bool:
 
 if numba is not None:
 
-    @njit(inline="always", **_CACHE)
+    @njit(**_CACHE)
     def _ceil_log2(x):  # pragma: no cover - compiled
         """ATen's CeilLog2: 1 for x <= 2, else ceil(log2 x)."""
         if x <= 2:
@@ -107,7 +107,7 @@ if numba is not None:
             r += 1
         return r
 
-    @njit(inline="always", **_CACHE)
+    @njit(**_CACHE)
     def _cascade(a, base, stride, n):  # pragma: no cover - compiled
         """multi_row_sum's one accumulator: a[base + i stride], i < n, through its 4-level cascade."""
         z = a.dtype.type(0)
@@ -136,7 +136,7 @@ if numba is not None:
         acc0 += acc3
         return acc0
 
-    @njit(inline="always", **_CACHE)
+    @njit(**_CACHE)
     def _ilp_sum(a, base, stride, n):  # pragma: no cover - compiled
         """row_sum with four interleaved accumulators over a[base + i stride], i < n."""
         n4 = n // 4
@@ -162,6 +162,11 @@ if numba is not None:
         scalar path; else the tail past the last whole vector first, then lane totals 0 .. W - 1, each lane a strided
         four-accumulator sum over the vectors."""
         if d < w:
+            if d < 4:  # _ilp_sum's one-accumulator case, here (inlined: no call per row)
+                p = a.dtype.type(0)
+                for i in range(d):
+                    p += a[i]
+                return p
             return _ilp_sum(a, 0, 1, d)
         nv = d // w
         f = a.dtype.type(0)
