@@ -115,6 +115,7 @@ def per_user_gradients(users: torch.Tensor, items: torch.Tensor, y: torch.Tensor
                                                    forward[1].numpy(), inv_sqrt.numpy(), norm == 1,
                                                    lowrank_numba.rank_tag(u.shape[1]), lowrank_numba.lane_tag(torch.float64))
         return torch.from_numpy(rows), torch.from_numpy(l1) if norm == 1 else torch.from_numpy(l2).sqrt()
+    y = y.to(u.dtype)  # (the kernel widens each y itself: the same numbers without a float64 copy of y)
     if forward is None or forward[0] is None:
         ui = u.index_select(0, items)
         p_sum = torch.zeros(n_users, u.shape[1], dtype=u.dtype, device=u.device).index_add_(0, users, ui * y[:, None])
@@ -450,7 +451,7 @@ class LowRankPNBM(BindsHistory, BaseModel):
         e = -residuals.detach().double()  # e = y - f; float64, as the gradient surrogate_loss releases
         hit = batch.cache.get("_forward_sums")
         fwd = hit[3:] if hit is not None and hit[0]() is self.U and hit[1] == self.U._version and hit[2] is terms else None
-        return per_user_gradients(terms.rows, terms.items, terms.y.double(), self.U.detach().double(),
+        return per_user_gradients(terms.rows, terms.items, terms.y, self.U.detach().double(),
                                   int(batch.users.numel()), e, fwd, terms.seg, p)  # p: the norm's order
 
     def per_example_grad_norms(self, batch: UserBatch, residuals: torch.Tensor, unit: str) -> torch.Tensor:
