@@ -337,8 +337,9 @@ if numba is not None:
 
     @njit(**_CACHE)
     def gather_runs(src, starts, offsets):  # pragma: no cover - compiled
-        """src at the positions of :func:`run_segments` (a copy of each run: ``index_select``'s values)."""
-        out = np.empty(offsets[-1], src.dtype)
+        """src (one row per rating) at the positions of :func:`run_segments` (a copy of each run: ``index_select``'s
+        values)."""
+        out = np.empty((offsets[-1],) + src.shape[1:], src.dtype)
         for r in range(starts.size):
             s, o = starts[r], offsets[r]
             n = offsets[r + 1] - o

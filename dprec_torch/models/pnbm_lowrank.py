@@ -301,8 +301,9 @@ class LowRankPNBM(BindsHistory, BaseModel):
                 pred_base, target = self._bases(self._base(batch, ut.b), y, content)
                 w = ut.w
             else:  # every rating's terms from the source's (per-user sums in its order): gathered, the same bits
-                y_all, pred_all, target_all = self._source_ratings(batch.source)
-                y, pred_base, target = (batch.gather(t) for t in (y_all, pred_all, target_all))
+                y_all, bases = self._source_ratings(batch.source)
+                y, both = batch.gather(y_all), batch.gather(bases)
+                pred_base, target = both[:, 0], both[:, 1]
                 w = self._source_terms(batch.source).w.index_select(0, batch.users)
             terms = _BatchTerms(batch.rows, batch.items, y, w, y, True, pred_base, target, user_segments(batch.rows, n_rows, batch.row_offsets))
         else:  # rating level: the history from the CSR block (x = r - r_bar, built from this model's live r_bar)
@@ -332,16 +333,17 @@ class LowRankPNBM(BindsHistory, BaseModel):
             return base, base + y
         return base + content, base + y + content
 
-    def _source_ratings(self, train: Ratings) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(y, prediction base, training target) of every rating in ``train`` (:meth:`_bases`), cached with
-        :meth:`_source_features`: a user-level step gathers its ratings' instead of recomputing them."""
+    def _source_ratings(self, train: Ratings) -> tuple[torch.Tensor, torch.Tensor]:
+        """(y, [R, 2] prediction base and training target) of every rating in ``train`` (:meth:`_bases`), cached with
+        :meth:`_source_features`: a user-level step gathers its ratings' instead of recomputing them (the two bases
+        side by side: one gather)."""
         y, _, content = self._source_features(train)
         hit = self._predict_cache.get("ratings")
         if hit is not None and hit[0] is y:
             return hit[1]
         b = self._source_terms(train).b
         base = self.item_means.index_select(0, train.items) + b.index_select(0, train.users)
-        out = (y, *self._bases(base, y, content))
+        out = (y, torch.stack(self._bases(base, y, content), 1))
         self._predict_cache["ratings"] = (y, out)
         return out
 
