@@ -23,8 +23,10 @@ The rank d and the lanes W reach the forward and gradient kernels as ``len(tag)`
 at a time (their U rows stay in cache). :func:`feature_dots` sums across blocks of ratings instead (its width is
 the catalogue's).
 
-One thread: on 2 cores parallel loops (``prange``) gained nothing in the step while their compilation took 20 s
-more on a first run (``@njit(cache=True)``: later runs load the machine code).
+The forward and gradient kernels run runs of a batch's users on torch's thread count (:func:`user_chunks`; a user's
+numbers never depend on another's, so the bits do not depend on the threads; numba's OpenMP layer where no parallel
+kernel ran before, :func:`prefer_openmp`); the scatter is one thread (each item's sum is in user order).
+Compiled once (``@njit(cache=True)``: later runs load the machine code).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ log = logging.getLogger(__name__)
 
 try:  # numba is a dependency, but the torch path must keep working where it cannot load
     import numba
-    from numba import njit
+    from numba import njit, prange
 except Exception:  # pragma: no cover - exercised only without numba
     numba = None
 
@@ -61,6 +63,35 @@ def rank_tag(d: int) -> tuple[int, ...]:
     """d zeros: the kernels read d as ``len(tag)``, so numba compiles one version per rank with its loops unrolled
     (the same operations in the same order; about 2x faster than a rank read at run time)."""
     return (0,) * int(d)
+
+
+def user_chunks(seg: torch.Tensor) -> np.ndarray:
+    """Bounds ``[T + 1]`` of T runs of a batch's users with about equal ratings, T = torch's thread count (the
+    kernels' threads follow ``torch.set_num_threads`` / ``OMP_NUM_THREADS``)."""
+    threads = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+    numba.set_num_threads(threads)
+    offsets = seg.numpy()
+    cut = np.searchsorted(offsets, np.linspace(0, offsets[-1], threads + 1)[1:-1]).clip(0, offsets.size - 1)
+    return np.concatenate([[0], cut, [offsets.size - 1]]).astype(np.int64)
+
+
+def prefer_openmp() -> None:
+    """Choose numba's OpenMP threading layer for this process when no parallel kernel has run yet and the user set no
+    layer: the low-rank step's two parallel kernels take 12 ms on it against 20 ms on the workqueue layer (ML-1M,
+    q = 0.3, 2 cores), which ``chacha`` and ``pair_numba`` pick because OpenMP's spinning workers slow the full-S pair
+    pass (4-9 %). Called by the low-rank model when it binds on the CPU; the layer is the process's, so a later run of
+    another model in the same process keeps it (the numbers are the same on every layer)."""
+    if numba is None or os.environ.get("NUMBA_THREADING_LAYER"):
+        return
+    from numba.np.ufunc import parallel
+
+    if parallel._is_initialized:  # a parallel kernel ran: the layer is fixed
+        return
+    try:
+        from numba.np.ufunc import omppool  # noqa: F401  (loads only where an OpenMP runtime is present)
+    except Exception:  # pragma: no cover - no OpenMP: the layer already chosen stands
+        return
+    numba.config.THREADING_LAYER = "omp"
 
 
 @functools.lru_cache(maxsize=None)
@@ -246,80 +277,78 @@ if numba is not None:
             for b in range(nb):
                 out[b] += lane[b]
 
-    @njit(**_CACHE)
-    def _user_sums(U, items, seg, wts, tag):  # pragma: no cover - compiled
-        """[n, d]: sum_k u_{i_k} wts_k per user (float64, in index order from 0: ``index_add_``'s sums)."""
-        d = len(tag)
-        out = np.zeros((seg.size - 1, d))
-        acc = np.zeros(d)
-        for r in range(seg.size - 1):
+    @njit(inline="always", **_CACHE)
+    def _user_sum(U, items, lo, hi, wts, acc, d):  # pragma: no cover - compiled
+        """acc = sum_{k in [lo, hi)} u_{i_k} wts_k (float64, in index order from 0: ``index_add_``'s sum of a user)."""
+        for c in range(d):
+            acc[c] = 0.0
+        for k in range(lo, hi):
+            wk, i = np.float64(wts[k]), items[k]
             for c in range(d):
-                acc[c] = 0.0
-            for k in range(seg[r], seg[r + 1]):
-                wk, i = np.float64(wts[k]), items[k]
-                for c in range(d):
-                    acc[c] += U[i, c] * wk
-            for c in range(d):
-                out[r, c] = acc[c]
-        return out
+                acc[c] += U[i, c] * wk
 
-    @njit(**_CACHE)
-    def forward_sums(U, items, seg, y, wu, sq, tag, lanes):  # pragma: no cover - compiled
+    @njit(parallel=True, **_CACHE)
+    def forward_sums(U, items, seg, y, wu, sq, tag, lanes, chunks):  # pragma: no cover - compiled
         """(p_sum [n, d], f [R]) of :meth:`LowRankPNBM._f` on a user-level batch: p_sum_u = sum_k u_{i_k} y_k (float64,
         index order), f_k = (u_{i_k} . p_u) - (|u_{i_k}|^2 y_k) w_u with p_u = p_sum_u w_u (the dot in torch's row-sum
         order); ``sq`` = |u_i|^2 per item (torch's ``(U * U).sum(1)``), ``wu`` = n_u^(-1/2) in float32 per user,
         ``seg`` the users' rating offsets; ``tag`` = :func:`rank_tag` (d), ``lanes`` = :func:`lane_tag` (W): both
-        known when compiled, so a rating's dot is unrolled. One user at a time: their U rows stay in cache."""
+        known when compiled, so a rating's dot is unrolled. One user at a time (their U rows stay in cache); the runs of
+        users ``chunks`` (:func:`user_chunks`) on parallel threads: a user's numbers never depend on another's."""
         n, d, n_r = seg.size - 1, len(tag), items.size
         w = len(lanes)
-        p_sum = _user_sums(U, items, seg, y, tag)
+        p_sum = np.empty((n, d))
         f = np.empty(n_r)
-        p, a = np.empty(d), np.empty(d)
-        for r in range(n):
-            wr = np.float64(wu[r])
-            for c in range(d):
-                p[c] = p_sum[r, c] * wr
-            for k in range(seg[r], seg[r + 1]):
-                i = items[k]
+        for t in prange(chunks.size - 1):
+            acc, p, a = np.empty(d), np.empty(d), np.empty(d)
+            for r in range(chunks[t], chunks[t + 1]):
+                _user_sum(U, items, seg[r], seg[r + 1], y, acc, d)
+                wr = np.float64(wu[r])
                 for c in range(d):
-                    a[c] = U[i, c] * p[c]
-                f[k] = row_sum(a, d, w) - (sq[i] * np.float64(y[k])) * wr
+                    p_sum[r, c] = acc[c]
+                    p[c] = acc[c] * wr
+                for k in range(seg[r], seg[r + 1]):
+                    i = items[k]
+                    for c in range(d):
+                        a[c] = U[i, c] * p[c]
+                    f[k] = row_sum(a, d, w) - (sq[i] * np.float64(y[k])) * wr
         return p_sum, f
 
-    @njit(**_CACHE)
-    def gradient_rows(U, items, seg, y, e, p_sum, inv_sqrt, l1, tag, lanes):  # pragma: no cover - compiled
+    @njit(parallel=True, **_CACHE)
+    def gradient_rows(U, items, seg, y, e, p_sum, inv_sqrt, l1, tag, lanes, chunks):  # pragma: no cover - compiled
         """(rows [R, d], squared L2 norms [n], L1 norms [n] or empty) of :func:`per_user_gradients`: with v = n_u^(-1/2)
         (``inv_sqrt``, float64, torch's rsqrt), q_u = sum_k u_{i_k} e_k and yw = y_k v, row k = ((p_sum_u v -
         (2 u_{i_k}) yw) e_k + q_u yw) (-2); a row's |.|^2 and |.|_1 in torch's row-sum order, a user's in index order
         from 0 (``index_add_``). The square root is the caller's (torch's vectorised sqrt is not always correctly
-        rounded: its bits are its own). ``tag``/``lanes``: as :func:`forward_sums`."""
+        rounded: its bits are its own). ``tag``/``lanes``/``chunks``: as :func:`forward_sums`."""
         n, d, n_r = seg.size - 1, len(tag), items.size
         w = len(lanes)
-        q = _user_sums(U, items, seg, e, tag)
         out = np.empty((n_r, d))
         l2 = np.empty(n)
         l1n = np.empty(n if l1 else 0)
-        pv, a, b = np.empty(d), np.empty(d), np.empty(d)
-        for r in range(n):
-            iv = inv_sqrt[r]
-            for c in range(d):
-                pv[c] = p_sum[r, c] * iv
-            s2, s1 = 0.0, 0.0
-            for k in range(seg[r], seg[r + 1]):
-                i = items[k]
-                yw = np.float64(y[k]) * iv
-                ek = e[k]
+        for t in prange(chunks.size - 1):
+            q, pv, a, b = np.empty(d), np.empty(d), np.empty(d), np.empty(d)
+            for r in range(chunks[t], chunks[t + 1]):
+                _user_sum(U, items, seg[r], seg[r + 1], e, q, d)
+                iv = inv_sqrt[r]
                 for c in range(d):
-                    g = ((pv[c] - (U[i, c] * 2.0) * yw) * ek + q[r, c] * yw) * -2.0
-                    out[k, c] = g
-                    a[c] = g * g
-                    b[c] = abs(g)
-                s2 += row_sum(a, d, w)
+                    pv[c] = p_sum[r, c] * iv
+                s2, s1 = 0.0, 0.0
+                for k in range(seg[r], seg[r + 1]):
+                    i = items[k]
+                    yw = np.float64(y[k]) * iv
+                    ek = e[k]
+                    for c in range(d):
+                        g = ((pv[c] - (U[i, c] * 2.0) * yw) * ek + q[c] * yw) * -2.0
+                        out[k, c] = g
+                        a[c] = g * g
+                        b[c] = abs(g)
+                    s2 += row_sum(a, d, w)
+                    if l1:
+                        s1 += row_sum(b, d, w)
+                l2[r] = s2
                 if l1:
-                    s1 += row_sum(b, d, w)
-            l2[r] = s2
-            if l1:
-                l1n[r] = s1
+                    l1n[r] = s1
         return out, l2, l1n
 
     @njit(**_CACHE)

@@ -113,7 +113,8 @@ def per_user_gradients(users: torch.Tensor, items: torch.Tensor, y: torch.Tensor
         inv_sqrt = (seg[1:] - seg[:-1]).to(u.dtype).clamp_min(1.0).rsqrt()  # the counts, as bincount gives them
         rows, l2, l1 = lowrank_numba.gradient_rows(u.numpy(), items.numpy(), seg.numpy(), y.numpy(), e.numpy(),
                                                    forward[1].numpy(), inv_sqrt.numpy(), norm == 1,
-                                                   lowrank_numba.rank_tag(u.shape[1]), lowrank_numba.lane_tag(torch.float64))
+                                                   lowrank_numba.rank_tag(u.shape[1]), lowrank_numba.lane_tag(torch.float64),
+                                                   lowrank_numba.user_chunks(seg))
         return torch.from_numpy(rows), torch.from_numpy(l1) if norm == 1 else torch.from_numpy(l2).sqrt()
     y = y.to(u.dtype)  # (the kernel widens each y itself: the same numbers without a float64 copy of y)
     if forward is None or forward[0] is None:
@@ -249,6 +250,8 @@ class LowRankPNBM(BindsHistory, BaseModel):
         """Bind the histories and resolve the public item features the model reads (``item_features``)."""
         super().bind(train)
         self.features_ = resolve_item_features(self.item_features, train, "model.item_features")
+        if train.device.type == "cpu" and lowrank_numba.available(len(train)):
+            lowrank_numba.prefer_openmp()  # before any parallel kernel fixes numba's threading layer
         return self
 
     def public_item_features(self) -> str | None:
@@ -381,7 +384,7 @@ class LowRankPNBM(BindsHistory, BaseModel):
             sq = (Ud * Ud).sum(1)
             p_sum, f = lowrank_numba.forward_sums(Ud.numpy(), terms.items.numpy(), terms.seg.numpy(), terms.y.numpy(),
                                                   terms.w.numpy(), sq.numpy(), lowrank_numba.rank_tag(Ud.shape[1]),
-                                                  lowrank_numba.lane_tag(torch.float64))
+                                                  lowrank_numba.lane_tag(torch.float64), lowrank_numba.user_chunks(terms.seg))
             p_sum = torch.from_numpy(p_sum)
             batch.cache["_forward_sums"] = (weakref.ref(U), U._version, terms, None, p_sum)
             return torch.from_numpy(f)

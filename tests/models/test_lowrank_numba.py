@@ -48,13 +48,24 @@ def test_forward_and_gradient_kernels_are_the_torch_path_bit_for_bit(d, seed, mo
     p_sum = torch.zeros(n, d, dtype=U.dtype).index_add_(0, rows, ui * y[:, None])
     f = (ui * (p_sum * w[:, None]).index_select(0, rows)).sum(1) - (U * U).sum(1).index_select(0, items) * y * w[rows]
     kp, kf = K.forward_sums(U.numpy(), items.numpy(), seg.numpy(), y.numpy(), w.numpy(), (U * U).sum(1).numpy(),
-                            K.rank_tag(d), K.lane_tag(torch.float64))
+                            K.rank_tag(d), K.lane_tag(torch.float64), K.user_chunks(seg))
     assert torch.equal(torch.from_numpy(kp), p_sum) and torch.equal(torch.from_numpy(kf), f)
-    # gradient rows and norms: the kernel branch of per_user_gradients against its torch branch
-    for norm in (2, 1):
-        ref_rows, ref_norms = L.per_user_gradients(rows, items, y.double(), U, n, e, (ui, p_sum), None, norm)
-        got_rows, got_norms = L.per_user_gradients(rows, items, y.double(), U, n, e, (None, p_sum), seg, norm)
-        assert torch.equal(got_rows, ref_rows) and torch.equal(got_norms, ref_norms), norm
+    # gradient rows and norms: the kernel branch of per_user_gradients against its torch branch, on 1, 2 and 3 threads
+    # (the kernels split the users into runs, one per thread: the numbers must not depend on the split)
+    threads = torch.get_num_threads()
+    try:
+        for t in (1, 2, 3):
+            torch.set_num_threads(t)
+            assert K.user_chunks(seg).size == min(t, K.numba.config.NUMBA_NUM_THREADS) + 1
+            kp_t, kf_t = K.forward_sums(U.numpy(), items.numpy(), seg.numpy(), y.numpy(), w.numpy(), (U * U).sum(1).numpy(),
+                                        K.rank_tag(d), K.lane_tag(torch.float64), K.user_chunks(seg))
+            assert torch.equal(torch.from_numpy(kp_t), p_sum) and torch.equal(torch.from_numpy(kf_t), f), t
+            for norm in (2, 1):
+                ref_rows, ref_norms = L.per_user_gradients(rows, items, y.double(), U, n, e, (ui, p_sum), None, norm)
+                got_rows, got_norms = L.per_user_gradients(rows, items, y, U, n, e, (None, p_sum), seg, norm)
+                assert torch.equal(got_rows, ref_rows) and torch.equal(got_norms, ref_norms), (norm, t)
+    finally:
+        torch.set_num_threads(threads)
     # the clipped scatter: rows times their user's factor, summed per item in index order
     factor = torch.rand(n, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
     ref = torch.zeros(U.shape, dtype=torch.float64).index_add_(0, items, ref_rows * factor[rows][:, None])
