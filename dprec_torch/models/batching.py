@@ -151,7 +151,8 @@ def _gather(per_rating: torch.Tensor, index: torch.Tensor, starts: torch.Tensor 
     if starts is not None and _runs_kernel(per_rating, int(index.numel())):
         from dprec_torch.models import lowrank_numba
 
-        return torch.from_numpy(lowrank_numba.gather_runs(per_rating.numpy(), starts.numpy(), row_offsets.numpy()))
+        return torch.from_numpy(lowrank_numba.gather_runs(per_rating.numpy(), starts.numpy(), row_offsets.numpy(),
+                                                          lowrank_numba.user_chunks(row_offsets)))
     return per_rating.index_select(0, index)
 
 
@@ -166,7 +167,7 @@ def _segments(offsets: torch.Tensor, users: torch.Tensor) -> tuple[torch.Tensor,
     if users.device.type == "cpu" and _runs_kernel(users, int(row_offsets[-1])):  # (no host sync on a GPU)
         from dprec_torch.models import lowrank_numba
 
-        pos, rows = lowrank_numba.run_segments(starts.numpy(), row_offsets.numpy())
+        pos, rows = lowrank_numba.run_segments(starts.numpy(), row_offsets.numpy(), lowrank_numba.user_chunks(row_offsets))
         return torch.from_numpy(pos), torch.from_numpy(rows), row_offsets, starts
     rows = torch.repeat_interleave(torch.arange(users.numel(), device=users.device), lens)
     shift = starts - row_offsets[:-1]  # each user's start minus its place in the batch

@@ -351,28 +351,31 @@ if numba is not None:
                     l1n[r] = s1
         return out, l2, l1n
 
-    @njit(**_CACHE)
-    def run_segments(starts, offsets):  # pragma: no cover - compiled
+    @njit(parallel=True, **_CACHE)
+    def run_segments(starts, offsets, chunks):  # pragma: no cover - compiled
         """(positions, rows) of runs: row r's ratings sit at starts[r] .. starts[r] + offsets[r + 1] - offsets[r] - 1
-        of the source, in order (what a rating mask's nonzero gives for ratings grouped by user)."""
+        of the source, in order (what a rating mask's nonzero gives for ratings grouped by user); ``chunks``: the rows
+        per thread (:func:`user_chunks`)."""
         pos = np.empty(offsets[-1], np.int64)
         rows = np.empty(offsets[-1], np.int64)
-        for r in range(starts.size):
-            s, o = starts[r], offsets[r]
-            for k in range(offsets[r + 1] - o):
-                pos[o + k] = s + k
-                rows[o + k] = r
+        for t in prange(chunks.size - 1):
+            for r in range(chunks[t], chunks[t + 1]):
+                s, o = starts[r], offsets[r]
+                for k in range(offsets[r + 1] - o):
+                    pos[o + k] = s + k
+                    rows[o + k] = r
         return pos, rows
 
-    @njit(**_CACHE)
-    def gather_runs(src, starts, offsets):  # pragma: no cover - compiled
+    @njit(parallel=True, **_CACHE)
+    def gather_runs(src, starts, offsets, chunks):  # pragma: no cover - compiled
         """src (one row per rating) at the positions of :func:`run_segments` (a copy of each run: ``index_select``'s
-        values)."""
+        values); ``chunks`` as :func:`run_segments`."""
         out = np.empty((offsets[-1],) + src.shape[1:], src.dtype)
-        for r in range(starts.size):
-            s, o = starts[r], offsets[r]
-            n = offsets[r + 1] - o
-            out[o:o + n] = src[s:s + n]  # a slice copy (no per-element index arithmetic): 2.5x the loop's speed
+        for t in prange(chunks.size - 1):
+            for r in range(chunks[t], chunks[t + 1]):
+                s, o = starts[r], offsets[r]
+                n = offsets[r + 1] - o
+                out[o:o + n] = src[s:s + n]  # a slice copy (no per-element index arithmetic): 2.5x the loop's speed
         return out
 
     @njit(**_CACHE)
