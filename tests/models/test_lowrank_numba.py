@@ -34,7 +34,7 @@ def batch(seed: int, n_users: int = 40, n_items: int = 30, d: int = 8):
     return rows, items, y, e, U, n_users
 
 
-@pytest.mark.parametrize("d", [1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33])
+@pytest.mark.parametrize("d", [1, 3, 4, 5, 8, 9, 17, 33])  # d < 4, d = W, tails, two vectors, the cascade
 @pytest.mark.parametrize("seed", [0, 1])
 def test_forward_and_gradient_kernels_are_the_torch_path_bit_for_bit(d, seed, monkeypatch):
     monkeypatch.setenv("DPREC_LOWRANK_KERNEL", "numba")  # the kernels on this small batch too
