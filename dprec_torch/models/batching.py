@@ -16,6 +16,24 @@ from dprec_torch.data.ratings import Ratings, _to_csr
 from dprec_torch.seeding import SecretGenerator
 
 
+class _HistoryBlock:
+    """``UserBatch.x`` / ``.ind``: the field ``x_`` / ``ind_``, built by the batch's ``history_builder`` on first read or
+    write."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.slot = name + "_"
+
+    def __get__(self, batch: "UserBatch | None", owner: type | None = None) -> Any:
+        if batch is None:
+            return self
+        batch._history()
+        return getattr(batch, self.slot)
+
+    def __set__(self, batch: "UserBatch", value: torch.Tensor | None) -> None:
+        batch._history()
+        setattr(batch, self.slot, value)
+
+
 @dataclass
 class UserBatch:
     """History blocks ``x`` (centred ratings) and ``ind`` (indicator), |B| x M CSR, plus targets."""
@@ -46,25 +64,8 @@ class UserBatch:
             self.x_, self.ind_ = self.history_builder()
             self.history_builder = None
 
-    @property
-    def x(self) -> torch.Tensor | None:
-        self._history()
-        return self.x_
-
-    @x.setter
-    def x(self, value: torch.Tensor | None) -> None:
-        self._history()
-        self.x_ = value
-
-    @property
-    def ind(self) -> torch.Tensor | None:
-        self._history()
-        return self.ind_
-
-    @ind.setter
-    def ind(self, value: torch.Tensor | None) -> None:
-        self._history()
-        self.ind_ = value
+    x = _HistoryBlock()
+    ind = _HistoryBlock()
 
     @property
     def has_history(self) -> bool:

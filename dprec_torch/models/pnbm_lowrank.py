@@ -199,12 +199,6 @@ class _UserTerms:
     y0: torch.Tensor
     system: tuple[torch.Tensor, torch.Tensor] | None
 
-    def select(self, rows: torch.Tensor, ratings: torch.Tensor, systems: bool = True) -> "_UserTerms":
-        """These terms at the rows ``rows`` and the ratings ``ratings`` (without the ridge systems: ``systems=False``)."""
-        a, rhs = (None, None) if self.system is None or not systems else self.system
-        return _UserTerms(self.b.index_select(0, rows), self.w.index_select(0, rows), self.y0.index_select(0, ratings),
-                          None if a is None else (a.index_select(0, rows), rhs.index_select(0, rows)))
-
 
 class LowRankPNBM(BindsHistory, BaseModel):
     """PNBM whose similarity is S = U U^T (module docstring): ``model=pnbm_lowrank``.

@@ -93,7 +93,7 @@ class Trainer:
         target = self.model.training_targets(batch)  # the ratings, unless the model trains on a transformed target
         fused = None if bound is None else self.model.fused_step(batch, target, bound)  # None: not fused
         residuals = fused[1] if fused is not None else (self.model.batch_predict(batch) - target).detach()
-        sq = (residuals.double() ** 2).sum()  # the step's loss: finite iff every residual is (one scalar to check)
+        sq = (residuals.double() ** 2).sum()  # the step's loss: NaN/inf when a residual is (or |e| > 1e154): one scalar
         if not torch.isfinite(sq):
             raise TrainingDiverged("the training loss became NaN/inf; lower the learning rate (mechanism.lr) "
                                    "-- the last good checkpoint, if any (checkpoint_every), was kept")
