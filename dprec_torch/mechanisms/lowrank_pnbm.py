@@ -61,7 +61,7 @@ def release_means(model: LowRankPNBM, budget: float, noise: str, options: ItemMe
 def clip_lowrank(mechanism: Any, residuals: torch.Tensor, batch: Any, model: LowRankPNBM, p: float = 2) -> torch.Tensor:
     """e'_ui <- e'_ui min(1, c / ||g_u||_p) per user (c = ``mechanism.clip_norm``): clips each sampled user's whole
     gradient of U (:meth:`LowRankPNBM.per_user_gradient_rows`, the explicit rows; L2 = Frobenius or L1)."""
-    rows, norms = model.per_user_gradient_rows(batch, residuals, p=int(p))
+    rows, norms = model.per_user_gradient_rows(batch, residuals, p=int(p), deferred=True)
     clipped = mechanism.clip_by_norm(residuals, norms, batch.rows)
     # the released gradient is these rows times each user's factor (float64): its user parts have norm <= c exactly
     model.stash_clipped_rows(batch, clipped, rows, clip_factors(norms.double(), mechanism.clip_norm))

@@ -5,8 +5,11 @@ a step (gathers of U's rows, products, ``index_add_`` scatters, whose CPU kernel
 kernels make one pass per stage over the user segments of a batch (its ratings are grouped by user, rows ascending):
 
 * :func:`forward_sums`: p_sum_u = sum_{j in R_u} u_j y_uj and f_ui = (u_i . p_u) - |u_i|^2 y_ui w_u, p_u = p_sum_u w_u;
-* :func:`gradient_rows`: the rows g_uj of dL_u/dU and the per-user norms (L2, or L1 for the Laplace mechanism);
-* :func:`scatter_scaled`: sum_u clip_u g_u into ``[M, d]`` (the clipped gradient);
+* :func:`gradient_terms`: the per-user norms of the rows g_uj of dL_u/dU (L2, or L1 for the Laplace mechanism), and
+  the rows themselves where asked (:func:`gradient_rows`);
+* :func:`scatter_clipped`: sum_u clip_u g_u into ``[M, d]`` (the clipped gradient), the rows recomputed on the fly
+  (no ``[R, d]`` array), the item ids split over the threads (:func:`item_owner`);
+  :func:`scatter_scaled`: the same from stored rows, one thread;
 * :func:`run_segments` / :func:`gather_runs`: a user-level batch's ratings as copies of its users' runs;
 * :func:`feature_dots`: w_u . phi_i per rating (the public item features' part; once per release of the item
   means, for every rating of the training data: a step gathers its ratings').
@@ -20,12 +23,14 @@ process and dtype, and the caller keeps the torch path where it differs (another
 
 The rank d and the lanes W reach the forward and gradient kernels as ``len(tag)`` and ``len(lanes)`` (:func:`rank_tag`,
 :func:`lane_tag`), and :func:`row_sum` is inlined: each rank is compiled with a rating's row sums unrolled, one user
-at a time (their U rows stay in cache). :func:`feature_dots` sums across blocks of ratings instead (its width is
-the catalogue's).
+at a time (their U rows stay in cache), its d numbers in arrays on the stack (:func:`stack_array`: registers, where
+heap arrays sent every element through memory). :func:`feature_dots` sums across blocks of ratings instead (its width
+is the catalogue's).
 
 The forward and gradient kernels run runs of a batch's users on torch's thread count (:func:`user_chunks`; a user's
 numbers never depend on another's, so the bits do not depend on the threads; numba's OpenMP layer where no parallel
-kernel ran before, :func:`prefer_openmp`); the scatter is one thread (each item's sum is in user order).
+kernel ran before, :func:`prefer_openmp`); the clipped scatter runs ranges of item ids (each item's sum stays in user
+order, in one thread).
 Compiled once (``@njit(cache=True)``: later runs load the machine code).
 """
 
@@ -34,6 +39,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import weakref
 
 import numpy as np
 import torch
@@ -42,7 +48,10 @@ log = logging.getLogger(__name__)
 
 try:  # numba is a dependency, but the torch path must keep working where it cannot load
     import numba
-    from numba import njit, prange
+    from numba import njit, prange, types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+    from numba.np.arrayobj import populate_array
 except Exception:  # pragma: no cover - exercised only without numba
     numba = None
 
@@ -65,14 +74,41 @@ def rank_tag(d: int) -> tuple[int, ...]:
     return (0,) * int(d)
 
 
+_kept: dict = {}  # the last answers of user_chunks and item_owner (a step asks for the same ones again)
+
+
 def user_chunks(seg: torch.Tensor) -> np.ndarray:
     """Bounds ``[T + 1]`` of T runs of a batch's users with about equal ratings, T = torch's thread count (the
-    kernels' threads follow ``torch.set_num_threads`` / ``OMP_NUM_THREADS``)."""
+    kernels' threads follow ``torch.set_num_threads`` / ``OMP_NUM_THREADS``). A step asks for the same batch's bounds
+    seven times: the last answer is kept (keyed by the tensor, its version and T)."""
     threads = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
     numba.set_num_threads(threads)
+    hit = _kept.get("seg")
+    if hit is not None and hit[0]() is seg and hit[1] == seg._version and hit[2] == threads:
+        return hit[3]
     offsets = seg.numpy()
-    cut = np.searchsorted(offsets, np.linspace(0, offsets[-1], threads + 1)[1:-1]).clip(0, offsets.size - 1)
-    return np.concatenate([[0], cut, [offsets.size - 1]]).astype(np.int64)
+    total = int(offsets[-1])
+    marks = np.array([total * t // threads for t in range(1, threads)], dtype=offsets.dtype)
+    cut = np.searchsorted(offsets, marks).clip(0, offsets.size - 1)
+    out = np.concatenate([[0], cut, [offsets.size - 1]]).astype(np.int64)
+    _kept["seg"] = (weakref.ref(seg), seg._version, threads, out)
+    return out
+
+
+def item_owner(counts: torch.Tensor, threads: int) -> np.ndarray:
+    """Item id -> which of T = ``threads`` ranges of item ids it is in, the ranges holding about equal ``counts``
+    (ratings per item): the clipped scatter's thread b adds the items of range b (:func:`scatter_clipped`). Kept for
+    the last (counts, T)."""
+    hit = _kept.get("owner")
+    if hit is not None and hit[0]() is counts and hit[1] == threads:
+        return hit[2]
+    cum = np.cumsum(counts.numpy())
+    total = int(cum[-1]) if cum.size else 0
+    marks = np.array([total * t // threads for t in range(1, threads)], dtype=np.int64)
+    cut = np.concatenate([[0], np.searchsorted(cum, marks, side="right"), [cum.size]])
+    owner = np.repeat(np.arange(threads, dtype=np.int64), np.diff(cut))
+    _kept["owner"] = (weakref.ref(counts), threads, owner)
+    return owner
 
 
 def prefer_openmp() -> None:
@@ -126,6 +162,27 @@ def exact(dtype: torch.dtype, d: int) -> bool:
 
 
 if numba is not None:
+
+    @intrinsic
+    def stack_array(typingctx, tag, dt):  # pragma: no cover - compiled
+        """A float64 (or ``dt``) array of len(``tag``) elements on the kernel's stack (the function's entry block), not
+        the heap: LLVM then keeps a rating's d numbers in registers. (With np.empty, every store to the row could alias
+        U's reads, so each element went through memory: the gradient kernel ran 1.4x slower.)"""
+        if not isinstance(tag, types.UniTuple) or not isinstance(dt, types.NumberClass):
+            return None
+        n, dtype = len(tag), dt.dtype
+        arrty = types.Array(dtype, 1, "C")
+
+        def codegen(context, builder, sig, args):
+            llty = context.get_data_type(dtype)
+            ptr = cgutils.alloca_once(builder, llty, size=context.get_constant(types.intp, max(n, 1)))
+            ary = context.make_array(arrty)(context, builder)
+            size = context.get_constant(types.intp, context.get_abi_sizeof(llty))
+            populate_array(ary, data=ptr, shape=[context.get_constant(types.intp, n)], strides=[size], itemsize=size,
+                           meminfo=None)
+            return ary._getvalue()
+
+        return arrty(tag, dt), codegen
 
     @njit(**_CACHE)
     def _ceil_log2(x):  # pragma: no cover - compiled
@@ -300,7 +357,7 @@ if numba is not None:
         p_sum = np.empty((n, d))
         f = np.empty(n_r)
         for t in prange(chunks.size - 1):
-            acc, p, a = np.empty(d), np.empty(d), np.empty(d)
+            acc, p, a = stack_array(tag, np.float64), np.empty(d), np.empty(d)  # (measured: p, a on the stack ran slower)
             for r in range(chunks[t], chunks[t + 1]):
                 _user_sum(U, items, seg[r], seg[r + 1], y, acc, d)
                 wr = np.float64(wu[r])
@@ -314,41 +371,103 @@ if numba is not None:
                     f[k] = row_sum(a, d, w) - (sq[i] * np.float64(y[k])) * wr
         return p_sum, f
 
+    @njit(inline="always", **_CACHE)
+    def _gradient_row(U, i, pv, q, yw, ek, g, d):  # pragma: no cover - compiled
+        """g = ((pv - (2 u_i) yw) e_k + q_u yw) (-2): a rating's row of dL_u/dU, each operation as torch's path has it."""
+        for c in range(d):
+            g[c] = ((pv[c] - (U[i, c] * 2.0) * yw) * ek + q[c] * yw) * -2.0
+
     @njit(parallel=True, **_CACHE)
-    def gradient_rows(U, items, seg, y, e, p_sum, inv_sqrt, l1, tag, lanes, chunks):  # pragma: no cover - compiled
-        """(rows [R, d], squared L2 norms [n], L1 norms [n] or empty) of :func:`per_user_gradients`: with v = n_u^(-1/2)
+    def gradient_terms(U, items, seg, y, e, p_sum, inv_sqrt, l1, tag, lanes, chunks, out, owner, order, bounds
+                       ):  # pragma: no cover - compiled
+        """(q [n, d], squared L2 norms [n], L1 norms [n] or empty) of :func:`per_user_gradients`, and its rows written
+        to ``out`` ([R, d]; None: not written, :func:`scatter_clipped` recomputes them): with v = n_u^(-1/2)
         (``inv_sqrt``, float64, torch's rsqrt), q_u = sum_k u_{i_k} e_k and yw = y_k v, row k = ((p_sum_u v -
         (2 u_{i_k}) yw) e_k + q_u yw) (-2); a row's |.|^2 and |.|_1 in torch's row-sum order, a user's in index order
         from 0 (``index_add_``). The square root is the caller's (torch's vectorised sqrt is not always correctly
-        rounded: its bits are its own). ``tag``/``lanes``/``chunks``: as :func:`forward_sums`."""
-        n, d, n_r = seg.size - 1, len(tag), items.size
+        rounded: its bits are its own). ``tag``/``lanes``/``chunks``: as :func:`forward_sums`.
+
+        ``owner`` (item -> one of T item ranges, :func:`item_owner`; or None): the ratings' indices k are also sorted
+        into ``order`` ([R]) by range, within each run of users in k order: range b of run t is
+        order[bounds[t, b] : bounds[t, b + 1]] (``bounds`` [runs, T + 1]), what :func:`scatter_clipped` reads."""
+        n, d = seg.size - 1, len(tag)
         w = len(lanes)
-        out = np.empty((n_r, d))
+        qs = np.empty((n, d))
         l2 = np.empty(n)
         l1n = np.empty(n if l1 else 0)
         for t in prange(chunks.size - 1):
-            q, pv, a, b = np.empty(d), np.empty(d), np.empty(d), np.empty(d)
+            pv, g, q = stack_array(tag, np.float64), stack_array(tag, np.float64), stack_array(tag, np.float64)
+            a, b = stack_array(tag, np.float64), stack_array(tag, np.float64)
+            if owner is not None:  # this run's ratings per item range, then where each range's list starts
+                n_ranges = bounds.shape[1] - 1
+                at = np.zeros(n_ranges, np.int64)
+                for k in range(seg[chunks[t]], seg[chunks[t + 1]]):
+                    at[owner[items[k]]] += 1
+                pos = seg[chunks[t]]
+                for rg in range(n_ranges):
+                    bounds[t, rg] = pos
+                    pos += at[rg]
+                    at[rg] = bounds[t, rg]
+                bounds[t, n_ranges] = pos
             for r in range(chunks[t], chunks[t + 1]):
                 _user_sum(U, items, seg[r], seg[r + 1], e, q, d)
                 iv = inv_sqrt[r]
                 for c in range(d):
+                    qs[r, c] = q[c]
                     pv[c] = p_sum[r, c] * iv
                 s2, s1 = 0.0, 0.0
                 for k in range(seg[r], seg[r + 1]):
                     i = items[k]
-                    yw = np.float64(y[k]) * iv
-                    ek = e[k]
+                    _gradient_row(U, i, pv, q, np.float64(y[k]) * iv, e[k], g, d)
                     for c in range(d):
-                        g = ((pv[c] - (U[i, c] * 2.0) * yw) * ek + q[c] * yw) * -2.0
-                        out[k, c] = g
-                        a[c] = g * g
-                        b[c] = abs(g)
+                        a[c] = g[c] * g[c]
+                        b[c] = abs(g[c])
+                    if out is not None:
+                        for c in range(d):
+                            out[k, c] = g[c]
+                    if owner is not None:
+                        rg = owner[i]
+                        order[at[rg]] = k
+                        at[rg] += 1
                     s2 += row_sum(a, d, w)
                     if l1:
                         s1 += row_sum(b, d, w)
                 l2[r] = s2
                 if l1:
                     l1n[r] = s1
+        return qs, l2, l1n
+
+    @njit(parallel=True, **_CACHE)
+    def scatter_clipped(U, items, rows, y, e, p_sum, inv_sqrt, q, factor, n_items, tag, order, bounds
+                        ):  # pragma: no cover - compiled
+        """out [M, d] = sum_k (row_k factor_u(k)) at item i_k, each item's sum in k order from 0 (``index_add_``): the
+        rows of :func:`gradient_terms` (its ``q``, ``order`` and ``bounds``) recomputed, bit for bit, instead of read
+        back; ``rows``: each rating's user row. Thread b adds item range b's ratings, run after run (each in k order),
+        so an item's sum is one thread's, in k order."""
+        d = len(tag)
+        out = np.zeros((n_items, d))
+        for rg in prange(bounds.shape[1] - 1):
+            pv, g, qr = stack_array(tag, np.float64), stack_array(tag, np.float64), stack_array(tag, np.float64)
+            last, iv, fr = -1, 0.0, 0.0
+            for t in range(bounds.shape[0]):
+                for at in range(bounds[t, rg], bounds[t, rg + 1]):
+                    k = order[at]
+                    r = rows[k]
+                    if r != last:
+                        last, iv, fr = r, inv_sqrt[r], factor[r]
+                        for c in range(d):
+                            pv[c] = p_sum[r, c] * iv
+                            qr[c] = q[r, c]
+                    i = items[k]
+                    _gradient_row(U, i, pv, qr, np.float64(y[k]) * iv, e[k], g, d)
+                    for c in range(d):
+                        out[i, c] = out[i, c] + g[c] * fr
+        return out
+
+    def gradient_rows(U, items, seg, y, e, p_sum, inv_sqrt, l1, tag, lanes, chunks):
+        """(rows [R, d], squared L2 norms [n], L1 norms [n] or empty): :func:`gradient_terms` with its rows kept."""
+        out = np.empty((items.size, len(tag)))
+        _, l2, l1n = gradient_terms(U, items, seg, y, e, p_sum, inv_sqrt, l1, tag, lanes, chunks, out, None, None, None)
         return out, l2, l1n
 
     @njit(parallel=True, **_CACHE)

@@ -98,24 +98,73 @@ def kernels_for(seg: torch.Tensor | None, u: torch.Tensor) -> bool:
     return seg is not None and u.device.type == "cpu" and lowrank_numba.exact(torch.float64, int(u.shape[1]))
 
 
+@dataclass
+class DeferredRows:
+    """The per-user gradient rows of a CPU kernel batch, not written out: what :func:`.lowrank_numba.gradient_terms`
+    read and left (q_u, the ratings sorted by item range), from which :meth:`clipped_sum` recomputes each row, bit for
+    bit, as it scatters it on all threads. Recomputing took about the time that writing the rows and reading them back
+    did (measured at ML-1M, q = 0.3), without an ``[R, d]`` float64 array (1.3 GB for a 20M-rating batch at d = 8);
+    :meth:`materialize` gives that tensor."""
+
+    U: torch.Tensor
+    rows: torch.Tensor
+    items: torch.Tensor
+    seg: torch.Tensor
+    y: torch.Tensor
+    e: torch.Tensor
+    p_sum: torch.Tensor
+    inv_sqrt: torch.Tensor
+    q: torch.Tensor
+    order: torch.Tensor
+    bounds: torch.Tensor
+
+    def materialize(self) -> torch.Tensor:
+        rows, _, _ = lowrank_numba.gradient_rows(self.U.numpy(), self.items.numpy(), self.seg.numpy(), self.y.numpy(),
+                                                 self.e.numpy(), self.p_sum.numpy(), self.inv_sqrt.numpy(), False,
+                                                 lowrank_numba.rank_tag(self.U.shape[1]),
+                                                 lowrank_numba.lane_tag(torch.float64), lowrank_numba.user_chunks(self.seg))
+        return torch.from_numpy(rows)
+
+    def clipped_sum(self, factor: torch.Tensor) -> torch.Tensor:
+        """sum_u factor_u g_u as ``[M, d]`` float64, each item's sum in rating order (``index_add_``'s numbers)."""
+        m, d = self.U.shape
+        return torch.from_numpy(lowrank_numba.scatter_clipped(
+            self.U.numpy(), self.items.numpy(), self.rows.numpy(), self.y.numpy(), self.e.numpy(), self.p_sum.numpy(),
+            self.inv_sqrt.numpy(), self.q.numpy(), factor.numpy(), int(m), lowrank_numba.rank_tag(d),
+            self.order.numpy(), self.bounds.numpy()))
+
+
 def per_user_gradients(users: torch.Tensor, items: torch.Tensor, y: torch.Tensor, u: torch.Tensor, n_users: int,
                        e: torch.Tensor | None = None, forward: tuple[torch.Tensor | None, torch.Tensor] | None = None,
-                       seg: torch.Tensor | None = None, norm: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+                       seg: torch.Tensor | None = None, norm: int = 2, deferred: bool = False,
+                       item_counts: torch.Tensor | None = None) -> tuple[torch.Tensor | DeferredRows, torch.Tensor]:
     """Rows g_uj (one per rating, module docstring) of each user's gradient dL_u/dU, and the per-user norms ``[N]``
     (``norm`` = 2: Frobenius; 1: the sum of |entries|).
 
     ``e``: the errors e_ui = y_ui - f_ui when the caller has them (possibly scaled per user); computed from U otherwise.
     ``forward``: (u_j per rating or None, sum_j u_j y_uj per user) when the caller's forward computed them (the same
     numbers). ``seg``: the users' rating offsets (:func:`user_segments`): with ``e`` and ``forward``, one fused CPU
-    pass (:func:`.lowrank_numba.gradient_rows`), the same numbers.
+    pass (:func:`.lowrank_numba.gradient_terms`), the same numbers; there ``deferred`` returns the rows as
+    :class:`DeferredRows` (``item_counts``: its threads' load), not as a tensor.
     """
     if e is not None and forward is not None and kernels_for(seg, u):
         inv_sqrt = (seg[1:] - seg[:-1]).to(u.dtype).clamp_min(1.0).rsqrt()  # the counts, as bincount gives them
-        rows, l2, l1 = lowrank_numba.gradient_rows(u.numpy(), items.numpy(), seg.numpy(), y.numpy(), e.numpy(),
-                                                   forward[1].numpy(), inv_sqrt.numpy(), norm == 1,
-                                                   lowrank_numba.rank_tag(u.shape[1]), lowrank_numba.lane_tag(torch.float64),
-                                                   lowrank_numba.user_chunks(seg))
-        return torch.from_numpy(rows), torch.from_numpy(l1) if norm == 1 else torch.from_numpy(l2).sqrt()
+        chunks = lowrank_numba.user_chunks(seg)
+        out = owner = order = bounds = None
+        if deferred:  # the ratings sorted by item range for the scatter's threads (item_counts: their load only)
+            counts = item_counts if item_counts is not None else torch.ones(u.shape[0], dtype=torch.int64)
+            owner = lowrank_numba.item_owner(counts, chunks.size - 1)
+            order = torch.empty(items.numel(), dtype=torch.int64)
+            bounds = torch.empty(chunks.size - 1, chunks.size, dtype=torch.int64)
+        else:
+            out = torch.empty(items.numel(), u.shape[1], dtype=torch.float64)
+        q, l2, l1 = lowrank_numba.gradient_terms(
+            u.numpy(), items.numpy(), seg.numpy(), y.numpy(), e.numpy(), forward[1].numpy(), inv_sqrt.numpy(), norm == 1,
+            lowrank_numba.rank_tag(u.shape[1]), lowrank_numba.lane_tag(torch.float64), chunks,
+            None if out is None else out.numpy(), owner, *(None if t is None else t.numpy() for t in (order, bounds)))
+        rows = out if out is not None else DeferredRows(u, users, items, seg, y, e, forward[1], inv_sqrt,
+                                                        torch.from_numpy(q), order, bounds)
+        return rows, torch.from_numpy(l1) if norm == 1 else torch.from_numpy(l2).sqrt()
     y = y.to(u.dtype)  # (the kernel widens each y itself: the same numbers without a float64 copy of y)
     if forward is None or forward[0] is None:
         ui = u.index_select(0, items)
@@ -150,19 +199,21 @@ class _ExplicitGradient(torch.autograd.Function):
     factor) at exactly these residuals (:meth:`LowRankPNBM.stash_clipped_rows`), else None."""
 
     @staticmethod
-    def forward(ctx, U, value, rows, items, y, e, n_rows, seg, clipped):  # type: ignore[override]
-        ctx.save_for_backward(U.detach(), rows, items, y, e)
+    def forward(ctx, U, value, rows, items, y, residuals, n_rows, seg, clipped):  # type: ignore[override]
+        ctx.save_for_backward(U.detach(), rows, items, y, residuals)
         ctx.n_rows, ctx.seg, ctx.clipped = n_rows, seg, clipped
         return value.clone()
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        U, rows, items, y, e = ctx.saved_tensors
+        U, rows, items, y, residuals = ctx.saved_tensors
         if ctx.clipped is None:  # no rows stashed by the clip: compute them at the (scaled) residuals
-            g, factor = per_user_gradients(rows, items, y.double(), U.double(), ctx.n_rows, e.double())[0], None
+            g, factor = per_user_gradients(rows, items, y.double(), U.double(), ctx.n_rows, -residuals.double())[0], None
         else:
             g, factor = ctx.clipped
-        if factor is not None and kernels_for(ctx.seg, U):  # sum_u clip_u g_u in one pass, index_add_'s order
+        if isinstance(g, DeferredRows):  # (only the clip stashes these, always with its factors) recomputed rows: same sums
+            out = g.clipped_sum(factor)
+        elif factor is not None and kernels_for(ctx.seg, U):  # sum_u clip_u g_u in one pass, index_add_'s order
             out = torch.from_numpy(lowrank_numba.scatter_scaled(g.numpy(), factor.numpy(), ctx.seg.numpy(),
                                                                 items.numpy(), U.shape[0],
                                                                 lowrank_numba.rank_tag(U.shape[1])))
@@ -429,7 +480,7 @@ class LowRankPNBM(BindsHistory, BaseModel):
         value = 2.0 * (residuals.detach().double() * f.detach().double()).sum()
         stash = batch.cache.pop("_clipped_rows", None)  # the clip's own rows and factors (stash_clipped_rows), if current
         clipped = stash[2] if stash is not None and stash[0] is residuals and stash[1] == self.U._version else None
-        return _ExplicitGradient.apply(self.U, value, terms.rows, terms.items, terms.y, -residuals.detach(),
+        return _ExplicitGradient.apply(self.U, value, terms.rows, terms.items, terms.y, residuals.detach(),
                                        int(batch.users.numel()), terms.seg, clipped)
 
     def stash_clipped_rows(self, batch: UserBatch, clipped: torch.Tensor, rows: torch.Tensor, factor: torch.Tensor) -> None:
@@ -439,10 +490,11 @@ class LowRankPNBM(BindsHistory, BaseModel):
         batch.cache["_clipped_rows"] = (clipped, self.U._version, (rows, factor))
 
     @torch.no_grad()
-    def per_user_gradient_rows(self, batch: UserBatch, residuals: torch.Tensor, p: int = 2
-                               ) -> tuple[torch.Tensor, torch.Tensor]:
+    def per_user_gradient_rows(self, batch: UserBatch, residuals: torch.Tensor, p: int = 2, deferred: bool = False
+                               ) -> tuple[torch.Tensor | DeferredRows, torch.Tensor]:
         """(rows g_uj per target, ||g_u||_p per batch row: p = 2 Frobenius, p = 1 the sum of |entries|) of the gradient
-        of ``surrogate_loss`` at ``residuals`` (explicit formula, module docstring); the batch must be user level."""
+        of ``surrogate_loss`` at ``residuals`` (explicit formula, module docstring); the batch must be user level.
+        ``deferred``: the rows as :class:`DeferredRows` where the CPU kernels run (for :meth:`stash_clipped_rows`)."""
         terms = self._terms(batch)
         if not terms.targets_are_history:
             raise ConfigError("per-user gradient norms need user-level batches (every rating of each sampled user): "
@@ -451,7 +503,17 @@ class LowRankPNBM(BindsHistory, BaseModel):
         hit = batch.cache.get("_forward_sums")
         fwd = hit[3:] if hit is not None and hit[0]() is self.U and hit[1] == self.U._version and hit[2] is terms else None
         return per_user_gradients(terms.rows, terms.items, terms.y, self.U.detach().double(),
-                                  int(batch.users.numel()), e, fwd, terms.seg, p)  # p: the norm's order
+                                  int(batch.users.numel()), e, fwd, terms.seg, p,  # p: the norm's order
+                                  deferred, self._item_load() if deferred else None)
+
+    def _item_load(self) -> torch.Tensor | None:
+        """Ratings per item in the bound training data: only how :class:`DeferredRows` splits the item ids over its
+        threads (no number depends on it), once per binding."""
+        hit = self._predict_cache.get("item_load")
+        if hit is None or hit[0] is not self.history:
+            load = None if self.history is None else self.history.item_counts().cpu()
+            hit = self._predict_cache["item_load"] = (self.history, load)
+        return hit[1]
 
     def per_example_grad_norms(self, batch: UserBatch, residuals: torch.Tensor, unit: str) -> torch.Tensor:
         """||g_u||_F per batch row (``unit`` = user only: a rating moves its user's b_u, y and p_u)."""

@@ -71,6 +71,20 @@ def test_forward_and_gradient_kernels_are_the_torch_path_bit_for_bit(d, seed, mo
     ref = torch.zeros(U.shape, dtype=torch.float64).index_add_(0, items, ref_rows * factor[rows][:, None])
     got = K.scatter_scaled(ref_rows.numpy(), factor.numpy(), seg.numpy(), items.numpy(), U.shape[0], K.rank_tag(d))
     assert torch.equal(torch.from_numpy(got), ref)
+    # the same from deferred rows (recomputed as scattered, the items split over the threads by a skewed load): the
+    # norms and the clipped sum bit for bit, on 1-3 threads, whatever the split of the item ids
+    load = torch.bincount(items, minlength=U.shape[0]) ** 2
+    l2_ref = L.per_user_gradients(rows, items, y.double(), U, n, e, (ui, p_sum), None, 2)[1]
+    try:
+        for t in (1, 2, 3):
+            torch.set_num_threads(t)
+            for counts in (load, None):
+                deferred, norms = L.per_user_gradients(rows, items, y, U, n, e, (None, p_sum), seg, 2, True, counts)
+                assert isinstance(deferred, L.DeferredRows) and torch.equal(norms, l2_ref), t
+                assert torch.equal(deferred.clipped_sum(factor), ref), t
+                assert torch.equal(deferred.materialize(), ref_rows)
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("n_f", [1, 5, 8, 19, 27, 40])
