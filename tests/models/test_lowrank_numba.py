@@ -131,3 +131,32 @@ def test_training_is_the_same_with_and_without_the_kernels(tmp_path, monkeypatch
                                  f"output_dir={tmp_path / kernel}"])
         out.append((run.model().U.detach().clone(), run.metrics["test_rmse"]))
     assert torch.equal(out[0][0], out[1][0]) and out[0][1] == out[1][1]
+
+
+_LAYER_PROBE = """
+import os, numba
+from dprec_torch.models import lowrank_numba as K
+K.prefer_openmp()
+print(numba.config.THREADING_LAYER, os.environ.get("OMP_WAIT_POLICY"))
+"""
+
+
+@pytest.mark.parametrize("user_policy", [None, "ACTIVE"])
+def test_the_low_rank_model_picks_openmp_and_leaves_the_environment_as_it_was(user_policy):
+    """In a fresh process: the OpenMP layer where no parallel kernel ran yet, and the wait policy the load of numba's
+    runtime read is gone from the environment afterwards (child processes see the user's), a user's own kept."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "NUMBA_THREADING_LAYER")}
+    if user_policy:
+        env["OMP_WAIT_POLICY"] = user_policy
+    out = subprocess.run([sys.executable, "-c", _LAYER_PROBE], env=env, capture_output=True, text=True, check=True)
+    layer, policy = out.stdout.split()
+    try:
+        from numba.np.ufunc import omppool  # noqa: F401
+    except Exception:
+        pytest.skip("numba has no OpenMP runtime here")
+    assert layer == "omp"
+    assert policy == (user_policy or "None")
