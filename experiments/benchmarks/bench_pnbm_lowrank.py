@@ -14,12 +14,14 @@ Writes one JSON line per row to stdout and, with ``--out``, appends it to that f
 lines, and ``publish.py`` reads the last line of a row). Each row names its ``machine`` (``bench.py``'s line, the GPU
 included on ``--device cuda``) and the 1-minute load average after it.
 
-    OMP_NUM_THREADS=2 python experiments/benchmarks/bench_pnbm_lowrank.py --rows ml1m-400 --device cpu \
+    OMP_NUM_THREADS=2 python experiments/benchmarks/bench_pnbm_lowrank.py --rows ml1m-400 --device cpu --repeat 5 \
         --out docs/results/benchmarks/lowrank-cpu.json
     python experiments/benchmarks/bench_pnbm_lowrank.py --rows ml1m-400 syn20m --device cuda
     python experiments/benchmarks/bench_pnbm_lowrank.py --rows ml1m-400 --device cuda --profile /tmp/lowrank-prof.txt
 
-``--profile FILE``: after the timed steps, 20 more under ``torch.profiler`` (CPU, and CUDA on a GPU), their operator
+``--repeat N``: each row N times, each run in a fresh process; the line is the run with the median time a step, with
+every run's figures under ``runs`` (this shared VM's speed drifts by a third from hour to hour: one run is one
+sample). ``--profile FILE``: after the timed steps, 20 more under ``torch.profiler`` (CPU, and CUDA on a GPU), their operator
 table (self time) written to FILE: where a step's time goes.
 """
 
@@ -29,6 +31,7 @@ import argparse
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -108,15 +111,28 @@ def run_row(name: str, device: str, profile_path: Path | None = None) -> dict:
             "epsilon": setup.optimizer.privacy_report()["epsilon"]}
 
 
+def repeated_row(name: str, device: str, repeat: int) -> dict:
+    """``repeat`` runs of a row, each in a fresh process (as a user's run: its own imports, caches loaded from disk);
+    the run with the median time a step, with every run's (s a step, s with set-up) under ``runs``."""
+    runs = []
+    for _ in range(repeat):
+        out = subprocess.run([sys.executable, __file__, "--rows", name, "--device", device], check=True,
+                             capture_output=True, text=True).stdout
+        runs.append(json.loads(out.strip().splitlines()[-1]))
+    median = sorted(runs, key=lambda r: r["s_per_step"])[(len(runs) - 1) // 2]
+    return {**median, "repeat": repeat, "runs": [[r["s_per_step"], r["setup_plus_steps_s"]] for r in runs]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", nargs="+", default=["ml1m-400"], choices=list(ROWS))
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each row, each in a fresh process: the median's line")
     ap.add_argument("--profile", type=Path, default=None, help="write 20 profiled steps' operator table here")
     a = ap.parse_args()
     for name in a.rows:
-        row = run_row(name, a.device, a.profile)
+        row = repeated_row(name, a.device, a.repeat) if a.repeat > 1 else run_row(name, a.device, a.profile)
         print(json.dumps(row), flush=True)
         if a.out is not None:
             with a.out.open("a") as f:

@@ -409,7 +409,7 @@ SPEED_COMMANDS = {
     "startup-cpu": "DPREC_DATA=../shared/data OMP_NUM_THREADS=2 python experiments/benchmarks/bench_startup.py --repeat 5 "
                    "--out docs/results/benchmarks/startup-cpu-ml100k-sgld.json -- mechanism=sgld epsilon=20 data=ml-100k device=cpu",
     "lowrank-cpu": "DPREC_DATA=../shared/data OMP_NUM_THREADS=2 python experiments/benchmarks/bench_pnbm_lowrank.py "
-                   "--rows ml1m-400 --device cpu --out docs/results/benchmarks/lowrank-cpu.json",
+                   "--rows ml1m-400 --device cpu --repeat 5 --out docs/results/benchmarks/lowrank-cpu.json",
     "ml1m-t2": "DPREC_DATA=../shared/data python experiments/benchmarks/bench.py --threads 2 --epochs 3 --repeat 2 --tag cpu-ml1m-t2 "
                "--cases pnbm-none-ml1m-sparse pnbm-none-ml1m-dense pnbm-dpsgd-ml1m-sparse pnbm-dpsgd-ml1m-dense "
                "pnbm-sgld-ml1m-sparse pnbm-sgld-ml1m-dense",
@@ -509,6 +509,9 @@ def _lowrank_row(rows: list[dict] | None, key: str, device: str, step_s: float, 
     figure = (f"{1e3 * step:.2f} ms a step ({'met' if ok_step else 'not met'}), {total:.2f} s with set-up "
               f"({'met' if ok_total else 'not met'}: set-up {r['setup_s_incl_calibration']:.2f} s + {r['steps']} steps "
               f"{r['steps_s']:.2f} s; reading the data {r['load_s']:.2f} s apart); {r.get('threads', '?')} threads{load}; {machine}")
+    if r.get("runs"):  # --repeat: the median run, beside every run's figures
+        runs = ", ".join(f"{1e3 * a:.2f} ms / {b:.2f} s" for a, b in r["runs"])
+        figure = f"median of {len(r['runs'])} runs, each in a fresh process ({runs}): " + figure
     verdict = yes(ok_step and ok_total)
     return figure, (verdict if device == "cpu" else _on_h200(verdict, machine))
 

@@ -354,6 +354,16 @@ def test_speed_target_verdicts_follow_the_json_files(tmp_path: Path) -> None:
     assert "= 1.90×" in good and "= 12.0×" in good and "Test CPU, 2 cores" in good
 
 
+def test_a_repeated_low_rank_row_is_its_median_run_with_every_run_listed(tmp_path: Path) -> None:
+    """``bench_pnbm_lowrank.py --repeat``: the verdict is the median run's, and the table shows each run beside it."""
+    line = json.loads(lowrank_line(0.0125, 6.5))
+    line.update(repeat=3, runs=[[0.0110, 6.0], [0.0125, 6.5], [0.0170, 8.9]])
+    write(tmp_path, "lowrank-cpu.json", json.dumps(line) + "\n")
+    table = speed(tmp_path)
+    assert verdict(table, LOWRANK_CPU).startswith("**met**")
+    assert "median of 3 runs, each in a fresh process (11.00 ms / 6.00 s, 12.50 ms / 6.50 s, 17.00 ms / 8.90 s)" in table
+
+
 def test_speed_targets_refuse_figures_of_another_measurement(tmp_path: Path) -> None:
     write(tmp_path, "startup-cpu-ml100k-sgld.json", startup_json(1.5, extra=" mechanism.epochs=1"))  # not the target's command
     write(tmp_path, "startup-gpu-ml100k-sgld.json", startup_json(1.5, "cuda", runs=1))  # no run with warm caches
