@@ -48,12 +48,16 @@ log = logging.getLogger(__name__)
 
 try:  # numba is a dependency, but the torch path must keep working where it cannot load
     import numba
-    from numba import njit, prange, types
+    from numba import njit, prange
+except Exception:  # pragma: no cover - exercised only without numba
+    numba = None
+try:  # numba's internals for stack arrays (stack_array); without them the kernels keep their rows on the heap
+    from numba import types
     from numba.core import cgutils
     from numba.extending import intrinsic
     from numba.np.arrayobj import populate_array
-except Exception:  # pragma: no cover - exercised only without numba
-    numba = None
+except Exception:  # pragma: no cover - another numba's internals
+    intrinsic = None
 
 _CACHE = dict(cache=True, nogil=True)
 #: the kernels run on batches of at least this many ratings: below it the torch path takes a few ms a step, less than
@@ -173,26 +177,33 @@ def exact(dtype: torch.dtype, d: int) -> bool:
 
 if numba is not None:
 
-    @intrinsic
-    def stack_array(typingctx, tag, dt):  # pragma: no cover - compiled
-        """A float64 (or ``dt``) array of len(``tag``) elements on the kernel's stack (the function's entry block), not
-        the heap: LLVM then keeps a rating's d numbers in registers. (With np.empty, every store to the row could alias
-        U's reads, so each element went through memory: the gradient kernel ran 1.4x slower.)"""
-        if not isinstance(tag, types.UniTuple) or not isinstance(dt, types.NumberClass):
-            return None
-        n, dtype = len(tag), dt.dtype
-        arrty = types.Array(dtype, 1, "C")
+    if intrinsic is not None:
+        def _stack_array(typingctx, tag, dt):  # pragma: no cover - compiled
+            """A float64 (or ``dt``) array of len(``tag``) elements on the kernel's stack (the function's entry block), not
+            the heap: LLVM then keeps a rating's d numbers in registers. (With np.empty, every store to the row could alias
+            U's reads, so each element went through memory: the gradient kernel ran 1.4x slower.)"""
+            if not isinstance(tag, types.UniTuple) or not isinstance(dt, types.NumberClass):
+                return None
+            n, dtype = len(tag), dt.dtype
+            arrty = types.Array(dtype, 1, "C")
 
-        def codegen(context, builder, sig, args):
-            llty = context.get_data_type(dtype)
-            ptr = cgutils.alloca_once(builder, llty, size=context.get_constant(types.intp, max(n, 1)))
-            ary = context.make_array(arrty)(context, builder)
-            size = context.get_constant(types.intp, context.get_abi_sizeof(llty))
-            populate_array(ary, data=ptr, shape=[context.get_constant(types.intp, n)], strides=[size], itemsize=size,
-                           meminfo=None)
-            return ary._getvalue()
+            def codegen(context, builder, sig, args):
+                llty = context.get_data_type(dtype)
+                ptr = cgutils.alloca_once(builder, llty, size=context.get_constant(types.intp, max(n, 1)))
+                ary = context.make_array(arrty)(context, builder)
+                size = context.get_constant(types.intp, context.get_abi_sizeof(llty))
+                populate_array(ary, data=ptr, shape=[context.get_constant(types.intp, n)], strides=[size], itemsize=size,
+                               meminfo=None)
+                return ary._getvalue()
 
-        return arrty(tag, dt), codegen
+            return arrty(tag, dt), codegen
+
+        stack_array = intrinsic(_stack_array)
+    else:  # pragma: no cover - another numba's internals: the same numbers from heap arrays
+
+        @njit(inline="always", **_CACHE)
+        def stack_array(tag, dt):
+            return np.empty(len(tag), dt)
 
     @njit(**_CACHE)
     def _ceil_log2(x):  # pragma: no cover - compiled
