@@ -9,7 +9,6 @@ kernels make one pass per stage over the user segments of a batch (its ratings a
   the rows themselves where asked (:func:`gradient_rows`);
 * :func:`scatter_clipped`: sum_u clip_u g_u into ``[M, d]`` (the clipped gradient), the rows recomputed on the fly
   (no ``[R, d]`` array), the item ids split over the threads (:func:`item_owner`);
-  :func:`scatter_scaled`: the same from stored rows, one thread;
 * :func:`run_segments` / :func:`gather_runs`: a user-level batch's ratings as copies of its users' runs;
 * :func:`feature_dots`: w_u . phi_i per rating (the public item features' part; once per release of the item
   means, for every rating of the training data: a step gathers its ratings').
@@ -516,19 +515,6 @@ if numba is not None:
                 s, o = starts[r], offsets[r]
                 n = offsets[r + 1] - o
                 out[o:o + n] = src[s:s + n]  # a slice copy (no per-element index arithmetic): 2.5x the loop's speed
-        return out
-
-    @njit(**_CACHE)
-    def scatter_scaled(rows, factor, seg, items, n_items, tag):  # pragma: no cover - compiled
-        """out [M, d] = sum_k (rows_k factor_u(k)) at item i_k, each item's sum in k order from 0 (``index_add_``)."""
-        d = len(tag)
-        out = np.zeros((n_items, d))
-        for r in range(seg.size - 1):
-            fr = factor[r]
-            for k in range(seg[r], seg[r + 1]):
-                i = items[k]
-                for c in range(d):
-                    out[i, c] = out[i, c] + rows[k, c] * fr
         return out
 
     @njit(**_CACHE)

@@ -211,12 +211,8 @@ class _ExplicitGradient(torch.autograd.Function):
             g, factor = per_user_gradients(rows, items, y.double(), U.double(), ctx.n_rows, -residuals.double())[0], None
         else:
             g, factor = ctx.clipped
-        if isinstance(g, DeferredRows):  # (only the clip stashes these, always with its factors) recomputed rows: same sums
+        if isinstance(g, DeferredRows):  # the CPU kernels' rows (the clip stashes them with its factors): same sums
             out = g.clipped_sum(factor)
-        elif factor is not None and kernels_for(ctx.seg, U):  # sum_u clip_u g_u in one pass, index_add_'s order
-            out = torch.from_numpy(lowrank_numba.scatter_scaled(g.numpy(), factor.numpy(), ctx.seg.numpy(),
-                                                                items.numpy(), U.shape[0],
-                                                                lowrank_numba.rank_tag(U.shape[1])))
         else:
             if factor is not None:  # each rating's row times its user's factor, then summed per item
                 g = g * factor.index_select(0, rows)[:, None]

@@ -66,13 +66,11 @@ def test_forward_and_gradient_kernels_are_the_torch_path_bit_for_bit(d, seed, mo
                 assert torch.equal(got_rows, ref_rows) and torch.equal(got_norms, ref_norms), (norm, t)
     finally:
         torch.set_num_threads(threads)
-    # the clipped scatter: rows times their user's factor, summed per item in index order
+    # the clipped scatter (rows times their user's factor, summed per item in index order) from deferred rows,
+    # recomputed as scattered, the items split over the threads by a skewed load: the norms and the clipped sum bit for
+    # bit, on 1-3 threads, whatever the split of the item ids
     factor = torch.rand(n, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
     ref = torch.zeros(U.shape, dtype=torch.float64).index_add_(0, items, ref_rows * factor[rows][:, None])
-    got = K.scatter_scaled(ref_rows.numpy(), factor.numpy(), seg.numpy(), items.numpy(), U.shape[0], K.rank_tag(d))
-    assert torch.equal(torch.from_numpy(got), ref)
-    # the same from deferred rows (recomputed as scattered, the items split over the threads by a skewed load): the
-    # norms and the clipped sum bit for bit, on 1-3 threads, whatever the split of the item ids
     load = torch.bincount(items, minlength=U.shape[0]) ** 2
     l2_ref = L.per_user_gradients(rows, items, y.double(), U, n, e, (ui, p_sum), None, 2)[1]
     try:
