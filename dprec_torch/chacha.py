@@ -24,7 +24,10 @@ On the CPU both noises are added in place, in float64, to a float32 or float64 t
 consumed group by group in a few KiB of scratch (no M^2 float64 temporaries); numba ``@njit(parallel=True,
 cache=True)``. On any other device (CUDA) the keystream is computed by torch's integer kernels on that device, in
 chunks, and transformed there: no host round trip, and no torch generator (Philox's seed has 64 bits). Where Triton
-imports (CUDA builds of torch), one kernel (:mod:`dprec_torch.chacha_triton`) computes the same words.
+imports (CUDA builds of torch), one kernel (:mod:`dprec_torch.chacha_triton`) computes the same words, and for a
+contiguous float32/float64 target one kernel also transforms them and adds the noise in place (the torch path's
+formula in float64, rounded once to the target's dtype; no temporaries, one launch where the torch path made about
+fifteen over M^2-sized arrays).
 
 Why ChaCha20 and not ChaCha12: 20 rounds is the RFC's function (checked against its test vector; "secure" needs no
 argument about reduced rounds), and 12 saved under 20 % of a Laplace draw at M = 3706 (the log, the float conversions
@@ -198,12 +201,21 @@ def add_laplace_(target: torch.Tensor, scale: float, key: np.ndarray) -> torch.T
     if target.device.type != "cpu":
         if target.numel() == 0 or scale == 0:
             return target
-        lo, hi = torch_keystream(key, target.numel(), target.device)
-        sign = 1.0 - 2.0 * (lo & 1).double()
-        noise = (-float(scale) * sign) * torch.log((_top53(lo, hi) + 1).double() * _TWO_M53)
+        fused = _triton(target.device)
+        if fused is not None and fused.fusable(target):  # one launch: words and noise in registers, the same formula
+            with torch.no_grad():
+                return fused.add_laplace_(target, float(scale), as_key(key), _CONSTANTS)
         with torch.no_grad():
-            return target.add_(noise.view(target.shape).to(target.dtype))
+            return target.add_(laplace_noise(key, target.numel(), scale, target.device).view(target.shape).to(target.dtype))
     return _in_place(target, _add_laplace, scale, key)
+
+
+def laplace_noise(key: np.ndarray, n: int, scale: float, device: torch.device | str) -> torch.Tensor:
+    """The ``n`` float64 Laplace draws of :func:`add_laplace_` off the CPU, by torch kernels on ``device``: sign from
+    word i's lowest bit, magnitude -scale log(((w_i >> 11) + 1) 2^-53)."""
+    lo, hi = torch_keystream(key, n, device)
+    sign = 1.0 - 2.0 * (lo & 1).double()
+    return (-float(scale) * sign) * torch.log((_top53(lo, hi) + 1).double() * _TWO_M53)
 
 
 def add_gaussian_(target: torch.Tensor, std: float, key: np.ndarray) -> torch.Tensor:
@@ -212,14 +224,23 @@ def add_gaussian_(target: torch.Tensor, std: float, key: np.ndarray) -> torch.Te
         n = target.numel()
         if n == 0 or std == 0:
             return target
-        lo, hi = torch_keystream(key, n + (n % 2), target.device)
-        top = _top53(lo, hi)
-        r = float(std) * torch.sqrt(-2.0 * torch.log((top[0::2] + 1).double() * _TWO_M53))
-        theta = _TWO_PI * (top[1::2].double() * _TWO_M53)
-        noise = torch.stack([r * torch.cos(theta), r * torch.sin(theta)], dim=1).reshape(-1)[:n]
+        fused = _triton(target.device)
+        if fused is not None and fused.fusable(target):  # one launch: words and noise in registers, the same formula
+            with torch.no_grad():
+                return fused.add_gaussian_(target, float(std), as_key(key), _CONSTANTS)
         with torch.no_grad():
-            return target.add_(noise.view(target.shape).to(target.dtype))
+            return target.add_(gaussian_noise(key, n, std, target.device).view(target.shape).to(target.dtype))
     return _in_place(target, _add_gaussian, std, key)
+
+
+def gaussian_noise(key: np.ndarray, n: int, std: float, device: torch.device | str) -> torch.Tensor:
+    """The ``n`` float64 Gaussian draws of :func:`add_gaussian_` off the CPU, by torch kernels on ``device`` (Box-Muller
+    on words 2m, 2m + 1: r = std sqrt(-2 log u_0), u_0 = ((w >> 11) + 1) 2^-53, theta = 2 pi (w' >> 11) 2^-53)."""
+    lo, hi = torch_keystream(key, n + (n % 2), device)
+    top = _top53(lo, hi)
+    r = float(std) * torch.sqrt(-2.0 * torch.log((top[0::2] + 1).double() * _TWO_M53))
+    theta = _TWO_PI * (top[1::2].double() * _TWO_M53)
+    return torch.stack([r * torch.cos(theta), r * torch.sin(theta)], dim=1).reshape(-1)[:n]
 
 
 # fdlibm __ieee754_log (e_log.c): log(x) = k ln2 + log(1 + f), 1 + f in [sqrt(2)/2, sqrt(2)), error < 1 ulp

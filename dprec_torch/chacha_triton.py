@@ -6,6 +6,12 @@ were then launch-bound (tens of ms). Here one program computes ``BLOCK`` blocks 
 wrapping as RFC 8439 section 2.1 states, and writes their 16 words: the same words, tested against the CPU's numba
 kernels (on a GPU natively, without one in Triton's interpreter). Imported only where Triton is (``chacha``'s
 ``_triton()``): CPU wheels of torch ship without it.
+
+``gaussian_add`` / ``laplace_add`` also transform the words and add the noise to a contiguous float32/float64 tensor
+in place: the formulas of ``chacha.gaussian_noise`` / ``chacha.laplace_noise`` in float64 (libdevice's log, sin, cos;
+IEEE sqrt), rounded once to the target's dtype. The torch path made about fifteen launches over noise-sized float64
+temporaries (an M x M matrix's worth for full S). Float scalars (the std or scale, and 2 pi) travel as float64 bits
+in the key buffer: a float literal in a kernel is float32.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ import triton
 import triton.language as tl
 
 BLOCK = 128  # ChaCha blocks per program
+TWO_M53 = tl.constexpr(2.0 ** -53)  # exact in any float width (a kernel reads only constexpr globals)
+TWO_PI = 2.0 * np.pi  # chacha._TWO_PI; travels as float64 bits (a float literal in a kernel is float32)
 
 
 @triton.jit
@@ -38,11 +46,9 @@ def quarter(a, b, c, d):  # pragma: no cover - GPU
 
 
 @triton.jit
-def chacha_blocks(key, out, n_blocks, BLOCK: tl.constexpr):  # pragma: no cover - GPU
-    """out[16 b + w] = word w of the ChaCha20 block with 64-bit counter b (words 12-13; nonce words 0)."""
-    b = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
-    keep = b < n_blocks
-    z = tl.zeros([BLOCK], dtype=tl.uint32)
+def block_words(key, b):  # pragma: no cover - GPU
+    """The 16 words of the ChaCha20 blocks with 64-bit counters ``b`` (words 12-13; nonce words 0), as uint32 vectors."""
+    z = tl.zeros(b.shape, dtype=tl.uint32)
     k0 = z + tl.load(key + 0)
     k1 = z + tl.load(key + 1)
     k2 = z + tl.load(key + 2)
@@ -68,30 +74,116 @@ def chacha_blocks(key, out, n_blocks, BLOCK: tl.constexpr):  # pragma: no cover 
         x1, x6, x11, x12 = quarter(x1, x6, x11, x12)
         x2, x7, x8, x13 = quarter(x2, x7, x8, x13)
         x3, x4, x9, x14 = quarter(x3, x4, x9, x14)
+    return (x0 + c0, x1 + c1, x2 + c2, x3 + c3, x4 + k0, x5 + k1, x6 + k2, x7 + k3,
+            x8 + k4, x9 + k5, x10 + k6, x11 + k7, x12 + i12, x13 + i13, x14, x15)
+
+
+@triton.jit
+def chacha_blocks(key, out, n_blocks, BLOCK: tl.constexpr):  # pragma: no cover - GPU
+    """out[16 b + w] = word w of the ChaCha20 block with 64-bit counter b."""
+    b = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
+    keep = b < n_blocks
+    w = block_words(key, b)
     o = out + b * 16
-    tl.store(o + 0, x0 + c0, mask=keep)
-    tl.store(o + 1, x1 + c1, mask=keep)
-    tl.store(o + 2, x2 + c2, mask=keep)
-    tl.store(o + 3, x3 + c3, mask=keep)
-    tl.store(o + 4, x4 + k0, mask=keep)
-    tl.store(o + 5, x5 + k1, mask=keep)
-    tl.store(o + 6, x6 + k2, mask=keep)
-    tl.store(o + 7, x7 + k3, mask=keep)
-    tl.store(o + 8, x8 + k4, mask=keep)
-    tl.store(o + 9, x9 + k5, mask=keep)
-    tl.store(o + 10, x10 + k6, mask=keep)
-    tl.store(o + 11, x11 + k7, mask=keep)
-    tl.store(o + 12, x12 + i12, mask=keep)
-    tl.store(o + 13, x13 + i13, mask=keep)
-    tl.store(o + 14, x14, mask=keep)
-    tl.store(o + 15, x15, mask=keep)
+    for i in tl.static_range(16):
+        tl.store(o + i, w[i], mask=keep)
+
+
+@triton.jit
+def top53(lo, hi):  # pragma: no cover - GPU
+    """w >> 11 of the 64-bit word (hi, lo): 53 bits, as int64 (chacha._top53)."""
+    return (hi.to(tl.int64) << 21) | (lo.to(tl.int64) >> 11)
+
+
+@triton.jit
+def scalar64(key, at: tl.constexpr):  # pragma: no cover - GPU
+    """The float64 whose bits are words ``at`` (low) and ``at + 1`` (high) of the buffer."""
+    bits = (tl.load(key + at + 1).to(tl.uint64) << 32) | tl.load(key + at).to(tl.uint64)
+    return bits.to(tl.float64, bitcast=True)
+
+
+@triton.jit
+def gaussian_pair(lo_a, hi_a, lo_b, hi_b, std, two_pi):  # pragma: no cover - GPU
+    """Box-Muller on two words, as chacha.add_gaussian_'s torch path writes it: r = std sqrt(-2 log u1), with
+    u1 = (top(a) + 1) 2^-53 in (0, 1], theta = 2 pi top(b) 2^-53; (r cos theta, r sin theta) in float64."""
+    u1 = (top53(lo_a, hi_a) + 1).to(tl.float64) * TWO_M53
+    r = std * tl.sqrt(-2.0 * tl.log(u1))  # float64: correctly rounded (only float32 sqrt is approximate)
+    theta = two_pi * (top53(lo_b, hi_b).to(tl.float64) * TWO_M53)
+    return r * tl.cos(theta), r * tl.sin(theta)
+
+
+@triton.jit
+def add_noise_at(target, e, noise, n):  # pragma: no cover - GPU
+    """target[e] += noise rounded once to target's dtype, for the elements e < n."""
+    keep = e < n
+    t = tl.load(target + e, mask=keep)
+    tl.store(target + e, t + noise.to(t.dtype), mask=keep)
+
+
+@triton.jit
+def gaussian_add(key, target, n, BLOCK: tl.constexpr):  # pragma: no cover - GPU
+    """target[i] += N(0, std^2), element i from word i (pairs 2m, 2m + 1 by Box-Muller): block b's words 4k .. 4k + 3
+    give the pair (8 b + 2 k, 8 b + 2 k + 1), k = 0 .. 3."""
+    b = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
+    w = block_words(key, b)
+    std = scalar64(key, 12)
+    two_pi = scalar64(key, 14)
+    for k in tl.static_range(4):
+        za, zb = gaussian_pair(w[4 * k], w[4 * k + 1], w[4 * k + 2], w[4 * k + 3], std, two_pi)
+        add_noise_at(target, 8 * b + 2 * k, za, n)
+        add_noise_at(target, 8 * b + 2 * k + 1, zb, n)
+
+
+@triton.jit
+def laplace_add(key, target, n, BLOCK: tl.constexpr):  # pragma: no cover - GPU
+    """target[i] += Lap(0, b = scale), element i from word i: sign from the word's lowest bit, magnitude
+    -scale log((top + 1) 2^-53), as chacha.add_laplace_'s torch path writes it."""
+    b = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
+    w = block_words(key, b)
+    scale = scalar64(key, 12)
+    for j in tl.static_range(8):
+        lo = w[2 * j]
+        sign = 1.0 - 2.0 * (lo & 1).to(tl.float64)
+        u = (top53(lo, w[2 * j + 1]) + 1).to(tl.float64) * TWO_M53
+        add_noise_at(target, 8 * b + j, (-scale * sign) * tl.log(u), n)
+
+
+def _buffer(key: np.ndarray, constants: tuple[int, ...], device: torch.device, value: float | None = None) -> torch.Tensor:
+    """key (8 words), constants (4), and, with ``value``, the float64 bits of ``value`` and 2 pi (2 words each), as one
+    uint32 tensor on ``device`` (one copy to it)."""
+    parts = [np.asarray(key, np.uint32), np.asarray(constants, np.uint32)]
+    if value is not None:
+        parts.append(np.array([value, TWO_PI], np.float64).view(np.uint32))
+    return torch.from_numpy(np.concatenate(parts).view(np.int32).copy()).to(device).view(torch.uint32)
 
 
 def keystream(key: np.ndarray, constants: tuple[int, ...], n_blocks: int, device: torch.device) -> torch.Tensor:
     """The 16 words of blocks 0 .. n_blocks - 1 as int64 in [0, 2^32), shape ``[n_blocks, 16]``, on ``device``."""
-    words = np.concatenate([np.asarray(key, np.uint32), np.asarray(constants, np.uint32)])
-    buf = torch.from_numpy(words.view(np.int32).copy()).to(device).view(torch.uint32)
+    buf = _buffer(key, constants, device)
     out = torch.empty(n_blocks * 16, dtype=torch.uint32, device=device)
     if n_blocks:
         chacha_blocks[(triton.cdiv(n_blocks, BLOCK),)](buf, out, n_blocks, BLOCK=BLOCK)
     return out.view(torch.int32).to(torch.int64).bitwise_and_(0xFFFFFFFF).view(n_blocks, 16)
+
+
+def fusable(target: torch.Tensor) -> bool:
+    """Whether :func:`add_gaussian_` / :func:`add_laplace_` take ``target`` in place (contiguous float32/float64)."""
+    return target.is_contiguous() and target.dtype in (torch.float32, torch.float64)
+
+
+def add_gaussian_(target: torch.Tensor, std: float, key: np.ndarray, constants: tuple[int, ...]) -> torch.Tensor:
+    """target += N(0, std^2) in one launch: the words and numbers of chacha.add_gaussian_'s torch path, no temporaries."""
+    n = target.numel()
+    n_blocks = -(-n // 8)
+    gaussian_add[(triton.cdiv(n_blocks, BLOCK),)](_buffer(key, constants, target.device, float(std)), target.view(-1),
+                                                  n, BLOCK=BLOCK)
+    return target
+
+
+def add_laplace_(target: torch.Tensor, scale: float, key: np.ndarray, constants: tuple[int, ...]) -> torch.Tensor:
+    """target += Lap(0, scale) in one launch: the words and numbers of chacha.add_laplace_'s torch path."""
+    n = target.numel()
+    n_blocks = -(-n // 8)
+    laplace_add[(triton.cdiv(n_blocks, BLOCK),)](_buffer(key, constants, target.device, float(scale)), target.view(-1),
+                                                 n, BLOCK=BLOCK)
+    return target

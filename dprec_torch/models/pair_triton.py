@@ -54,18 +54,37 @@ def _kernel() -> Any:
     triton, tl = _triton, _tl
 
     @triton.jit
-    def target_norm(rows, items, crow, cols, xv, e, den, a, S, stride_s, out,  # pragma: no cover - GPU
-                    INCLUDE_DIAGONAL: tl.constexpr, SQUARE: tl.constexpr, BLOCK: tl.constexpr):
+    def target_norm(rows, items, crow, cols, xv, e, den, a, active, floor, S, stride_s, out,  # pragma: no cover - GPU
+                    INCLUDE_DIAGONAL: tl.constexpr, SQUARE: tl.constexpr, TERMS: tl.constexpr, BLOCK: tl.constexpr):
         """out[t] = sum_j |v_tj| (SQUARE: sum_j v_tj^2), v_tj = e_t (x_uj / d_t - a_t sign(s_ij)), over u's history j
-        (j != i unless INCLUDE_DIAGONAL)."""
+        (j != i unless INCLUDE_DIAGONAL). TERMS: d_t and a_t from a first pass over the same history (pnbm_clipping's
+        target_terms: n_t = sum_j x_uj s_ij, D_t = sum_j |s_ij| in float64, d_t = D_t where ``active`` else the floor,
+        a_t = n_t / d_t^2 where active else 0), not read from ``den`` and ``a``."""
         t = tl.program_id(0)
         r = tl.load(rows + t)
         i = tl.load(items + t).to(tl.int64)
         start = tl.load(crow + r)
         end = tl.load(crow + r + 1)
         e_t = tl.load(e + t)
-        d_t = tl.load(den + t)
-        a_t = tl.load(a + t)
+        if TERMS:
+            num = tl.zeros([BLOCK], dtype=tl.float64)
+            raw = tl.zeros([BLOCK], dtype=tl.float64)
+            for p0 in range(start, end, BLOCK):
+                offs = p0 + tl.arange(0, BLOCK)
+                m = offs < end
+                j = tl.load(cols + offs, mask=m, other=0).to(tl.int64)
+                x = tl.load(xv + offs, mask=m, other=0.0)
+                s = tl.load(S + i * stride_s + j, mask=m, other=0.0).to(tl.float64)
+                num += x * s
+                raw += tl.abs(s)
+            n_t = tl.sum(num, axis=0)
+            raw_t = tl.sum(raw, axis=0)
+            on = tl.load(active + t) != 0
+            d_t = tl.where(on, raw_t, tl.load(floor))
+            a_t = tl.where(on, n_t / (d_t * d_t), 0.0)
+        else:
+            d_t = tl.load(den + t)
+            a_t = tl.load(a + t)
         total = tl.zeros([BLOCK], dtype=tl.float64)
         for p0 in range(start, end, BLOCK):
             offs = p0 + tl.arange(0, BLOCK)
@@ -85,25 +104,38 @@ def _kernel() -> Any:
 
 
 def user_norms(rows: torch.Tensor, items: torch.Tensor, crow: torch.Tensor, cols: torch.Tensor, xv: torch.Tensor,
-               e: torch.Tensor, den: torch.Tensor, a: torch.Tensor, S: torch.Tensor, n_rows: int,
-               include_diagonal: bool, p: int = 1) -> torch.Tensor:
+               e: torch.Tensor, den: torch.Tensor | None, a: torch.Tensor | None, S: torch.Tensor, n_rows: int,
+               include_diagonal: bool, p: int = 1, active: torch.Tensor | None = None,
+               floor_c: float | None = None) -> torch.Tensor:
     """||G_u||_p (p = 1 or 2) for every batch row (float64, shape ``[n_rows]``): the pair sums of
     :func:`dprec_torch.models.pair_numba.user_l1_norms` (p = 1) or of the closed form
     :func:`dprec_torch.privacy.pnbm_clipping.per_user_grad_norms` (p = 2), one Triton program per target, float64
-    accumulation; the L2 sums are not the closed form's (no cancellation of its expanded square)."""
+    accumulation; the L2 sums are not the closed form's (no cancellation of its expanded square).
+
+    ``den``/``a``: the targets' d_t and a_t (:func:`~dprec_torch.privacy.pnbm_clipping.target_terms`); None with
+    ``active`` (the batch's [D >= C] mask) and ``floor_c``: the kernel computes them from the same history in float64
+    (the same sums in another order: no [rows x M] float64 products, which took two float64 GEMMs a step)."""
     n_t = int(rows.numel())
     out = torch.zeros(n_rows, dtype=torch.float64, device=S.device)
     if n_t == 0:
         return out
     S = S.detach().contiguous()
+    terms = den is None
+    if terms:
+        if active is None or floor_c is None:
+            raise ValueError("user_norms needs den and a, or active and floor_c")
+        flags = active.to(torch.int8).contiguous()
+        floor = torch.full((1,), float(floor_c), dtype=torch.float64, device=S.device)
+        den = a = flags  # (not read)
+    else:
+        flags = floor = den
     per_target = torch.empty(n_t, dtype=torch.float64, device=S.device)
     _kernel()[(n_t,)](
         rows.contiguous(), items.contiguous(), crow.contiguous(), cols.contiguous(), xv.contiguous(),
-        e.contiguous(), den.contiguous(), a.contiguous(), S, S.stride(0), per_target,
-        INCLUDE_DIAGONAL=bool(include_diagonal), SQUARE=p == 2, BLOCK=BLOCK,
+        e.contiguous(), den.contiguous(), a.contiguous(), flags, floor, S, S.stride(0), per_target,
+        INCLUDE_DIAGONAL=bool(include_diagonal), SQUARE=p == 2, TERMS=terms, BLOCK=BLOCK,
     )
     order = torch.argsort(rows, stable=True)
     lengths = torch.bincount(rows, minlength=n_rows)
     sums = torch.segment_reduce(per_target[order], "sum", lengths=lengths, unsafe=True)
     return sums.sqrt() if p == 2 else sums
-

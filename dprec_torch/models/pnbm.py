@@ -46,6 +46,9 @@ from dprec_torch.models.history import BindsHistory
 
 GRADIENTS = ("exact", "paper_eq5")
 FORMULATIONS = ("auto", "dense", "sparse_pair")
+# project_ on a GPU symmetrizes S up to this size in one tile (an M x M temporary: 268 MB in float32 at 8,192), not in
+# 512-wide tiles whose ~150 small launches dominated a step's projection
+GPU_WHOLE_SYMMETRIZE = 8192
 DENOMINATOR_RULE = "D >= C"  # where the Eq. (2) denominator is D (gradient through |s|); below C it is the floor
 
 
@@ -174,6 +177,8 @@ class PNBM(BindsHistory, BaseModel):
             pair_numba.symmetrize_(s)
             return
         m = s.shape[0]
+        if s.device.type != "cpu" and m <= GPU_WHOLE_SYMMETRIZE:  # one tile: 4 launches, not ~150 (each entry's sum is
+            block = m  # the same (a + b) / 2 whatever the tiling: the same bits)
         for i in range(0, m, block):
             for j in range(i, m, block):
                 a, b = s[i : i + block, j : j + block], s[j : j + block, i : i + block]

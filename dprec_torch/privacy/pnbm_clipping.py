@@ -139,12 +139,16 @@ def per_user_grad_norms(model: Any, batch: Any, residuals: torch.Tensor, p: floa
         return _closed_form_l2(model, batch, residuals, include_diagonal).sqrt()
     kernel = (pair_numba if p == 1 and pair_numba.use_numba(model.pair_backend, model.S)  # the same bits, compiled (CPU)
               else pair_triton if triton_ok else None)  # fused, no pair temporaries (GPU)
+    if kernel is pair_triton:  # d_t, a_t summed in the kernel, under the batch's shared [D >= C] mask
+        crow, cols, xv = _history(batch)
+        return pair_triton.user_norms(batch.rows, batch.items, crow, cols, xv, residuals.detach().to(torch.float64),
+                                      None, None, model.S.detach(), n_rows, include_diagonal, p=p,
+                                      active=model.floor_mask(batch), floor_c=model.floor_c)
     if kernel is not None:
         _, den, a = target_terms(model, batch)
         crow, cols, xv = _history(batch)
-        args = (batch.rows, batch.items, crow, cols, xv, residuals.detach().to(torch.float64), den, a, model.S.detach(),
-                n_rows, include_diagonal)
-        return kernel.user_l1_norms(*args) if kernel is pair_numba else kernel.user_norms(*args, p=p)
+        return kernel.user_l1_norms(batch.rows, batch.items, crow, cols, xv, residuals.detach().to(torch.float64), den,
+                                    a, model.S.detach(), n_rows, include_diagonal)
     acc = torch.zeros(n_rows, dtype=torch.float64, device=residuals.device)
     for t, i, j, val in _pair_chunks(model, batch, residuals, chunk_pairs):
         if not include_diagonal:  # zeroed, not compacted: the same sums, one pass and no host sync fewer

@@ -39,6 +39,7 @@ from dprec_torch.privacy.relations import check_privacy_units, check_relation_pr
 from dprec_torch.privacy import size_rule
 from dprec_torch.privacy.scope import diagnostics_enabled, item_universe_of, privacy_scope, reference_scope
 from dprec_torch.seeding import SAMPLER_STREAM, key_scope, noise_generator, randomness_report, seed_everything
+from dprec_torch.startup import skip_dynamo_import
 from dprec_torch.sweep_cache import shared
 from dprec_torch.evaluation.baselines import (baseline_metrics, dp_reference_metrics, dp_reference_target, log_references, reference_hparams,
                                               reference_info, reference_label)
@@ -162,6 +163,7 @@ def setup_training(cfg: DictConfig, fold: Fold, device: torch.device, prepare: b
     """Cap the fold for the mechanism, build and attach the model, build the mechanism (it calibrates), let it prepare
     the model (:meth:`~dprec_torch.mechanisms.base.MechanismOptimizer.prepare`: the DP item means, S's start), then build
     the batch sampler. ``prepare=False`` for a resumed fold: its checkpoint restores what ``prepare`` made."""
+    skip_dynamo_import()  # torch.optim's first call would import torch._dynamo: 2-6 s no run uses (dprec_torch/startup.py)
     fold = mechanism_fold(cfg, fold)
     train = fold.train
     cfg, rule = size_rule.apply(cfg, train)  # knobs set to `auto`: the size rule's values for this fold's public sizes

@@ -413,16 +413,16 @@ SPEED_COMMANDS = {
     "ml1m-t2": "DPREC_DATA=../shared/data python experiments/benchmarks/bench.py --threads 2 --epochs 3 --repeat 2 --tag cpu-ml1m-t2 "
                "--cases pnbm-none-ml1m-sparse pnbm-none-ml1m-dense pnbm-dpsgd-ml1m-sparse pnbm-dpsgd-ml1m-dense "
                "pnbm-sgld-ml1m-sparse pnbm-sgld-ml1m-dense",
-    "startup-gpu": "python experiments/benchmarks/bench_startup.py --repeat 5 "
+    "startup-gpu": "python experiments/benchmarks/bench_startup.py --repeat 3 "
                    "--out docs/results/benchmarks/startup-gpu-ml100k-sgld.json -- mechanism=sgld epsilon=20 data=ml-100k device=cuda",
-    "lowrank-gpu": "python experiments/benchmarks/bench_pnbm_lowrank.py --rows ml1m-400 --device cuda "
+    "lowrank-gpu": "python experiments/benchmarks/bench_pnbm_lowrank.py --rows ml1m-400 --device cuda --repeat 2 "
                    "--out docs/results/benchmarks/lowrank-gpu.json",
     "gpu": "bash experiments/benchmarks/gpu_check.sh",
     "gpu-mechanisms": "python experiments/benchmarks/gpu_bench.py --budget 100 --stages mechanisms "
                       "--out docs/results/benchmarks/gpu-mechanisms.json",
     "designcard-cpu": "DPREC_DATA=../shared/data OMP_NUM_THREADS=2 python experiments/benchmarks/bench_startup.py --repeat 3 "
                       "--out docs/results/benchmarks/designcard-cpu-ml1m-sgld.json -- mechanism=sgld epsilon=20 data=ml-1m",
-    "designcard-gpu": "python experiments/benchmarks/bench_startup.py --repeat 3 "
+    "designcard-gpu": "python experiments/benchmarks/bench_startup.py --repeat 2 "
                       "--out docs/results/benchmarks/designcard-gpu-ml1m-sgld.json -- mechanism=sgld epsilon=20 data=ml-1m",
 }
 SPEED_TARGETS = {"startup_ratio": 2.0, "startup_gpu_s": 5.0, "lowrank_cpu_step_s": 0.015, "lowrank_cpu_total_s": 8.0,

@@ -151,6 +151,21 @@ def test_symmetrize_bit_identical_to_torch_tiles() -> None:
         assert torch.equal(fast.S.data, fast.S.data.T) and (fast.S.data.diagonal() == 0).all()
 
 
+def test_symmetrize_tiling_changes_no_bit() -> None:
+    """A GPU projects S in one tile (``GPU_WHOLE_SYMMETRIZE``), the torch path elsewhere in 512-wide tiles: each entry
+    is (s_ij + s_ji) / 2 either way, so every tiling gives the same bits (a partial last tile included)."""
+    g = torch.Generator().manual_seed(11)
+    S = torch.randn(1100, 1100, generator=g)
+    out = []
+    for block in (512, 1100, 257):
+        m = PNBM(1100, pair_backend="torch")
+        m.S.data.copy_(S)
+        m.project_(block=block, compiled=False)
+        out.append(m.S.data.clone())
+    assert torch.equal(out[0], out[1]) and torch.equal(out[0], out[2])
+    assert torch.equal(out[0], out[0].T) and (out[0].diagonal() == 0).all()
+
+
 @pytest.mark.parametrize("weights", [False, True])
 def test_kernels_keep_their_sequential_float_order(weights: bool) -> None:
     """Bit for bit: each target's sums are float32 products added in history order into float64,

@@ -1,4 +1,5 @@
-"""The fused Triton per-user L1 and L2 norms (``models.pair_triton``) equal the torch pair enumeration.
+"""The fused Triton per-user L1 and L2 norms (``models.pair_triton``) equal the torch pair enumeration, with the
+targets' d_t and a_t given (``target_terms``) or summed in the kernel (the training path on a GPU).
 
 On a GPU the kernel runs natively (``-m gpu``); without one it runs in Triton's CPU interpreter
 (``TRITON_INTERPRET=1``, a subprocess, since the flag is read when the kernel is defined). Both skip
@@ -43,7 +44,11 @@ for diag, p in ((False, 1), (True, 1), (False, 2), (True, 2)):
     crow, cols, xv = pc._history(batch)
     args = (batch.rows, batch.items, crow, cols, xv, res, den, a, model.S, len(batch.users), diag)
     got, again = pair_triton.user_norms(*args, p=p), pair_triton.user_norms(*args, p=p)
+    # d_t and a_t summed in the kernel (the training path: per_user_grad_norms on a GPU), not by target_terms
+    terms = pair_triton.user_norms(*args[:6], None, None, *args[8:], p=p, active=model.floor_mask(batch),
+                                   floor_c=model.floor_c)
     out[f"diag={diag} p={p}"] = {"max_rel": float(((got - ref).abs() / ref.abs().clamp_min(1e-300)).max()),
+                      "max_rel_terms": float(((terms - ref).abs() / ref.abs().clamp_min(1e-300)).max()),
                       "deterministic": bool(torch.equal(got, again)), "n": int(ref.numel()),
                       "positive": int((ref > 0).sum())}
 print(json.dumps(out))
@@ -60,7 +65,7 @@ def _check(device: str, env: dict[str, str]) -> dict:
 def _assert_same(out: dict) -> None:
     for diag, row in out.items():
         assert row["positive"] > 0, diag  # the check is not vacuous
-        assert row["max_rel"] < 1e-12, (diag, row)
+        assert row["max_rel"] < 1e-12 and row["max_rel_terms"] < 1e-12, (diag, row)
         assert row["deterministic"], diag
 
 

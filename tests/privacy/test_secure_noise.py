@@ -186,3 +186,56 @@ def test_the_triton_kernel_gives_the_same_words_in_the_interpreter() -> None:
     proc = subprocess.run([sys.executable, "-c", TRITON_CHECK], cwd=Path(__file__).resolve().parents[2],
                           env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip() == "same", proc.stderr[-2000:]
+
+
+FUSED_NOISE_CHECK = r"""
+import sys
+import numpy as np, torch
+from scipy import stats
+from dprec_torch import chacha, chacha_triton
+device = sys.argv[1]
+key = chacha.as_key(np.arange(8, dtype=np.uint32) * 0x9E3779B9)
+exact = True
+for n in (1, 7, 9, 1001, 128 * 8 * 3 + 5):  # a partial block, a partial program, several programs
+    for dtype in (torch.float64, torch.float32):
+        base = torch.linspace(-1, 1, n, dtype=dtype, device=device)
+        for fused, ref in ((chacha_triton.add_gaussian_, chacha.gaussian_noise), (chacha_triton.add_laplace_, chacha.laplace_noise)):
+            got = fused(base.clone(), 0.7, key, chacha._CONSTANTS)
+            want = base.clone().add_(ref(key, n, 0.7, device).to(dtype))
+            gap = (got.double() - want.double()).abs().max().item()
+            exact = exact and gap == 0
+            # the same formula in float64; the transcendental functions may round differently by an ulp
+            assert gap <= (4e-15 if dtype == torch.float64 else 3e-7), (fused.__name__, n, dtype, gap)
+ks = 200_000 if device == "cuda" else 16_384  # (the interpreter is slow)
+big = chacha_triton.add_gaussian_(torch.zeros(ks, dtype=torch.float64, device=device), 1.0, key, chacha._CONSTANTS)
+assert stats.kstest(big.cpu().numpy(), "norm").pvalue > 1e-3
+lap = chacha_triton.add_laplace_(torch.zeros(ks, dtype=torch.float64, device=device), 1.0, key, chacha._CONSTANTS)
+assert stats.kstest(lap.cpu().numpy(), "laplace").pvalue > 1e-3
+print("same" if exact else "close")
+"""
+
+
+def _fused_noise(device: str, env: dict[str, str]) -> str:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    proc = subprocess.run([sys.executable, "-c", FUSED_NOISE_CHECK, device], cwd=Path(__file__).resolve().parents[2],
+                          env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout.strip()
+
+
+def test_the_fused_triton_noise_is_the_torch_formula_in_the_interpreter() -> None:
+    """On a GPU one Triton kernel draws the words and adds the Gaussian or Laplace noise in place
+    (chacha_triton.add_gaussian_ / add_laplace_): the torch path's numbers to an ulp of the transcendental functions
+    (numpy's here, in Triton's interpreter), and Gaussian / Laplace by a KS test."""
+    pytest.importorskip("triton", reason="Triton is not installed (CPU wheels of torch ship without it)")
+    assert _fused_noise("cpu", {"TRITON_INTERPRET": "1"}) in ("same", "close")
+
+
+@pytest.mark.gpu
+def test_the_fused_triton_noise_is_the_torch_formula_on_a_gpu() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    print(_fused_noise("cuda", {}))  # "same": libdevice rounds as torch's CUDA functions do

@@ -1,0 +1,51 @@
+"""Every Triton kernel compiles for a Hopper GPU (sm_90) without one: Triton's front end and LLVM run on the CPU.
+
+The interpreter (``TRITON_INTERPRET=1``) runs a kernel's Python, not its compilation: it accepted a float global that
+the compiler refuses (a kernel reads only ``tl.constexpr(...)`` globals), which a GPU session then found. This test
+compiles each kernel, for each dtype and switch it is launched with, to PTX. It skips where Triton does not import
+(CPU wheels of torch ship without it).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+triton = pytest.importorskip("triton", reason="Triton is not installed (CPU wheels of torch ship without it)")
+
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from dprec_torch import chacha_triton  # noqa: E402
+from dprec_torch.models import pair_triton  # noqa: E402
+
+HOPPER = GPUTarget("cuda", 90, 32)
+
+
+def _ptx(fn, signature: dict[str, str], constexprs: dict) -> str:
+    src = ASTSource(fn=fn, signature={**signature, **{k: "constexpr" for k in constexprs}}, constexprs=constexprs)
+    return triton.compile(src, target=HOPPER).asm["ptx"]
+
+
+def test_the_keystream_kernel_compiles() -> None:
+    assert ".entry chacha_blocks" in _ptx(chacha_triton.chacha_blocks,
+                                          {"key": "*u32", "out": "*u32", "n_blocks": "i64"}, {"BLOCK": 128})
+
+
+@pytest.mark.parametrize("target", ["*fp32", "*fp64"])
+@pytest.mark.parametrize("name", ["gaussian_add", "laplace_add"])
+def test_the_fused_noise_kernels_compile(name: str, target: str) -> None:
+    ptx = _ptx(getattr(chacha_triton, name), {"key": "*u32", "target": target, "n": "i64"}, {"BLOCK": 128})
+    assert f".entry {name}" in ptx
+    if name == "gaussian_add":
+        assert "sqrt.rn.f64" in ptx  # float64 sqrt correctly rounded, as torch's
+
+
+@pytest.mark.parametrize("terms", [False, True])
+@pytest.mark.parametrize("square", [False, True])
+def test_the_pair_norm_kernel_compiles(terms: bool, square: bool) -> None:
+    f64 = "*fp64"
+    sig = {"rows": "*i64", "items": "*i64", "crow": "*i64", "cols": "*i64", "xv": f64, "e": f64,
+           "den": "*i8" if terms else f64, "a": "*i8" if terms else f64, "active": "*i8" if terms else f64,
+           "floor": f64, "S": "*fp32", "stride_s": "i64", "out": f64}
+    ptx = _ptx(pair_triton._kernel(), sig, {"INCLUDE_DIAGONAL": False, "SQUARE": square, "TERMS": terms, "BLOCK": 128})
+    assert ".entry target_norm" in ptx
