@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 
 from dprec_torch.cli import exit_on_bad_command_line, report_error
 from dprec_torch.errors import DprecError
+from dprec_torch.startup import fast_exit
 from dprec_torch.training.evaluate import evaluate
 
 log = logging.getLogger("evaluate")
@@ -31,3 +32,4 @@ def main(cfg: DictConfig) -> None:
 if __name__ == "__main__":
     exit_on_bad_command_line("evaluate")  # one line + exit 2 where Hydra would print its multi-line report
     main()
+    fast_exit()  # the results are written: skip the interpreter's teardown (dprec_torch/startup.py)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from dprec_torch.startup import pause_gc, resume_gc, skip_dynamo_import
+from dprec_torch.startup import fast_exit, pause_gc, resume_gc, skip_dynamo_import
 
 pause_gc()  # no cyclic collection over the objects torch, numba and Hydra load (~0.3 s; dprec_torch/startup.py)
 import hydra
@@ -44,3 +44,4 @@ def main(cfg: DictConfig) -> float:
 if __name__ == "__main__":
     exit_on_bad_command_line("config")  # one line + exit 2 where Hydra would print its multi-line report
     main()
+    fast_exit()  # the results are written: skip the interpreter's teardown (dprec_torch/startup.py)

@@ -13,7 +13,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig
 
-from dprec_torch.config import CONF_DIR, check_config
+from dprec_torch.config import CONF_DIR, check_config, remember_composed
 from dprec_torch.errors import ConfigError
 from dprec_torch.privacy.relations import check_relation_preprocessing
 
@@ -69,6 +69,7 @@ def check_command_line(config_name: str, argv: list[str]) -> None:
         except HydraException as err:
             retry = _misspelt_key_retry(config_name, overrides, err)
             raise (retry or ConfigError(_one_line(err))) from None
+    remember_composed(config_name, overrides, cfg)  # the run's provenance may compose the same again
     if "data" in cfg:
         check_config(cfg)
         check_relation_preprocessing(cfg)

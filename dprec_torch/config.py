@@ -58,6 +58,25 @@ SUPPLIED_BY_RUNNER = frozenset({"params", "context", "n_items", "n_users", "devi
 HYDRA_KEYS = frozenset({"_target_", "_partial_", "_convert_", "_recursive_", "_args_"})
 
 
+# the last composition of conf/ in this process, as Hydra returned it: (config name, overrides, config)
+_COMPOSED: tuple[str, tuple[str, ...], DictConfig] | None = None
+
+
+def remember_composed(config_name: str, overrides: list[str], cfg: DictConfig) -> None:
+    """Keep a copy of ``cfg``, the composition of ``conf/<config_name>.yaml`` with ``overrides`` (the command line's
+    check composes what the run's provenance composes again when the command line sets no hyperparameter value)."""
+    global _COMPOSED
+    _COMPOSED = (config_name, tuple(overrides), copy.deepcopy(cfg))
+
+
+def recall_composed(config_name: str, overrides: list[str]) -> DictConfig | None:
+    """A copy of the remembered composition of exactly (``config_name``, ``overrides``), or None."""
+    hit = _COMPOSED
+    if hit is None or hit[0] != config_name or hit[1] != tuple(overrides):
+        return None
+    return copy.deepcopy(hit[2])
+
+
 def declared_parameters(target: str) -> dict[str, inspect.Parameter]:
     """The named parameters of a ``_target_`` (a class's ``__init__`` or a function)."""
     try:

@@ -1,4 +1,5 @@
-"""Start-up cost a run does not need: torch's dynamo (and, through it, distributed/FSDP) import, and the cyclic GC.
+"""Start-up and exit cost a run does not need: torch's dynamo (and, through it, distributed/FSDP) import, the cyclic
+GC, and the interpreter's teardown.
 
 ``torch.optim.Optimizer.add_param_group``, ``zero_grad``, ``state_dict`` and ``load_state_dict`` are wrapped by
 ``torch._compile._disable_dynamo``, whose first call imports ``torch._dynamo`` (and ``torch.distributed.fsdp``, sympy,
@@ -10,13 +11,22 @@ Loading torch, numba and Hydra allocates a few hundred thousand long-lived objec
 them all again (~0.3 s of CPU to the first epoch of ``python train.py data=ml-100k``). ``train.py`` calls
 :func:`pause_gc` before its imports and :func:`resume_gc` after them (``gc.freeze``). Nothing else changes: a collection
 only frees unreachable cycles, and module-level objects live until the process exits anyway.
+
+At exit, CPython tears down every module and frees their objects one by one: 0.25-0.3 s after ``train.py``'s
+final table on ML-100K (about 9 % of the run), and 0.7 s for a bare ``import torch, numba, hydra, scipy.linalg``.
+Nothing needs that work: the process is ending. :func:`fast_exit` does what an exit must do -- waits for the
+threads that are still running, runs the ``atexit`` handlers (logging's flush and close among them), flushes the
+standard streams -- and then ends the process with ``os._exit``.
 """
 
 from __future__ import annotations
 
+import atexit
 import gc
 import logging
+import os
 import sys
+import threading
 
 log = logging.getLogger(__name__)
 
@@ -49,3 +59,26 @@ def resume_gc() -> None:
     """Freeze what is allocated so far (the imported modules; ``gc.freeze``) and turn the collector back on."""
     gc.freeze()
     gc.enable()
+
+
+def fast_exit(code: int = 0) -> None:
+    """End the process without the interpreter's module teardown (module docstring). Non-daemon threads are joined
+    first (as the interpreter's own shutdown does), then the ``atexit`` handlers run (logging's flush and close, temp
+    files, torch's and numba's handlers), then stdout and stderr are flushed. For a CLI's last line only: a function
+    registered with ``atexit`` after this call, or code that expected to run after it, would not run."""
+    current = threading.current_thread()
+    for thread in threading.enumerate():
+        if thread is not current and not thread.daemon:
+            thread.join()
+    run_handlers = getattr(atexit, "_run_exitfuncs", None)  # CPython's; elsewhere, logging's own shutdown
+    if run_handlers is not None:
+        run_handlers()
+    else:
+        logging.shutdown()
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):  # a closed or broken stream: nothing left to flush
+            pass
+    os._exit(code)

@@ -38,7 +38,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from dprec_torch.config import CONF_DIR
+from dprec_torch.config import CONF_DIR, recall_composed
 from dprec_torch.errors import ConfigError
 from dprec_torch.populations import POPULATIONS, population  # noqa: F401 (the people a data config holds)
 
@@ -196,6 +196,9 @@ def _compose(overrides: list[str]) -> DictConfig | None:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
+    hit = recall_composed("config", overrides)  # the command line's check composed exactly these (train.py)
+    if hit is not None:
+        return hit
     try:
         if GlobalHydra.instance().is_initialized():
             return compose(config_name="config", overrides=overrides)

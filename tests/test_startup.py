@@ -1,0 +1,51 @@
+"""``dprec_torch.startup``: the exit without teardown still finishes what an exit must, and the composition the
+command line's check made is recalled only for exactly the same command."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from dprec_torch.config import recall_composed, remember_composed
+from dprec_torch.api import compose_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+EXITING = r"""
+import atexit, logging, sys, threading, time
+from dprec_torch.startup import fast_exit
+out = sys.argv[1]
+logging.basicConfig(filename=out + "/log.txt", level=logging.INFO)
+def late():
+    time.sleep(0.3)
+    open(out + "/thread.txt", "w").write("done")
+threading.Thread(target=late).start()  # not a daemon: the exit waits for it
+atexit.register(lambda: open(out + "/atexit.txt", "w").write("ran"))
+logging.getLogger("x").info("logged last")
+sys.stdout.write("buffered, no newline")
+fast_exit(3)
+print("never")
+"""
+
+
+def test_fast_exit_joins_threads_runs_atexit_and_flushes(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-c", EXITING, str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 3
+    assert proc.stdout == "buffered, no newline"
+    assert (tmp_path / "thread.txt").read_text() == "done"
+    assert (tmp_path / "atexit.txt").read_text() == "ran"
+    assert "logged last" in (tmp_path / "log.txt").read_text()
+
+
+def test_a_remembered_composition_is_recalled_for_the_same_command_only() -> None:
+    cfg = compose_config(["mechanism=sgld", "epsilon=20"])
+    remember_composed("config", ["mechanism=sgld", "epsilon=20"], cfg)
+    got = recall_composed("config", ["mechanism=sgld", "epsilon=20"])
+    assert got == cfg and got is not cfg
+    got.epsilon = 1.0  # a copy: the caller's changes stay its own
+    assert recall_composed("config", ["mechanism=sgld", "epsilon=20"]).epsilon == 20
+    assert recall_composed("config", ["epsilon=20", "mechanism=sgld"]) is None  # another order is another command
+    assert recall_composed("config", ["mechanism=sgld"]) is None
+    assert recall_composed("evaluate", ["mechanism=sgld", "epsilon=20"]) is None
