@@ -171,19 +171,19 @@ def fusable(target: torch.Tensor) -> bool:
     return target.is_contiguous() and target.dtype in (torch.float32, torch.float64)
 
 
+def _add_in_place(kernel, target: torch.Tensor, value: float, key: np.ndarray, constants: tuple[int, ...]) -> torch.Tensor:
+    """One launch of a noise kernel over ``target`` (8 elements a ChaCha block), ``value`` its float64 scalar."""
+    n_blocks = -(-target.numel() // 8)
+    kernel[(triton.cdiv(n_blocks, BLOCK),)](_buffer(key, constants, target.device, float(value)), target.view(-1),
+                                            target.numel(), BLOCK=BLOCK)
+    return target
+
+
 def add_gaussian_(target: torch.Tensor, std: float, key: np.ndarray, constants: tuple[int, ...]) -> torch.Tensor:
     """target += N(0, std^2) in one launch: the words and numbers of chacha.add_gaussian_'s torch path, no temporaries."""
-    n = target.numel()
-    n_blocks = -(-n // 8)
-    gaussian_add[(triton.cdiv(n_blocks, BLOCK),)](_buffer(key, constants, target.device, float(std)), target.view(-1),
-                                                  n, BLOCK=BLOCK)
-    return target
+    return _add_in_place(gaussian_add, target, std, key, constants)
 
 
 def add_laplace_(target: torch.Tensor, scale: float, key: np.ndarray, constants: tuple[int, ...]) -> torch.Tensor:
     """target += Lap(0, scale) in one launch: the words and numbers of chacha.add_laplace_'s torch path."""
-    n = target.numel()
-    n_blocks = -(-n // 8)
-    laplace_add[(triton.cdiv(n_blocks, BLOCK),)](_buffer(key, constants, target.device, float(scale)), target.view(-1),
-                                                 n, BLOCK=BLOCK)
-    return target
+    return _add_in_place(laplace_add, target, scale, key, constants)

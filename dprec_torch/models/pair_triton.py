@@ -27,6 +27,7 @@ import torch
 BLOCK = 128
 triton: Any = None  # imported by _kernel() on first use; module globals, so the JIT resolves ``tl`` as it expects
 tl: Any = None
+history_block: Any = None  # the kernel's helper, a module global too (the interpreter resolves names there only)
 
 
 def interpreting() -> bool:
@@ -45,13 +46,23 @@ def available(S: torch.Tensor) -> bool:
 @functools.lru_cache(maxsize=1)
 def _kernel() -> Any:
     """The compiled-on-first-launch Triton kernel, or None where Triton does not import."""
-    global triton, tl
+    global triton, tl, history_block
     try:  # Triton ships with CUDA builds of torch; absent on CPU wheels
         import triton as _triton
         import triton.language as _tl
     except Exception:  # noqa: BLE001 - any import failure means "not available"
         return None
     triton, tl = _triton, _tl
+
+    @triton.jit
+    def _history_block(p0, end, cols, xv, s_row, BLOCK: tl.constexpr):  # pragma: no cover - GPU
+        """(mask, j, x_uj, s_ij) of the history entries p0 .. p0 + BLOCK - 1 (below ``end``) of one target's user."""
+        offs = p0 + tl.arange(0, BLOCK)
+        m = offs < end
+        j = tl.load(cols + offs, mask=m, other=0).to(tl.int64)
+        return m, j, tl.load(xv + offs, mask=m, other=0.0), tl.load(s_row + j, mask=m, other=0.0)
+
+    history_block = _history_block
 
     @triton.jit
     def target_norm(rows, items, crow, cols, xv, e, den, a, active, floor, S, stride_s, out,  # pragma: no cover - GPU
@@ -70,11 +81,8 @@ def _kernel() -> Any:
             num = tl.zeros([BLOCK], dtype=tl.float64)
             raw = tl.zeros([BLOCK], dtype=tl.float64)
             for p0 in range(start, end, BLOCK):
-                offs = p0 + tl.arange(0, BLOCK)
-                m = offs < end
-                j = tl.load(cols + offs, mask=m, other=0).to(tl.int64)
-                x = tl.load(xv + offs, mask=m, other=0.0)
-                s = tl.load(S + i * stride_s + j, mask=m, other=0.0).to(tl.float64)
+                m, j, x, s = history_block(p0, end, cols, xv, S + i * stride_s, BLOCK)
+                s = s.to(tl.float64)
                 num += x * s
                 raw += tl.abs(s)
             n_t = tl.sum(num, axis=0)
@@ -87,11 +95,7 @@ def _kernel() -> Any:
             a_t = tl.load(a + t)
         total = tl.zeros([BLOCK], dtype=tl.float64)
         for p0 in range(start, end, BLOCK):
-            offs = p0 + tl.arange(0, BLOCK)
-            m = offs < end
-            j = tl.load(cols + offs, mask=m, other=0).to(tl.int64)
-            x = tl.load(xv + offs, mask=m, other=0.0)
-            s = tl.load(S + i * stride_s + j, mask=m, other=0.0)
+            m, j, x, s = history_block(p0, end, cols, xv, S + i * stride_s, BLOCK)
             sg = tl.where(s > 0, 1.0, tl.where(s < 0, -1.0, 0.0)).to(tl.float64)
             v = e_t * (x / d_t - a_t * sg)
             v = v * v if SQUARE else tl.abs(v)
