@@ -2,7 +2,8 @@
 # The speed issue's GPU rows and the design card's GPU wall time in one device call (< 8 minutes on one H100/H200):
 #   0. what the image does with bytecode (why `import torch` takes seconds there) and `import torch` with a pycache
 #      prefix (PYTHONPYCACHEPREFIX), second run;
-#   1. the `-m gpu` tests of the fused kernels (keystream, noise, pair norms) and the low-rank model (GPU_TARGETS_PYTEST);
+#   1. the `-m gpu` tests of the fused kernels (keystream, noise, pair norms) and the low-rank model (GPU_TARGETS_PYTEST;
+#      the whole log in $OUT/gpu-tests.txt; 2026-11-28 they needed more than 75 s on the H200);
 #   2. the low-rank step: bench_pnbm_lowrank.py --rows ml1m-400 --device cuda --repeat 2 (the first compiles the kernels), then 20 profiled steps;
 #   3. full-S mechanisms on ML-1M (gpu_bench.py's `mechanisms` stage: the `gaussian_pnbm` row among them), and one
 #      gaussian_pnbm run under torch.profiler (gpu_probe.py);
@@ -41,10 +42,12 @@ for i in 1 2; do /usr/bin/time -f "import torch %e s" "$PY" -c "import torch" 2>
 for i in 1 2; do PYTHONPYCACHEPREFIX=/tmp/pyc /usr/bin/time -f "import torch, PYTHONPYCACHEPREFIX run $i: %e s" "$PY" -c "import torch" 2>&1 | tail -1; done | tee -a "$OUT_DIR/bytecode.txt"
 
 stamp "pytest -m gpu"
-timeout 180 "$PY" -m pytest -q -m gpu -p no:cacheprovider -rs ${GPU_TARGETS_PYTEST:-tests/models/test_pair_triton.py \
+# -v and tee: each test's line reaches $OUT as it finishes, so a stage killed at its limit still says which passed
+timeout 180 "$PY" -m pytest -v -m gpu -p no:cacheprovider -rs ${GPU_TARGETS_PYTEST:-tests/models/test_pair_triton.py \
   tests/privacy/test_secret_keys.py tests/privacy/test_secure_noise.py \
   tests/models/test_gpu.py::test_lowrank_pnbm_trains_on_cuda_like_the_cpu \
-  "tests/models/test_gpu.py::test_every_pnbm_mechanism_same_rmse_on_cuda[gaussian_pnbm]"} 2>&1 | tail -15
+  "tests/models/test_gpu.py::test_every_pnbm_mechanism_same_rmse_on_cuda[gaussian_pnbm]"} 2>&1 \
+  | tee "$OUT_DIR/gpu-tests.txt" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" | tail -20
 
 stamp "low-rank step, ML-1M"
 timeout 60 "$PY" $B/bench_pnbm_lowrank.py --rows ml1m-400 --device cuda --repeat 2 --out "$OUT_DIR/lowrank-gpu.json" 2>&1 | tail -1
