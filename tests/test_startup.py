@@ -49,3 +49,26 @@ def test_a_remembered_composition_is_recalled_for_the_same_command_only() -> Non
     assert recall_composed("config", ["epsilon=20", "mechanism=sgld"]) is None  # another order is another command
     assert recall_composed("config", ["mechanism=sgld"]) is None
     assert recall_composed("evaluate", ["mechanism=sgld", "epsilon=20"]) is None
+
+
+NO_DYNAMO = r"""
+import sys, torch
+from dprec_torch.api import compose_config
+from dprec_torch.training.run import instantiate_node, setup_training, validate
+from dprec_torch.training.trainer import Trainer
+cfg = compose_config(["data=synthetic", "data.preset=tiny", "mechanism=gaussian", "model=pnbm_lowrank", "epsilon=5",
+                      "mechanism.epochs=1", "device=cpu", "compare_baselines=false", "tensorboard=false"])
+validate(cfg)
+fold = instantiate_node(cfg.data).folds[0]
+setup = setup_training(cfg, fold, torch.device("cpu"))
+Trainer(setup.model, setup.optimizer, setup.sampler, setup.epochs)._step()  # zero_grad, step: torch's wrapped methods
+print("torch._dynamo" in sys.modules)
+"""
+
+
+def test_setup_training_never_imports_dynamo() -> None:
+    """torch.optim's wrapped methods import torch._dynamo on their first call (6 s on the GPU image, which compiles
+    every module from source); ``setup_training`` skips that for every caller, the benchmarks included."""
+    proc = subprocess.run([sys.executable, "-c", NO_DYNAMO], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "False"
