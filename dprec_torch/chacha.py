@@ -141,6 +141,13 @@ def _triton(device: torch.device):  # noqa: ANN202 - the module dprec_torch.chac
     return chacha_triton
 
 
+def _fused_noise(target: torch.Tensor):  # noqa: ANN202 - dprec_torch.chacha_triton, or None
+    """:mod:`dprec_torch.chacha_triton` where it adds the noise to ``target`` in one launch (words and noise in registers,
+    the torch path's formula), else None."""
+    fused = _triton(target.device)
+    return fused if fused is not None and fused.fusable(target) else None
+
+
 def _torch_rotl(x: torch.Tensor, r: int) -> torch.Tensor:
     return ((x << r) & _MASK) | (x >> (32 - r))
 
@@ -201,8 +208,8 @@ def add_laplace_(target: torch.Tensor, scale: float, key: np.ndarray) -> torch.T
     if target.device.type != "cpu":
         if target.numel() == 0 or scale == 0:
             return target
-        fused = _triton(target.device)
-        if fused is not None and fused.fusable(target):  # one launch: words and noise in registers, the same formula
+        fused = _fused_noise(target)
+        if fused is not None:
             with torch.no_grad():
                 return fused.add_laplace_(target, float(scale), as_key(key), _CONSTANTS)
         with torch.no_grad():
@@ -224,8 +231,8 @@ def add_gaussian_(target: torch.Tensor, std: float, key: np.ndarray) -> torch.Te
         n = target.numel()
         if n == 0 or std == 0:
             return target
-        fused = _triton(target.device)
-        if fused is not None and fused.fusable(target):  # one launch: words and noise in registers, the same formula
+        fused = _fused_noise(target)
+        if fused is not None:
             with torch.no_grad():
                 return fused.add_gaussian_(target, float(std), as_key(key), _CONSTANTS)
         with torch.no_grad():
