@@ -179,6 +179,9 @@ def uniform(key: np.ndarray, n: int, device: torch.device | str = "cpu", dtype: 
         words = keystream_words(key, n)
         top = torch.from_numpy((words >> np.uint64(11)).astype(np.int64))
     else:
+        fused = _triton(device)
+        if fused is not None:  # one launch: the same integer arithmetic and exact scaling
+            return fused.uniform(as_key(key), _CONSTANTS, int(n), device, dtype, open_interval)
         top = _top53(*torch_keystream(key, n, device))
     if open_interval:
         return ((top + 1).double() * _TWO_M53).to(dtype)

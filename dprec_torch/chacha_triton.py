@@ -23,6 +23,7 @@ import triton.language as tl
 
 BLOCK = 128  # ChaCha blocks per program
 TWO_M53 = tl.constexpr(2.0 ** -53)  # exact in any float width (a kernel reads only constexpr globals)
+TWO_M24 = tl.constexpr(2.0 ** -24)
 TWO_PI = 2.0 * np.pi  # chacha._TWO_PI; travels as float64 bits (a float literal in a kernel is float32)
 
 
@@ -148,13 +149,36 @@ def laplace_add(key, target, n, BLOCK: tl.constexpr):  # pragma: no cover - GPU
         add_noise_at(target, 8 * b + j, (-scale * sign) * tl.log(u), n)
 
 
+@triton.jit
+def uniform_fill(key, out, n, MODE: tl.constexpr, BLOCK: tl.constexpr):  # pragma: no cover - GPU
+    """out[i] = the uniform of word i (chacha.uniform): MODE 0: top 2^-53 and 1: (top + 1) 2^-53, in float64;
+    2: (top >> 29) 2^-24 in float32 (top = w >> 11). Integer arithmetic, then one exact scaling: the same bits."""
+    b = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
+    w = block_words(key, b)
+    for j in tl.static_range(8):
+        top = top53(w[2 * j], w[2 * j + 1])
+        if MODE == 2:
+            v = (top >> 29).to(tl.float32) * TWO_M24
+        elif MODE == 1:
+            v = (top + 1).to(tl.float64) * TWO_M53
+        else:
+            v = top.to(tl.float64) * TWO_M53
+        e = 8 * b + j
+        tl.store(out + e, v, mask=e < n)
+
+
 def _buffer(key: np.ndarray, constants: tuple[int, ...], device: torch.device, value: float | None = None) -> torch.Tensor:
     """key (8 words), constants (4), and, with ``value``, the float64 bits of ``value`` and 2 pi (2 words each), as one
-    uint32 tensor on ``device`` (one copy to it)."""
+    uint32 tensor on ``device`` (one copy to it, from pinned memory without waiting: a copy from pageable memory makes
+    torch wait for the device, a host round trip in every noised step; the caching host allocator keeps the pinned
+    block until the copy has run)."""
     parts = [np.asarray(key, np.uint32), np.asarray(constants, np.uint32)]
     if value is not None:
         parts.append(np.array([value, TWO_PI], np.float64).view(np.uint32))
-    return torch.from_numpy(np.concatenate(parts).view(np.int32).copy()).to(device).view(torch.uint32)
+    host = torch.from_numpy(np.concatenate(parts).view(np.int32).copy())
+    if torch.device(device).type == "cuda":
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True).view(torch.uint32)
 
 
 def keystream(key: np.ndarray, constants: tuple[int, ...], n_blocks: int, device: torch.device) -> torch.Tensor:
@@ -164,6 +188,17 @@ def keystream(key: np.ndarray, constants: tuple[int, ...], n_blocks: int, device
     if n_blocks:
         chacha_blocks[(triton.cdiv(n_blocks, BLOCK),)](buf, out, n_blocks, BLOCK=BLOCK)
     return out.view(torch.int32).to(torch.int64).bitwise_and_(0xFFFFFFFF).view(n_blocks, 16)
+
+
+def uniform(key: np.ndarray, constants: tuple[int, ...], n: int, device: torch.device, dtype: torch.dtype,
+            open_interval: bool = False) -> torch.Tensor:
+    """chacha.uniform's ``n`` uniforms in one launch (the torch path took about a dozen over int64 words)."""
+    mode = 1 if open_interval else (0 if dtype == torch.float64 else 2)
+    out = torch.empty(n, dtype=torch.float32 if mode == 2 else torch.float64, device=device)
+    if n:
+        n_blocks = -(-n // 8)
+        uniform_fill[(triton.cdiv(n_blocks, BLOCK),)](_buffer(key, constants, device), out, n, MODE=mode, BLOCK=BLOCK)
+    return out.to(dtype)
 
 
 def fusable(target: torch.Tensor) -> bool:

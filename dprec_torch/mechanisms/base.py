@@ -105,18 +105,30 @@ class MechanismOptimizer(Optimizer):
         Trainer may let a model clamp inside its fused step; None (the default) when it is anything else."""
         return None
 
-    def clip_by_norm(self, residuals: torch.Tensor, norms: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+    def clip_by_norm(self, residuals: torch.Tensor, norms: torch.Tensor, rows: torch.Tensor | None = None,
+                     counted: torch.Tensor | None = None) -> torch.Tensor:
         """Per-example clipping as residual scaling: e_ui min(1, c / ||g||), c = ``self.clip_norm``. ``norms``: per target,
-        or per user with ``rows`` mapping each target to its user's norm. Records the clipped fraction and largest norm."""
-        norms = norms.double()
-        factor = clip_factors(norms, self.clip_norm)
-        st = self.state["mechanism"]
-        st["clipped_fraction"] = float((norms > self.clip_norm).double().mean()) if norms.numel() else 0.0
-        st["max_clipped_norm"] = float((norms * factor).max()) if norms.numel() else 0.0
-        st["residual_bound"] = float("inf")
+        or per user with ``rows`` mapping each target to its user's norm (:meth:`unit_clip_factors`)."""
+        factor = self.unit_clip_factors(norms, counted)
         if rows is not None:
             factor = factor.index_select(0, rows)
         return (residuals.double() * factor).to(residuals.dtype)
+
+    def unit_clip_factors(self, norms: torch.Tensor, counted: torch.Tensor | None = None) -> torch.Tensor:
+        """min(1, c / ||g||) per unit in float64 (:func:`clip_factors`). Records the clipped fraction and the largest
+        clipped norm over the units in ``counted`` (a masked batch's sampled rows; None: all), as device scalars off
+        the CPU."""
+        norms = norms.double()
+        factor = clip_factors(norms, self.clip_norm)
+        st = self.state["mechanism"]
+        over, after = norms > self.clip_norm, norms * factor
+        if counted is not None:
+            over, after = over & counted, torch.where(counted, after, 0.0)
+        n = norms.numel() if counted is None else counted.sum().clamp_min(1)
+        st["clipped_fraction"] = _statistic(over.sum().double() / n) if norms.numel() else 0.0
+        st["max_clipped_norm"] = _statistic(after.max()) if norms.numel() else 0.0
+        st["residual_bound"] = float("inf")
+        return factor
 
     def grads(self) -> list[torch.Tensor]:
         """Every parameter's gradient that exists (``p.grad`` is not None), group by group."""
@@ -172,7 +184,7 @@ class MechanismOptimizer(Optimizer):
             with torch.enable_grad():
                 loss = closure()
         norms = [torch.linalg.vector_norm(g).double() for g in self.grads()]  # a logged diagnostic: float32 accumulation suffices
-        self.state["mechanism"]["grad_norm"] = float(torch.linalg.vector_norm(torch.stack(norms or [torch.zeros((), dtype=torch.float64)])))
+        self.state["mechanism"]["grad_norm"] = _statistic(torch.linalg.vector_norm(torch.stack(norms or [torch.zeros((), dtype=torch.float64)])))
         self.add_noise()
         self.scale_grad()
         self.apply_update()
@@ -204,6 +216,10 @@ class MechanismOptimizer(Optimizer):
         """torch's optimizer state (incl. ``self.state["mechanism"]``: t, ...) + noise RNG + accountant + the
         record of what :meth:`prepare` released (``mean_release``)."""
         sd = super().state_dict()
+        mech = sd["state"].get("mechanism")
+        if mech is not None:  # the device scalars of _statistic as numbers (a checkpoint reads on any device)
+            sd["state"]["mechanism"] = {k: float(v) if isinstance(v, torch.Tensor) and v.dim() == 0 else v
+                                        for k, v in mech.items()}
         sd["generator_state"] = self.generator.get_state()
         if self.accountant is not None:
             sd["accountant"] = self.accountant.state_dict()
@@ -224,6 +240,12 @@ class MechanismOptimizer(Optimizer):
         if release is not None:
             self.mean_release = release
         self.prepared = True
+
+
+def _statistic(value: torch.Tensor) -> float | torch.Tensor:
+    """A logged per-step diagnostic: a float on the CPU; off it the device scalar itself, read when it is logged
+    (a float() every step would make the host wait for the device each step)."""
+    return float(value) if value.device.type == "cpu" else value.detach()
 
 
 def check_choices(*checks: tuple[str, Any, tuple[str, ...]]) -> None:

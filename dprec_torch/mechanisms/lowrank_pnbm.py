@@ -24,7 +24,6 @@ import torch
 
 from dprec_torch.errors import ConfigError
 from dprec_torch.models.pnbm_lowrank import LowRankPNBM
-from dprec_torch.privacy.pnbm_clipping import clip_factors
 from dprec_torch.privacy.calibration import calibrate_gaussian
 from dprec_torch.privacy.item_means import ItemMeansRelease, ItemMeansSpec, install_item_means, release_item_means
 from dprec_torch.seeding import SecretGenerator
@@ -62,7 +61,8 @@ def clip_lowrank(mechanism: Any, residuals: torch.Tensor, batch: Any, model: Low
     """e'_ui <- e'_ui min(1, c / ||g_u||_p) per user (c = ``mechanism.clip_norm``): clips each sampled user's whole
     gradient of U (:meth:`LowRankPNBM.per_user_gradient_rows`, the explicit rows; L2 = Frobenius or L1)."""
     rows, norms = model.per_user_gradient_rows(batch, residuals, p=int(p), deferred=True)
-    clipped = mechanism.clip_by_norm(residuals, norms, batch.rows)
+    factor = mechanism.unit_clip_factors(norms, batch.row_mask)
+    clipped = (residuals.double() * factor.index_select(0, batch.rows)).to(residuals.dtype)
     # the released gradient is these rows times each user's factor (float64): its user parts have norm <= c exactly
-    model.stash_clipped_rows(batch, clipped, rows, clip_factors(norms.double(), mechanism.clip_norm))
+    model.stash_clipped_rows(batch, clipped, rows, factor)
     return clipped

@@ -40,6 +40,9 @@ class BaseModel(nn.Module):
     centres_on_item_means = False
     #: ``mechanism=dpsgd_paper`` perturbs each rating's error (Berlioz et al. 2015: DPSGD-MF), not the gradient
     dpsgd_perturb_residuals = False
+    #: a user-level step may run on a masked full batch (:attr:`~dprec_torch.models.batching.UserBatch.row_mask`): each
+    #: row's prediction reads that row's ratings only, and a row whose residuals are all 0 has a gradient of exactly 0
+    masked_batches = False
     #: training predictions are clipped to the rating scale (then |e_ui| <= phi)
     clip_training_predictions = False
     #: the fallback of ids without training ratings where the config chooses it (MF: ``mean`` | ``model``)

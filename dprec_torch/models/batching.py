@@ -7,7 +7,7 @@ history; with user-level sampling they are the whole history.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import torch
@@ -55,6 +55,12 @@ class UserBatch:
     #: builds (x, ind) on first read (make_batch's user-level batches: a model that reads the targets only, such as
     #: the low-rank PNBM, never pays for the CSR blocks)
     history_builder: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = field(default=None, repr=False, compare=False)
+    #: [|B|] bool, which rows were sampled this step, for a *masked* batch: every user of ``source`` is a row (the
+    #: rows, items and offsets are one fixed full batch, ``base``) and only the sampled rows carry weight (the Trainer
+    #: zeroes the others' residuals, so their gradient rows are exactly 0). None: every row was sampled.
+    row_mask: torch.Tensor | None = None
+    #: the fixed full batch a masked batch reuses (its step-invariant cache included), else None
+    base: "UserBatch | None" = field(default=None, repr=False, compare=False)
     #: values derived from this batch and reused within a step (name -> (validity key, value)); the one place a step
     #: parks work between the model's forward and the mechanism's gradient, so a reader sees what is reused
     cache: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -82,7 +88,28 @@ class UserBatch:
 
     @property
     def n_targets(self) -> int:
-        return int(self.values.numel())
+        """The number of targets that enter the loss (a masked batch: the sampled rows' ratings)."""
+        return int(self.values.numel()) if self.row_mask is None else int(self.target_mask.sum())
+
+    def target_count(self) -> int | torch.Tensor:
+        """:attr:`n_targets`, as a device scalar for a masked batch (counted without waiting for the device)."""
+        return int(self.values.numel()) if self.row_mask is None else self.target_mask.sum()
+
+    @property
+    def target_mask(self) -> torch.Tensor | None:
+        """[#targets] bool: the target's row was sampled (masked batches), else None."""
+        if self.row_mask is None:
+            return None
+        hit = self.cache.get("_target_mask")
+        if hit is None:
+            hit = self.cache["_target_mask"] = self.row_mask.index_select(0, self.rows)
+        return hit
+
+    @property
+    def invariant_cache(self) -> dict[str, Any]:
+        """The cache of values that do not change between steps drawn from the same full batch (a masked batch's
+        ``base``'s cache), else this batch's own :attr:`cache`. A reader keys each entry by what it was derived from."""
+        return self.cache if self.base is None else self.base.cache
 
 
 def same_key(a: tuple, b: tuple) -> bool:
@@ -238,7 +265,7 @@ class PoissonBatchSampler:
     """
 
     def __init__(self, train: Ratings, item_means: torch.Tensor, ratio: float, unit: str, generator: SecretGenerator,
-                 history: bool = True) -> None:
+                 history: bool = True, masked: bool = False) -> None:
         poisson_steps_per_epoch(ratio)  # checks the ratio
         if unit not in ("rating", "user"):
             raise ValueError(f"sampling unit must be 'rating' or 'user', got {unit}")
@@ -248,14 +275,21 @@ class PoissonBatchSampler:
         self.history = bool(history) or unit == "user"
         self._full: UserBatch | None = None  # gamma = 1: built by the first sample(), then reused
         self._offsets: torch.Tensor | None | bool = False  # user_offsets(train), found at the first user-level draw
+        # user level: a step's batch is one fixed full batch with the sampled users marked (row_mask), instead of a
+        # compacted batch of their ratings (at q = 1: that full batch, with its row offsets). Same users, same draws;
+        # on an accelerator this avoids the host round trips that sizing a compacted batch takes (nonzero,
+        # repeat_interleave). The model must read every row's ratings only for that row (the low-rank PNBM): see
+        # UserBatch.row_mask.
+        self.masked = bool(masked) and unit == "user"
+        self._template: UserBatch | None = None  # the masked batches' full batch, built at the first draw
 
     def steps_per_epoch(self) -> int:
         return poisson_steps_per_epoch(self.ratio)
 
     def sample(self) -> UserBatch:
         if self.ratio >= 1:
-            if self._full is None:
-                self._full = full_batch(self.train, self.item_means)
+            if self._full is None:  # (a masked sampler's full batch carries its row offsets, as its masked ones)
+                self._full = self._full_of_users() if self.masked else full_batch(self.train, self.item_means)
             return self._full
         t = self.train
         if self.unit == "rating":
@@ -264,7 +298,23 @@ class PoissonBatchSampler:
             user_mask[t.users[pick]] = True
         else:
             user_mask = self.generator.rand(t.n_users, device=self.generator.device).to(t.device) < self.ratio
+            if self.masked:
+                return self._masked(user_mask)
             if self._offsets is False:
                 self._offsets = user_offsets(t)
             return make_batch(t, self.item_means, None, user_mask, self.history, self._offsets)  # every rating of them
         return make_batch(t, self.item_means, pick, user_mask, self.history)
+
+    def _full_of_users(self) -> UserBatch:
+        """Every user with ratings, every rating, grouped by user with the row offsets (built once)."""
+        if self._template is None:
+            if self._offsets is False:
+                self._offsets = user_offsets(self.train)
+            self._template = make_batch(self.train, self.item_means, None, self.train.user_counts() > 0, self.history,
+                                        self._offsets)
+        return self._template
+
+    def _masked(self, user_mask: torch.Tensor) -> UserBatch:
+        """The full batch with the rows of ``user_mask`` marked sampled (:attr:`UserBatch.row_mask`)."""
+        full = self._full_of_users()
+        return replace(full, row_mask=user_mask.index_select(0, full.users), base=full)

@@ -154,7 +154,7 @@ def available(n_ratings: int | None = None) -> bool:
     and the batch has at least :data:`MIN_RATINGS` ratings (``numba`` forces them on any size)."""
     mode = os.environ.get("DPREC_LOWRANK_KERNEL", "auto")
     big = n_ratings is None or n_ratings >= MIN_RATINGS or mode == "numba"
-    return numba is not None and mode != "torch" and big
+    return numba is not None and mode not in ("torch", "triton") and big
 
 
 @functools.lru_cache(maxsize=None)

@@ -159,6 +159,14 @@ class TrainingSetup:
     rule: dict[str, Any] | None = None  # the size rule's record when it set any knob (privacy/size_rule.py)
 
 
+def masked_steps(model: BaseModel, device: torch.device, ratio: float) -> bool:
+    """Whether a user-level step runs on one fixed full batch with its sampled users marked (:attr:`.UserBatch.row_mask`;
+    at q = 1 the same batch, unmasked): off the CPU, for a model that allows it. The same users and numbers as a
+    compacted batch (a test checks the bits on the CPU); on a GPU no step waits for the device to size its batch, and
+    the batch's row offsets let the GPU kernels run. The CPU keeps compacted batches: its kernels do q x the work."""
+    return device.type != "cpu" and bool(model.masked_batches)
+
+
 def setup_training(cfg: DictConfig, fold: Fold, device: torch.device, prepare: bool = True) -> TrainingSetup:
     """Cap the fold for the mechanism, build and attach the model, build the mechanism (it calibrates), let it prepare
     the model (:meth:`~dprec_torch.mechanisms.base.MechanismOptimizer.prepare`: the DP item means, S's start), then build
@@ -187,7 +195,7 @@ def setup_training(cfg: DictConfig, fold: Fold, device: torch.device, prepare: b
     sampler_seed = cfg.get("noise_seed") if mech_cls.private else int(cfg.seed)
     sampler = PoissonBatchSampler(train, model.item_means if model.centres_on_item_means else train.item_means(),
                                   ratio, unit, noise_generator(sampler_seed, device, SAMPLER_STREAM),
-                                  history=bool(model.reads_history))
+                                  history=bool(model.reads_history), masked=masked_steps(model, device, ratio))
     return TrainingSetup(fold, model, sampler, optimizer, epochs, rule)
 
 

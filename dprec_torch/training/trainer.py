@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 
 #: per-epoch quantities computed from the training data without noise (not covered by any epsilon)
 NON_PRIVATE_ROW_KEYS = ("train_rmse", "grad_norm")
+DIVERGED = ("the training loss became NaN/inf; lower the learning rate (mechanism.lr) "
+            "-- the last good checkpoint, if any (checkpoint_every), was kept")
 #: ``checkpoint_every=auto`` without ``resume=true``: checkpoint once this much time has passed since the last checkpoint
 #: (or the start), so a long run killed without having asked for resumability still loses at most this
 AUTO_CHECKPOINT_SECONDS = 60.0
@@ -46,6 +48,13 @@ class TrainResult:
     epochs: int = 0
     epoch_seconds: list[float] = field(default_factory=list)  # the epochs this process ran (not restored ones)
     checkpointed: list[int] = field(default_factory=list)  # the epochs this process checkpointed
+
+
+def loss_checked_each_step(sq: torch.Tensor) -> bool:
+    """Whether a step checks its loss for NaN/inf at once (on the CPU, where it costs nothing); on an accelerator the
+    epoch's summed loss is checked at the epoch's end instead (a check each step would make the host wait for the
+    device each step), before the epoch's parameters are checked or checkpointed."""
+    return sq.device.type == "cpu"
 
 
 class Trainer:
@@ -79,8 +88,9 @@ class Trainer:
             return False
         return epoch % int(self.checkpoint_every) == 0
 
-    def _step(self) -> tuple[torch.Tensor, int]:
-        """One mechanism step; returns (sum of squared unclipped errors, on the device; #targets).
+    def _step(self) -> tuple[torch.Tensor, int | torch.Tensor]:
+        """One mechanism step; returns (sum of squared unclipped errors, on the device; #targets, an int or on the
+        device for a masked batch).
 
         Where the mechanism's clipping is an element-wise clamp known up front (``elementwise_residual_clip()``) and the
         model fuses its forward and backward (``fused_step``: full PNBM on the CPU), one pass over the pairs computes
@@ -93,10 +103,11 @@ class Trainer:
         target = self.model.training_targets(batch)  # the ratings, unless the model trains on a transformed target
         fused = None if bound is None else self.model.fused_step(batch, target, bound)  # None: not fused
         residuals = fused[1] if fused is not None else (self.model.batch_predict(batch) - target).detach()
+        if batch.row_mask is not None:  # a masked batch: an unsampled user's residuals are 0, so is their gradient
+            residuals = torch.where(batch.target_mask, residuals, 0.0)
         sq = (residuals.double() ** 2).sum()  # the step's loss: NaN/inf when a residual is (or |e| > 1e154): one scalar
-        if not torch.isfinite(sq):
-            raise TrainingDiverged("the training loss became NaN/inf; lower the learning rate (mechanism.lr) "
-                                   "-- the last good checkpoint, if any (checkpoint_every), was kept")
+        if loss_checked_each_step(sq) and not torch.isfinite(sq):
+            raise TrainingDiverged(DIVERGED)
         clipped = self.optimizer.clip_residuals(residuals, batch, self.model)
         if fused is None:
             self.model.surrogate_loss(batch, clipped).backward()
@@ -105,7 +116,7 @@ class Trainer:
                                f"elementwise_residual_clip() = {bound}: the fused step's gradient would be wrong")
         self.optimizer.step()
         self.model.project_()  # a no-op unless the model has a constraint set
-        return sq, batch.n_targets  # summed on the device
+        return sq, batch.target_count()  # summed on the device
 
     def fit(self, fold: Fold, restored: dict[str, Any] | None = None) -> TrainResult:
         """Train (from the checkpoint when resuming). ``restored``: the checkpoint the caller (``train_fold``) already
@@ -127,12 +138,14 @@ class Trainer:
             for _ in range(self.sampler.steps_per_epoch()):
                 s, c = self._step()
                 sq, n = sq.to(s.device) + s, n + c
+            if not torch.isfinite(sq):  # a NaN/inf loss in any step of the epoch
+                raise TrainingDiverged(DIVERGED)
             if not all(torch.isfinite(p).all() for p in self.model.parameters()):
                 raise TrainingDiverged(f"parameters became NaN/inf in epoch {epoch}; lower mechanism.lr "
                                        "-- the last good checkpoint, if any (checkpoint_every), was kept")
             result.epoch_seconds.append(time.perf_counter() - t0)
             result.train_seconds += result.epoch_seconds[-1]
-            row = self._epoch_metrics(epoch, fold, math.sqrt(float(sq) / max(n, 1)))
+            row = self._epoch_metrics(epoch, fold, math.sqrt(float(sq) / max(int(n), 1)))
             result.history.append(row)
             self._log(row)
             if self.checkpoint_path is not None and self.checkpoint_due(epoch, time.perf_counter() - last_checkpoint):

@@ -108,9 +108,11 @@ def test_dprec_error_is_user_facing():
     assert issubclass(ConfigError, DprecError)
 
 
-@pytest.mark.parametrize("path", ["fused", "separate"])
+@pytest.mark.parametrize("path", ["fused", "separate", "checked at the epoch's end"])
 def test_nan_stops_run_and_keeps_last_good_checkpoint(tmp_path, monkeypatch, path):
-    """The second training step's predictions turn NaN, on the fused CPU step (PNBM.fused_step) or the separate one."""
+    """The second training step's predictions turn NaN, on the fused CPU step (PNBM.fused_step) or the separate one,
+    or with the loss checked once an epoch (as on an accelerator)."""
+    from dprec_torch.training import trainer as trainer_mod
     from dprec_torch.errors import TrainingDiverged
     from dprec_torch.models.pnbm import PNBM
 
@@ -133,7 +135,9 @@ def test_nan_stops_run_and_keeps_last_good_checkpoint(tmp_path, monkeypatch, pat
     else:
         monkeypatch.setattr(PNBM, "fused_step", lambda self, batch, target, bound: None)
         monkeypatch.setattr(PNBM, "batch_predict", poisoned)
-    with pytest.raises(TrainingDiverged, match="NaN"):
+    if path.startswith("checked"):
+        monkeypatch.setattr(trainer_mod, "loss_checked_each_step", lambda sq: False)
+    with pytest.raises(TrainingDiverged, match="training loss became NaN"):  # the loss check, not the parameters'
         run(tmp_path, "model=pnbm", "mechanism=none", "epsilon=inf", "mechanism.epochs=3", "checkpoint_every=1")
     assert calls["n"] >= 2
     ckpt = torch.load(tmp_path / "checkpoint_fold1.pt", weights_only=False)

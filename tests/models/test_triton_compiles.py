@@ -31,6 +31,12 @@ def test_the_keystream_kernel_compiles() -> None:
                                           {"key": "*u32", "out": "*u32", "n_blocks": "i64"}, {"BLOCK": 128})
 
 
+@pytest.mark.parametrize("mode,out", [(0, "*fp64"), (1, "*fp64"), (2, "*fp32")])
+def test_the_uniform_kernel_compiles(mode: int, out: str) -> None:
+    assert ".entry uniform_fill" in _ptx(chacha_triton.uniform_fill, {"key": "*u32", "out": out, "n": "i64"},
+                                         {"MODE": mode, "BLOCK": 128})
+
+
 @pytest.mark.parametrize("target", ["*fp32", "*fp64"])
 @pytest.mark.parametrize("name", ["gaussian_add", "laplace_add"])
 def test_the_fused_noise_kernels_compile(name: str, target: str) -> None:
@@ -49,3 +55,22 @@ def test_the_pair_norm_kernel_compiles(terms: bool, square: bool) -> None:
            "floor": f64, "S": "*fp32", "stride_s": "i64", "out": f64}
     ptx = _ptx(pair_triton._kernel(), sig, {"INCLUDE_DIAGONAL": False, "SQUARE": square, "TERMS": terms, "BLOCK": 128})
     assert ".entry target_norm" in ptx
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("d", [3, 8])
+def test_the_lowrank_kernels_compile(masked: bool, d: int) -> None:
+    from dprec_torch.models import lowrank_triton
+
+    forward, norms, scatter = lowrank_triton._kernels()
+    mask = "*i1" if masked else "*i64"
+    shape = {"MASKED": masked, "D": lowrank_triton._width(d), "BLOCK": lowrank_triton.BLOCK}
+    base = {"U": "*fp64", "items": "*i64", "seg": "*i64", "y": "*fp32"}
+    assert ".entry forward_sums" in _ptx(forward, {**base, "w": "*fp32", "sampled": mask, "p_sum": "*fp64",
+                                                   "f": "*fp64", "d": "i32"}, shape)
+    grad = {**base, "e": "*fp64", "p_sum": "*fp64", "inv_sqrt": "*fp64"}
+    for l1 in (False, True):
+        assert ".entry gradient_norms" in _ptx(norms, {**grad, "sampled": mask, "q_out": "*fp64", "norms": "*fp64",
+                                                       "d": "i32"}, {"L1": l1, **shape})
+    ptx = _ptx(scatter, {**grad, "q_in": "*fp64", "factor": "*fp64", "sampled": mask, "grad": "*fp64", "d": "i32"}, shape)
+    assert ".entry scatter_clipped" in ptx and "atom.global" in ptx  # float64 atomic adds

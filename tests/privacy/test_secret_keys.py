@@ -50,6 +50,9 @@ def test_cuda_draws_are_the_cpu_keystream() -> None:
     lo, hi = chacha.torch_keystream(key, 1001, "cuda")
     words = (hi.cpu().numpy().astype(np.uint64) << np.uint64(32)) | lo.cpu().numpy().astype(np.uint64)
     assert np.array_equal(words, chacha.keystream_words(key, 1001))
+    for dtype, open_ in ((torch.float64, False), (torch.float64, True), (torch.float32, False), (torch.float32, True)):
+        cpu = chacha.uniform(key, 1001, "cpu", dtype, open_interval=open_)  # one Triton launch on the GPU
+        assert torch.equal(chacha.uniform(key, 1001, "cuda", dtype, open_interval=open_).cpu(), cpu), (dtype, open_)
     cpu = SecretGenerator(bytes(32)).rand(1000, dtype=torch.float64)
     assert torch.equal(SecretGenerator(bytes(32), "cuda").rand(1000, dtype=torch.float64).cpu(), cpu)
 

@@ -171,6 +171,14 @@ for n in (1, 21, 1001, 128 * 8 * 3 + 5):  # a partial program, several programs
     lo, hi = chacha.torch_keystream(np.arange(8, dtype=np.uint32) * 0x9E3779B9, n, "cpu")
     words = (hi.numpy().astype(np.uint64) << np.uint64(32)) | lo.numpy().astype(np.uint64)
     assert np.array_equal(words, chacha.keystream_words(np.arange(8, dtype=np.uint32) * 0x9E3779B9, n)), n
+from dprec_torch import chacha_triton
+key = chacha.as_key(np.arange(8, dtype=np.uint32) * 0x9E3779B9)
+for n in (0, 1, 7, 9, 128 * 8 + 3):  # the one-launch uniforms: chacha.uniform's bits, every mode
+    for dtype, open_ in ((torch.float64, False), (torch.float64, True), (torch.float32, False), (torch.float32, True),
+                         (torch.float16, False)):
+        got = chacha_triton.uniform(key, chacha._CONSTANTS, n, torch.device("cpu"), dtype, open_)
+        want = chacha.uniform(key, n, "cpu", dtype, open_interval=open_)
+        assert got.dtype == want.dtype and torch.equal(got, want), (n, dtype, open_)
 print("same")
 """
 

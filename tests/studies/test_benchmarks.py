@@ -380,6 +380,20 @@ def test_speed_targets_refuse_figures_of_another_measurement(tmp_path: Path) -> 
     assert verdict(table, LOWRANK_GPU) == "**met** (on another GPU than the target's H200)"
 
 
+def test_the_gpu_start_up_row_is_judged_on_the_bytecode_cached_run_with_the_image_run_beside(tmp_path: Path) -> None:
+    h200 = "Test CPU, GPU NVIDIA H200"
+    write(tmp_path, "startup-gpu-ml100k-sgld.json", startup_json(7.5, "cuda", machine=h200))
+    table = speed(tmp_path)
+    assert verdict(table, STARTUP_GPU) == "**not met**"  # the image run alone is judged
+    cached = {**startup_json(3.5, "cuda", machine=h200), "bytecode_cache": "/tmp/pyc", "env_dont_write_bytecode": "1"}
+    write(tmp_path, "startup-gpu-ml100k-sgld-bytecode.json", cached)
+    line = next(l for l in speed(tmp_path).splitlines() if l.startswith(STARTUP_GPU))
+    assert line.rsplit("|", 2)[-2].strip() == "**met**"
+    assert "3.50 s end to end" in line and "7.50 s end to end" in line and "PYTHONDONTWRITEBYTECODE=1" in line
+    write(tmp_path, "startup-gpu-ml100k-sgld-bytecode.json", {**cached, "end_to_end": 5.5, "runs": [{"end_to_end": 5.5}] * 3})
+    assert verdict(speed(tmp_path), STARTUP_GPU) == "**not met**"
+
+
 def test_performance_page_lists_each_speed_command_above_its_block() -> None:
     text = (ROOT / "docs" / "performance.md").read_text()
     start = text.index("<!-- speed-targets:start -->")
