@@ -22,7 +22,8 @@ included on ``--device cuda``) and the 1-minute load average after it.
 ``--repeat N``: each row N times, each run in a fresh process; the line is the run with the median time a step, with
 every run's figures under ``runs`` (this shared VM's speed drifts by a third from hour to hour: one run is one
 sample). ``--profile FILE``: after the timed steps, 20 more under ``torch.profiler`` (CPU, and CUDA on a GPU), their operator
-table (self time) written to FILE: where a step's time goes.
+table (self time) written to FILE: where a step's time goes; and the set-up's cProfile (top 30 by cumulative time)
+after it (that run's set-up is slowed by the profiler).
 """
 
 from __future__ import annotations
@@ -85,7 +86,18 @@ def run_row(name: str, device: str, profile_path: Path | None = None) -> dict:
     fold = instantiate_node(cfg.data).folds[0].to(dev)
     load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    setup = setup_training(cfg, fold, dev)
+    if profile_path is None:
+        setup = setup_training(cfg, fold, dev)
+    else:  # where the set-up's time goes (cProfile slows it: this run's figures are not the plain run's)
+        import cProfile
+        import io
+        import pstats
+
+        prof = cProfile.Profile()
+        setup = prof.runcall(setup_training, cfg, fold, dev)
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(30)
+        setup_profile = text.getvalue()
     sync(dev)
     setup_s = time.perf_counter() - t0
     trainer = Trainer(setup.model, setup.optimizer, setup.sampler, setup.epochs)
@@ -100,6 +112,9 @@ def run_row(name: str, device: str, profile_path: Path | None = None) -> dict:
     rmse = float(torch.sqrt(((setup.model.predict(fold.test.users, fold.test.items) - fold.test.values) ** 2).mean()))
     if profile_path is not None:  # after the row's figures: they are the plain run's
         profile_steps(trainer, dev, profile_path)
+        with profile_path.open("a") as f:
+            f.write(f"\nset-up under cProfile ({setup_s:.3f} s with the profiler), top 30 by cumulative time\n"
+                    + setup_profile)
     from bench import machine  # experiments/benchmarks/ is the script's folder
 
     return {"row": name, "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu",

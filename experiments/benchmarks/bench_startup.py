@@ -23,6 +23,12 @@ numba caches; the minimum over runs is reported) and reads the times from Hydra'
     OMP_NUM_THREADS=2 python experiments/benchmarks/bench_startup.py --repeat 5 -- data=ml-100k device=cpu   # issue 28, 3: <= 3 s
     DPREC_DATA=../shared/data OMP_NUM_THREADS=2 python experiments/benchmarks/bench_startup.py --repeat 5 \
         --out docs/results/benchmarks/startup-cpu-ml100k-sgld.json -- mechanism=sgld epsilon=20 data=ml-100k device=cpu
+    python experiments/benchmarks/bench_startup.py --repeat 3 --bytecode-cache /tmp/pyc -- mechanism=sgld epsilon=20 device=cuda
+
+``--bytecode-cache DIR``: the runs write and read their bytecode under DIR (``PYTHONPYCACHEPREFIX``), writing on even
+where ``PYTHONDONTWRITEBYTECODE`` is set: the lent GPU image sets it and ships torch without ``__pycache__``, so each
+process there compiles torch's sources again; an install that keeps its bytecode does that once. The JSON records
+``bytecode_cache`` and the environment's ``PYTHONDONTWRITEBYTECODE`` (``env_dont_write_bytecode``).
 """
 
 from __future__ import annotations
@@ -45,6 +51,20 @@ ROOT = Path(__file__).resolve().parents[2]
 def python_path(root: Path) -> str:
     """``root`` first, then the caller's PYTHONPATH (the GPU check's carried Hydra/Opacus copies live there)."""
     return os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
+
+
+#: ``--bytecode-cache DIR``: the runs' bytecode goes to (and is read from) DIR, written even where the environment
+#: turns writing off (the lent GPU image sets PYTHONDONTWRITEBYTECODE=1 and ships torch without __pycache__, so every
+#: process there compiles torch from source: 4-5 s of `import torch`, which an installed torch does once)
+BYTECODE: dict[str, str] = {}
+
+
+def child_env(root: Path | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not (BYTECODE and k == "PYTHONDONTWRITEBYTECODE")}
+    env.update(BYTECODE)
+    if root is not None:
+        env["PYTHONPATH"] = python_path(root)
+    return env
 STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]\[([^\]]+)\]\[\w+\] - (.*)$")
 
 
@@ -86,7 +106,7 @@ def run_once(root: Path, overrides: list[str], importtime: bool) -> dict:
         t0, ru0 = time.time(), resource.getrusage(resource.RUSAGE_CHILDREN)
         # one pipe for both streams, read as it comes: the CPU time is taken when the first-epoch line arrives
         proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env={**os.environ, "PYTHONPATH": python_path(root)})
+                                env=child_env(root))
         lines, cpu_first = [], None
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -113,7 +133,7 @@ def run_once(root: Path, overrides: list[str], importtime: bool) -> dict:
 def import_torch_seconds() -> float:
     """Wall seconds of ``python -c "import torch"`` in a fresh process (the start-up target's yardstick)."""
     t0 = time.time()
-    subprocess.run([sys.executable, "-c", "import torch"], check=True)
+    subprocess.run([sys.executable, "-c", "import torch"], check=True, env=child_env())
     return time.time() - t0
 
 
@@ -139,9 +159,16 @@ def main() -> None:
     ap.add_argument("--root", type=Path, default=ROOT, help="the checkout whose train.py runs")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--bytecode-cache", type=Path, default=None,
+                    help="write and read the runs' bytecode under this folder (PYTHONPYCACHEPREFIX, writing on): the "
+                         "first run compiles, later ones read it, as on an install that keeps its __pycache__")
     ap.add_argument("overrides", nargs="*", default=["data=ml-1m", "device=cpu", "mechanism=none"])
     args = ap.parse_args()
+    if args.bytecode_cache is not None:
+        BYTECODE["PYTHONPYCACHEPREFIX"] = str(args.bytecode_cache.resolve())
     result = measure(args.root.resolve(), args.overrides, args.repeat)
+    result["bytecode_cache"] = BYTECODE.get("PYTHONPYCACHEPREFIX")
+    result["env_dont_write_bytecode"] = os.environ.get("PYTHONDONTWRITEBYTECODE")
     from bench import machine  # imports torch: after the runs
 
     result.update(machine=machine(gpu="device=cpu" not in args.overrides), omp_num_threads=os.environ.get("OMP_NUM_THREADS"))

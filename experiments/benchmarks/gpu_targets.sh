@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The speed issue's GPU rows and the design card's GPU wall time in one device call (< 8 minutes on one H100/H200):
-#   0. what the image does with bytecode (why `import torch` takes seconds there) and `import torch` with a pycache
-#      prefix (PYTHONPYCACHEPREFIX), second run;
+#   0. what the image does with bytecode (why `import torch` takes seconds there) and `import torch` with its bytecode
+#      written under a PYTHONPYCACHEPREFIX (writing on), second run;
 #   1. the `-m gpu` tests of the fused kernels (keystream, noise, pair norms) and the low-rank model (GPU_TARGETS_PYTEST;
 #      the whole log in $OUT/gpu-tests.txt; 2026-11-28 they needed more than 75 s on the H200);
 #   2. the low-rank step: bench_pnbm_lowrank.py --rows ml1m-400 --device cuda --repeat 2 (the first compiles the kernels), then 20 profiled steps;
 #   3. full-S mechanisms on ML-1M (gpu_bench.py's `mechanisms` stage: the `gaussian_pnbm` row among them), and one
 #      gaussian_pnbm run under torch.profiler (gpu_probe.py);
-#   4. start-up: `python train.py mechanism=sgld epsilon=20 data=ml-100k device=cuda`, 3 runs (bench_startup.py);
+#   4. start-up: `python train.py mechanism=sgld epsilon=20 data=ml-100k device=cuda` (bench_startup.py), 3 runs with
+#      the bytecode cached (--bytecode-cache: the table's row), 2 on the image as it is;
 #   5. the design card on ML-1M as typed, `python train.py mechanism=sgld epsilon=20 data=ml-1m` (device=auto), 2 runs.
 # Each writes its file to $OUT (the device call's return folder), named as docs/results/benchmarks/ names it.
 # Before (on the CPU machine): DPREC_DATA=/work/shared/data bash experiments/benchmarks/prepare_gpu_pylibs.sh
@@ -39,11 +40,12 @@ print("dont_write_bytecode", sys.dont_write_bytecode, "PYTHONDONTWRITEBYTECODE",
       "torch/__pycache__ exists", os.path.isdir(os.path.join(pkg, "__pycache__")))
 PY
 for i in 1 2; do /usr/bin/time -f "import torch %e s" "$PY" -c "import torch" 2>&1 | tail -1; done | tee -a "$OUT_DIR/bytecode.txt"
-for i in 1 2; do PYTHONPYCACHEPREFIX=/tmp/pyc /usr/bin/time -f "import torch, PYTHONPYCACHEPREFIX run $i: %e s" "$PY" -c "import torch" 2>&1 | tail -1; done | tee -a "$OUT_DIR/bytecode.txt"
+for i in 1 2; do env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=/tmp/dprec-pyc /usr/bin/time -f "import torch, bytecode written under a PYTHONPYCACHEPREFIX, run $i: %e s" "$PY" -c "import torch" 2>&1 | tail -1; done | tee -a "$OUT_DIR/bytecode.txt"
 
 stamp "pytest -m gpu"
 # -v and tee: each test's line reaches $OUT as it finishes, so a stage killed at its limit still says which passed
-timeout 180 "$PY" -m pytest -v -m gpu -p no:cacheprovider -rs ${GPU_TARGETS_PYTEST:-tests/models/test_pair_triton.py \
+timeout 180 "$PY" -m pytest -v -m gpu -p no:cacheprovider -rs ${GPU_TARGETS_PYTEST:-tests/models/test_lowrank_triton.py \
+  tests/models/test_pair_triton.py \
   tests/privacy/test_secret_keys.py tests/privacy/test_secure_noise.py \
   tests/models/test_gpu.py::test_lowrank_pnbm_trains_on_cuda_like_the_cpu \
   "tests/models/test_gpu.py::test_every_pnbm_mechanism_same_rmse_on_cuda[gaussian_pnbm]"} 2>&1 \
@@ -58,8 +60,10 @@ timeout 120 "$PY" $B/gpu_bench.py --budget 100 --stages mechanisms --out "$OUT_D
 timeout 40 "$PY" $B/gpu_probe.py --out "$OUT_DIR/gaussian-profile.txt" -- data=ml-1m model=pnbm mechanism=gaussian_pnbm \
   mechanism.epochs=4 2>&1 | tail -2
 
-stamp "start-up, ML-100K"
-timeout 110 "$PY" $B/bench_startup.py --repeat 3 --out "$OUT_DIR/startup-gpu-ml100k-sgld.json" \
+stamp "start-up, ML-100K: bytecode cached, then the image as it is"
+timeout 90 "$PY" $B/bench_startup.py --repeat 3 --bytecode-cache /tmp/dprec-pyc \
+  --out "$OUT_DIR/startup-gpu-ml100k-sgld-bytecode.json" -- mechanism=sgld epsilon=20 data=ml-100k device=cuda 2>&1 | tail -2
+timeout 70 "$PY" $B/bench_startup.py --repeat 2 --out "$OUT_DIR/startup-gpu-ml100k-sgld.json" \
   -- mechanism=sgld epsilon=20 data=ml-100k device=cuda 2>&1 | tail -2
 
 stamp "design card, ML-1M, as typed"
