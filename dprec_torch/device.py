@@ -48,7 +48,8 @@ def warm_up(device: torch.device) -> threading.Thread | None:
 
     The first CUDA call of a process creates the context and loads kernels (0.5-1.2 s on an H100/H200). Started as soon
     as the device is known, it overlaps with reading the data; torch's lazy-init lock makes the main thread's first CUDA
-    call wait for it rather than race it.
+    call wait for it rather than race it. It then imports Triton and defines the package's kernels (the first noise
+    draw of the set-up would), where Triton is installed.
     """
     if device.type != "cuda":
         return None
@@ -57,6 +58,11 @@ def warm_up(device: torch.device) -> threading.Thread | None:
         try:
             a = torch.ones(64, 64, device=device)
             (a @ a).sum().item()  # context, cuBLAS handle and the first kernels: not in the first epoch's time
+            from dprec_torch import chacha
+            from dprec_torch.models import lowrank_triton
+
+            chacha._triton(device)  # Triton and the noise kernels' module (the first noise draw would import them)
+            lowrank_triton._kernels()
         except Exception as err:  # noqa: BLE001 - the main thread's own first CUDA call reports it
             log.debug("CUDA warm-up on %s failed: %s", device, err)
 

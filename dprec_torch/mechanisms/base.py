@@ -116,17 +116,18 @@ class MechanismOptimizer(Optimizer):
 
     def unit_clip_factors(self, norms: torch.Tensor, counted: torch.Tensor | None = None) -> torch.Tensor:
         """min(1, c / ||g||) per unit in float64 (:func:`clip_factors`). Records the clipped fraction and the largest
-        clipped norm over the units in ``counted`` (a masked batch's sampled rows; None: all), as device scalars off
-        the CPU."""
+        clipped norm over the units in ``counted`` (a masked batch's sampled rows; None: all): numbers on the CPU,
+        computed when first read off it (:class:`LazyStatistic`; a diagnostic, not worth a dozen launches a step)."""
         norms = norms.double()
         factor = clip_factors(norms, self.clip_norm)
         st = self.state["mechanism"]
-        over, after = norms > self.clip_norm, norms * factor
-        if counted is not None:
-            over, after = over & counted, torch.where(counted, after, 0.0)
-        n = norms.numel() if counted is None else counted.sum().clamp_min(1)
-        st["clipped_fraction"] = _statistic(over.sum().double() / n) if norms.numel() else 0.0
-        st["max_clipped_norm"] = _statistic(after.max()) if norms.numel() else 0.0
+        if not norms.numel():
+            st["clipped_fraction"] = st["max_clipped_norm"] = 0.0
+        elif norms.device.type == "cpu":
+            st["clipped_fraction"], st["max_clipped_norm"] = _clip_statistics(norms, factor, counted, self.clip_norm)
+        else:
+            both = LazyStatistic(lambda: _clip_statistics(norms, factor, counted, self.clip_norm))
+            st["clipped_fraction"], st["max_clipped_norm"] = both.part(0), both.part(1)
         st["residual_bound"] = float("inf")
         return factor
 
@@ -218,7 +219,8 @@ class MechanismOptimizer(Optimizer):
         sd = super().state_dict()
         mech = sd["state"].get("mechanism")
         if mech is not None:  # the device scalars of _statistic as numbers (a checkpoint reads on any device)
-            sd["state"]["mechanism"] = {k: float(v) if isinstance(v, torch.Tensor) and v.dim() == 0 else v
+            sd["state"]["mechanism"] = {k: float(v) if isinstance(v, LazyStatistic) or (isinstance(v, torch.Tensor)
+                                                                                       and v.dim() == 0) else v
                                         for k, v in mech.items()}
         sd["generator_state"] = self.generator.get_state()
         if self.accountant is not None:
@@ -240,6 +242,40 @@ class MechanismOptimizer(Optimizer):
         if release is not None:
             self.mean_release = release
         self.prepared = True
+
+
+def _clip_statistics(norms: torch.Tensor, factor: torch.Tensor, counted: torch.Tensor | None, bound: float
+                     ) -> tuple[float, float]:
+    """(the fraction of the counted units whose norm exceeds ``bound``, the largest norm after the clip)."""
+    over, after = norms > bound, norms * factor
+    if counted is not None:
+        over, after = over & counted, torch.where(counted, after, 0.0)
+    n = norms.numel() if counted is None else counted.sum().clamp_min(1)
+    return float(over.sum().double() / n), float(after.max())
+
+
+class LazyStatistic:
+    """A logged diagnostic computed when first read (``float(...)``), from tensors the step no longer changes: off the
+    CPU a step records it without launching its kernels or waiting for the device. :meth:`part` reads one item of a
+    tuple-valued statistic (computed once for all its parts)."""
+
+    def __init__(self, compute: Callable[[], Any]) -> None:
+        self._compute: Callable[[], Any] | None = compute
+        self._value: Any = None
+
+    def value(self) -> Any:
+        if self._compute is not None:
+            self._value, self._compute = self._compute(), None
+        return self._value
+
+    def part(self, index: int) -> "LazyStatistic":
+        return LazyStatistic(lambda: self.value()[index])
+
+    def __float__(self) -> float:
+        return float(self.value())
+
+    def __repr__(self) -> str:
+        return f"LazyStatistic({float(self)!r})"
 
 
 def _statistic(value: torch.Tensor) -> float | torch.Tensor:

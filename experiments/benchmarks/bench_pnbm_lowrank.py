@@ -82,6 +82,9 @@ def run_row(name: str, device: str, profile_path: Path | None = None) -> dict:
         cfg = compose(config_name="config", overrides=[*GAUSSIAN, *extra, f"device={device}"])
     validate(cfg)
     dev = torch.device(device)
+    from dprec_torch.device import warm_up
+
+    warm_up(dev)  # as train.py does when it resolves the device: CUDA and Triton warm while the data loads
     t0 = time.perf_counter()
     fold = instantiate_node(cfg.data).folds[0].to(dev)
     load_s = time.perf_counter() - t0

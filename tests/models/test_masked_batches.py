@@ -120,3 +120,23 @@ def test_take_rows_is_index_select():
     assert torch.equal(take_rows(mat, index, cache), mat.index_select(0, index))
     if torch.cuda.is_available():
         assert torch.equal(take_rows(mat.cuda(), index.cuda()).cpu(), mat.index_select(0, index))
+
+
+def test_a_lazy_statistic_is_computed_once_when_read_and_checkpointed_as_a_number():
+    """Off the CPU the clip's statistics are recorded unevaluated (no launches, no wait for the device)."""
+    from dprec_torch.mechanisms.base import LazyStatistic
+    from dprec_torch.mechanisms.gaussian import GaussianPNBM
+    from dprec_torch.privacy_harness.lowrank_pnbm_cases import _context
+
+    calls = []
+    both = LazyStatistic(lambda: calls.append(1) or (0.25, 3.0))
+    frac, top = both.part(0), both.part(1)
+    assert not calls
+    assert float(frac) == 0.25 and float(top) == 3.0 and float(frac) == 0.25 and calls == [1]
+    data = random_ratings(1)
+    model = bound_model(data)
+    opt = GaussianPNBM(model.parameters(), _context(data, model), float("inf"), sampling_ratio=1.0, model=model)
+    opt.state["mechanism"]["clipped_fraction"] = LazyStatistic(lambda: torch.tensor(0.5, dtype=torch.float64))
+    saved = opt.state_dict()["state"]["mechanism"]["clipped_fraction"]
+    assert type(saved) is float and saved == 0.5
+    assert isinstance(opt.state["mechanism"]["clipped_fraction"], LazyStatistic)  # the live state is left as it was
