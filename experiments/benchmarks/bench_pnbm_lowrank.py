@@ -126,7 +126,9 @@ def run_row(name: str, device: str, profile_path: Path | None = None) -> dict:
             "load_s": round(load_s, 3), "setup_s_incl_calibration": round(setup_s, 3), "steps": steps,
             "steps_s": round(steps_s, 3), "s_per_step": round(steps_s / steps, 5),
             "setup_plus_steps_s": round(setup_s + steps_s, 3), "test_rmse_after": round(rmse, 4),
-            "epsilon": setup.optimizer.privacy_report()["epsilon"]}
+            "epsilon": setup.optimizer.privacy_report()["epsilon"],
+            "masked_batches": bool(getattr(setup.sampler, "masked", False)),
+            "lowrank_kernel": os.environ.get("DPREC_LOWRANK_KERNEL", "auto")}
 
 
 def repeated_row(name: str, device: str, repeat: int) -> dict:
