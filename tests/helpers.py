@@ -69,3 +69,16 @@ def walk(obj, path=""):
     elif isinstance(obj, (list, tuple)):
         for k, value in enumerate(obj):
             yield from walk(value, f"{path}[{k}]")
+
+
+def script_json(script: str, *args: str, env: dict[str, str] | None = None, timeout: int = 900) -> dict:
+    """Run ``python -c script args`` from the repository root in a fresh process (a flag read at import, such as
+    ``TRITON_INTERPRET``, takes effect there) and parse the JSON of its last stdout line."""
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", script, *args], cwd=Path(__file__).resolve().parents[1],
+                          env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])

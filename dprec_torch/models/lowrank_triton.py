@@ -34,6 +34,7 @@ triton: Any = None  # imported by _kernels() on first use; module globals, as th
 tl: Any = None
 _rating_block: Any = None
 _rows: Any = None
+_user_span: Any = None
 
 
 def runs(u: torch.Tensor, offsets: torch.Tensor | None) -> bool:
@@ -50,7 +51,7 @@ def runs(u: torch.Tensor, offsets: torch.Tensor | None) -> bool:
 @functools.lru_cache(maxsize=1)
 def _kernels() -> Any:
     """The three kernels (compiled on first launch), or None where Triton does not import."""
-    global triton, tl, _rating_block, _rows
+    global triton, tl, _rating_block, _rows, _user_span
     try:  # Triton ships with CUDA builds of torch; absent on CPU wheels
         import triton as _triton
         import triton.language as _tl
@@ -75,19 +76,22 @@ def _kernels() -> Any:
         """g_uj = -2 [e (p_u - 2 u_j y w) + q_u y w] for a tile of ratings (the torch path's operations, in order)."""
         return ((p[None, :] - (tile * 2.0) * yw[:, None]) * ev[:, None] + q[None, :] * yw[:, None]) * -2.0
 
-    _rating_block, _rows = rating_block, rows
+    @triton.jit
+    def user_span(seg, sampled, MASKED: tl.constexpr, D: tl.constexpr):  # pragma: no cover - GPU
+        """(u = the program's user, the start and end of u's ratings, the tile's columns, whether u was sampled)."""
+        u = tl.program_id(0).to(tl.int64)
+        take = True
+        if MASKED:
+            take = tl.load(sampled + u) != 0
+        return u, tl.load(seg + u), tl.load(seg + u + 1), tl.arange(0, D), take
+
+    _rating_block, _rows, _user_span = rating_block, rows, user_span
 
     @triton.jit
     def forward_sums(U, items, seg, y, w, sampled, p_sum, f, d,  # pragma: no cover - GPU
                      MASKED: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
         """p_sum[u] = sum_j u_j y_uj; f[j] = u_j . (w_u p_sum[u]) - |u_j|^2 y_uj w_u over u's ratings."""
-        u = tl.program_id(0).to(tl.int64)
-        start = tl.load(seg + u)
-        end = tl.load(seg + u + 1)
-        cols = tl.arange(0, D)
-        take = True
-        if MASKED:
-            take = tl.load(sampled + u) != 0
+        u, start, end, cols, take = _user_span(seg, sampled, MASKED, D)
         acc = tl.zeros([D], dtype=tl.float64)
         if take:
             for p0 in range(start, end, BLOCK):
@@ -109,13 +113,7 @@ def _kernels() -> Any:
     def gradient_norms(U, items, seg, y, e, p_sum, inv_sqrt, sampled, q_out, norms, d,  # pragma: no cover - GPU
                        L1: tl.constexpr, MASKED: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
         """q_out[u] = sum_j e_uj u_j; norms[u] = ||g_u|| (L1: sum |g|, else Frobenius) over the rows of :func:`rows`."""
-        u = tl.program_id(0).to(tl.int64)
-        start = tl.load(seg + u)
-        end = tl.load(seg + u + 1)
-        cols = tl.arange(0, D)
-        take = True
-        if MASKED:
-            take = tl.load(sampled + u) != 0
+        u, start, end, cols, take = _user_span(seg, sampled, MASKED, D)
         q = tl.zeros([D], dtype=tl.float64)
         total = tl.zeros([BLOCK], dtype=tl.float64)
         if take:
@@ -139,13 +137,7 @@ def _kernels() -> Any:
     def scatter_clipped(U, items, seg, y, e, p_sum, inv_sqrt, q_in, factor, sampled, grad, d,  # pragma: no cover - GPU
                         MASKED: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
         """grad[j] += factor_u g_uj for every rating (u, j) (atomic float64 adds)."""
-        u = tl.program_id(0).to(tl.int64)
-        start = tl.load(seg + u)
-        end = tl.load(seg + u + 1)
-        cols = tl.arange(0, D)
-        take = True
-        if MASKED:
-            take = tl.load(sampled + u) != 0
+        u, start, end, cols, take = _user_span(seg, sampled, MASKED, D)
         if take:
             w_u = tl.load(inv_sqrt + u)
             p = tl.load(p_sum + u * d + cols, mask=cols < d, other=0.0) * w_u

@@ -124,15 +124,11 @@ def kernels_for(seg: torch.Tensor | None, u: torch.Tensor) -> bool:
 
 
 @dataclass
-class DeferredRows:
-    """The per-user gradient rows of a CPU kernel batch, not written out: what :func:`.lowrank_numba.gradient_terms`
-    read and left (q_u, the ratings sorted by item range), from which :meth:`clipped_sum` recomputes each row, bit for
-    bit, as it scatters it on all threads. Recomputing took about the time that writing the rows and reading them back
-    did (measured at ML-1M, q = 0.3), without an ``[R, d]`` float64 array (1.3 GB for a 20M-rating batch at d = 8);
-    :meth:`materialize` gives that tensor."""
+class _RowTerms:
+    """What recomputes the per-user gradient rows g_uj of a user-level batch (module docstring): U, each rating's item
+    and y, the users' rating offsets, the errors e, sum_j u_j y_uj and n_u^(-1/2) per user, and q_u."""
 
     U: torch.Tensor
-    rows: torch.Tensor
     items: torch.Tensor
     seg: torch.Tensor
     y: torch.Tensor
@@ -140,8 +136,19 @@ class DeferredRows:
     p_sum: torch.Tensor
     inv_sqrt: torch.Tensor
     q: torch.Tensor
-    order: torch.Tensor
-    bounds: torch.Tensor
+
+
+@dataclass
+class DeferredRows(_RowTerms):
+    """The per-user gradient rows of a CPU kernel batch, not written out: what :func:`.lowrank_numba.gradient_terms`
+    read and left (q_u, the ratings sorted by item range), from which :meth:`clipped_sum` recomputes each row, bit for
+    bit, as it scatters it on all threads. Recomputing took about the time that writing the rows and reading them back
+    did (measured at ML-1M, q = 0.3), without an ``[R, d]`` float64 array (1.3 GB for a 20M-rating batch at d = 8);
+    :meth:`materialize` gives that tensor."""
+
+    rows: torch.Tensor = None  # type: ignore[assignment] # the batch row of each rating
+    order: torch.Tensor = None  # type: ignore[assignment] # the ratings sorted by the scatter's item ranges
+    bounds: torch.Tensor = None  # type: ignore[assignment]
 
     def materialize(self) -> torch.Tensor:
         rows, _, _ = lowrank_numba.gradient_rows(self.U.numpy(), self.items.numpy(), self.seg.numpy(), self.y.numpy(),
@@ -190,8 +197,8 @@ def per_user_gradients(users: torch.Tensor, items: torch.Tensor, y: torch.Tensor
             u.numpy(), items.numpy(), seg.numpy(), y.numpy(), e.numpy(), forward[1].numpy(), inv_sqrt.numpy(), norm == 1,
             lowrank_numba.rank_tag(u.shape[1]), lowrank_numba.lane_tag(torch.float64), chunks,
             None if out is None else out.numpy(), owner, *(None if t is None else t.numpy() for t in (order, bounds)))
-        rows = out if out is not None else DeferredRows(u, users, items, seg, y, e, forward[1], inv_sqrt,
-                                                        torch.from_numpy(q), order, bounds)
+        rows = out if out is not None else DeferredRows(u, items, seg, y, e, forward[1], inv_sqrt, torch.from_numpy(q),
+                                                        rows=users, order=order, bounds=bounds)
         return rows, torch.from_numpy(l1) if norm == 1 else torch.from_numpy(l2).sqrt()
     y = y.to(u.dtype)  # (the kernel widens each y itself: the same numbers without a float64 copy of y)
     if forward is None or forward[0] is None:
@@ -224,20 +231,12 @@ def clipped_sum(users: torch.Tensor, items: torch.Tensor, rows: torch.Tensor, no
 
 
 @dataclass
-class DeferredRowsTriton:
+class DeferredRowsTriton(_RowTerms):
     """The per-user gradient rows of a GPU batch (:mod:`.lowrank_triton`), not written out: what
     :func:`.lowrank_triton.gradient_norms` read and left (q_u), from which :meth:`clipped_sum` recomputes each row with
     the same jit helper as it adds it into the gradient."""
 
-    U: torch.Tensor
-    items: torch.Tensor
-    seg: torch.Tensor
-    y: torch.Tensor
-    e: torch.Tensor
-    p_sum: torch.Tensor
-    inv_sqrt: torch.Tensor
-    q: torch.Tensor
-    row_mask: torch.Tensor | None
+    row_mask: torch.Tensor | None = None
 
     def materialize(self) -> torch.Tensor:
         """The rows ``[R, d]`` float64 (the torch path's formula on the kernels' q_u)."""

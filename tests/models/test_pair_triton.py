@@ -8,16 +8,10 @@ only where Triton does not import (CPU wheels of torch ship without it).
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import script_json
 
 triton = pytest.importorskip("triton", reason="Triton is not installed (CPU wheels of torch ship without it)")
 
@@ -56,10 +50,7 @@ print(json.dumps(out))
 
 
 def _check(device: str, env: dict[str, str]) -> dict:
-    proc = subprocess.run([sys.executable, "-c", CHECK, device], cwd=ROOT, env={**os.environ, **env},
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return script_json(CHECK, device, env=env)
 
 
 def _assert_same(out: dict) -> None:
