@@ -134,10 +134,10 @@ class Trainer:
         last_checkpoint = time.perf_counter()
         for epoch in range(start_epoch, self.epochs + 1):
             t0 = time.perf_counter()
-            sq, n = torch.zeros((), dtype=torch.float64), 0
-            for _ in range(self.sampler.steps_per_epoch()):
+            sq, n = None, 0
+            for _ in range(self.sampler.steps_per_epoch()):  # (at least one step)
                 s, c = self._step()
-                sq, n = sq.to(s.device) + s, n + c
+                sq, n = (s if sq is None else sq + s), n + c  # on the step's device: no copy to it, no host wait
             if not torch.isfinite(sq):  # a NaN/inf loss in any step of the epoch
                 raise TrainingDiverged(DIVERGED)
             if not all(torch.isfinite(p).all() for p in self.model.parameters()):
