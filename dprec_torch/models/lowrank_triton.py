@@ -23,13 +23,19 @@ computed from these norms and applied to the rows the same helper recomputes; a 
 from __future__ import annotations
 
 import functools
+import logging
 import os
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import torch
 
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
 #: ratings a program reads at once
 BLOCK = 128
+#: why the kernels were turned off in this process (a launch raised: e.g. a GPU or Triton they do not compile for)
+failed: str | None = None
 triton: Any = None  # imported by _kernels() on first use; module globals, as the JIT resolves them there
 tl: Any = None
 _rating_block: Any = None
@@ -42,7 +48,7 @@ def runs(u: torch.Tensor, offsets: torch.Tensor | None) -> bool:
     interpreter with ``DPREC_LOWRANK_KERNEL=triton``), the batch's row offsets known, the mode not ``torch``, and Triton
     imports (imported only here: a CPU run never pays for it)."""
     mode = os.environ.get("DPREC_LOWRANK_KERNEL", "auto")
-    if offsets is None or u.dtype != torch.float64 or mode == "torch":
+    if offsets is None or u.dtype != torch.float64 or mode == "torch" or failed is not None:
         return False
     interpreted = mode == "triton" and os.environ.get("TRITON_INTERPRET", "0") == "1" and u.device.type == "cpu"
     return (u.device.type == "cuda" or interpreted) and _kernels() is not None
@@ -150,6 +156,19 @@ def _kernels() -> Any:
                 tl.atomic_add(grad + j[:, None] * d + cols[None, :], g, mask=tm)
 
     return forward_sums, gradient_norms, scatter_clipped
+
+
+def guarded(launch: Callable[[], T]) -> T | None:
+    """``launch()``, or None after turning the kernels off for this process when it raises (logged once): the caller
+    then computes the same numbers on the torch path. A kernel that does not compile raises before it runs."""
+    global failed
+    try:
+        return launch()
+    except Exception as err:  # noqa: BLE001 - any failure to compile or launch: the torch path is always there
+        failed = f"{type(err).__name__}: {err}"
+        log.warning("the low-rank PNBM's GPU kernels failed (%s); the torch path computes the same numbers instead "
+                    "(DPREC_LOWRANK_KERNEL=torch chooses it from the start)", failed)
+        return None
 
 
 def _width(d: int) -> int:

@@ -238,9 +238,13 @@ class DeferredRowsTriton(_RowTerms):
 
     row_mask: torch.Tensor | None = None
 
+    def _users(self) -> torch.Tensor:
+        """The row of each rating, from the offsets."""
+        return torch.repeat_interleave(torch.arange(self.seg.numel() - 1, device=self.seg.device), self.seg.diff())
+
     def materialize(self) -> torch.Tensor:
         """The rows ``[R, d]`` float64 (the torch path's formula on the kernels' q_u)."""
-        users = torch.repeat_interleave(torch.arange(self.seg.numel() - 1, device=self.seg.device), self.seg.diff())
+        users = self._users()
         w = self.inv_sqrt.index_select(0, users)
         ui = self.U.index_select(0, self.items)
         yw = (self.y.to(self.U.dtype) * w)[:, None]
@@ -249,9 +253,14 @@ class DeferredRowsTriton(_RowTerms):
         return rows.add_(self.q.index_select(0, users).mul_(yw)).mul_(-2.0)
 
     def clipped_sum(self, factor: torch.Tensor) -> torch.Tensor:
-        """sum_u factor_u g_u as ``[M, d]`` float64 (atomic adds: the order of each item's sum is not fixed)."""
-        return lowrank_triton.scatter_clipped(self.U, self.items, self.seg, self.y, self.e, self.p_sum, self.inv_sqrt,
-                                              self.q, factor, self.row_mask)
+        """sum_u factor_u g_u as ``[M, d]`` float64 (atomic adds: the order of each item's sum is not fixed); on the
+        torch path from :meth:`materialize` where the kernel fails (:func:`.lowrank_triton.guarded`)."""
+        out = lowrank_triton.guarded(lambda: lowrank_triton.scatter_clipped(
+            self.U, self.items, self.seg, self.y, self.e, self.p_sum, self.inv_sqrt, self.q, factor, self.row_mask))
+        if out is not None:
+            return out
+        rows = self.materialize() * factor.double().index_select(0, self._users())[:, None]
+        return torch.zeros(self.U.shape, dtype=torch.float64, device=self.U.device).index_add_(0, self.items, rows)
 
 
 class _ExplicitGradient(torch.autograd.Function):
@@ -484,10 +493,11 @@ class LowRankPNBM(BindsHistory, BaseModel):
         is in its user's history."""
         n_rows = int(batch.users.numel())
         if terms.targets_are_history and lowrank_triton.runs(U, batch.row_offsets):  # GPU: one program per user
-            p_sum, f = lowrank_triton.forward_sums(U.detach(), terms.items, batch.row_offsets, terms.y, terms.w,
-                                                   batch.row_mask)
-            batch.cache["_forward_sums"] = (weakref.ref(U), U._version, terms, None, p_sum)
-            return f
+            out = lowrank_triton.guarded(lambda: lowrank_triton.forward_sums(
+                U.detach(), terms.items, batch.row_offsets, terms.y, terms.w, batch.row_mask))
+            if out is not None:
+                batch.cache["_forward_sums"] = (weakref.ref(U), U._version, terms, None, out[0])
+                return out[1]
         if terms.targets_are_history and kernels_for(terms.seg, U):  # one pass per user (lowrank_numba), same numbers
             Ud = U.detach()
             sq = (Ud * Ud).sum(1)
@@ -569,8 +579,10 @@ class LowRankPNBM(BindsHistory, BaseModel):
         fwd = hit[3:] if hit is not None and hit[0]() is self.U and hit[1] == self.U._version and hit[2] is terms else None
         if deferred and fwd is not None and lowrank_triton.runs(self.U, batch.row_offsets):  # GPU: the norms in a kernel
             U, off, inv = self.U.detach(), batch.row_offsets, self._inv_sqrt(batch, always=True)
-            q, norms = lowrank_triton.gradient_norms(U, terms.items, off, terms.y, e, fwd[1], inv, batch.row_mask, p == 1)
-            return DeferredRowsTriton(U, terms.items, off, terms.y, e, fwd[1], inv, q, batch.row_mask), norms
+            out = lowrank_triton.guarded(lambda: lowrank_triton.gradient_norms(U, terms.items, off, terms.y, e, fwd[1],
+                                                                               inv, batch.row_mask, p == 1))
+            if out is not None:
+                return DeferredRowsTriton(U, terms.items, off, terms.y, e, fwd[1], inv, out[0], batch.row_mask), out[1]
         return per_user_gradients(terms.rows, terms.items, terms.y, self.U.detach().double(),
                                   int(batch.users.numel()), e, fwd, terms.seg, p,  # p: the norm's order
                                   deferred, self._item_load() if deferred else None, self._inv_sqrt(batch),

@@ -140,3 +140,49 @@ def test_a_lazy_statistic_is_computed_once_when_read_and_checkpointed_as_a_numbe
     saved = opt.state_dict()["state"]["mechanism"]["clipped_fraction"]
     assert type(saved) is float and saved == 0.5
     assert isinstance(opt.state["mechanism"]["clipped_fraction"], LazyStatistic)  # the live state is left as it was
+
+
+def _torch_kernels(monkeypatch, fail: set[str]):
+    """Stand-ins for the GPU kernels with the torch path's formulas (so the kernel path's plumbing runs on the CPU
+    without Triton), each in ``fail`` raising as a kernel that does not compile would."""
+    from dprec_torch.models import lowrank_triton as lt
+    from dprec_torch.models.pnbm_lowrank import per_user_gradients
+
+    def users_of(seg):
+        return torch.repeat_interleave(torch.arange(seg.numel() - 1), seg.diff())
+
+    def forward_sums(U, items, seg, y, w, row_mask=None):
+        users = users_of(seg)
+        ui = U.index_select(0, items)
+        p_sum = torch.zeros(seg.numel() - 1, U.shape[1], dtype=U.dtype).index_add_(0, users, ui * y[:, None])
+        f = (ui * (p_sum * w[:, None]).index_select(0, users)).sum(1) - (U * U).sum(1)[items] * y * w[users]
+        return p_sum, f
+
+    def gradient_norms(U, items, seg, y, e, p_sum, inv_sqrt, row_mask=None, l1=False):
+        users = users_of(seg)
+        rows, norms = per_user_gradients(users, items, y, U, seg.numel() - 1, e, (U.index_select(0, items), p_sum),
+                                         norm=1 if l1 else 2)
+        q = torch.zeros_like(p_sum).index_add_(0, users, U.index_select(0, items) * e[:, None])
+        return q, norms
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("PTX compile failed (a stand-in)")
+
+    monkeypatch.setattr(lt, "failed", None)
+    monkeypatch.setattr(lt, "runs", lambda u, offsets: offsets is not None and lt.failed is None)
+    for name, fn in (("forward_sums", forward_sums), ("gradient_norms", gradient_norms), ("scatter_clipped", broken)):
+        monkeypatch.setattr(lt, name, broken if name in fail else fn)
+    return lt
+
+
+@pytest.mark.parametrize("fail", ["forward_sums", "scatter_clipped"])
+def test_a_kernel_that_fails_turns_the_kernels_off_and_the_torch_path_takes_over(fail, monkeypatch, caplog):
+    """A kernel that raises (one that does not compile for this GPU or Triton) is logged once and the step goes on
+    on the torch path: the same U as that path to rounding (from the forward, or from the deferred rows' scatter)."""
+    reference, _ = _run(GAUSSIAN, True, monkeypatch, "torch")
+    lt = _torch_kernels(monkeypatch, {fail})
+    with caplog.at_level("WARNING"):
+        fallback, trace = _run(GAUSSIAN, True, monkeypatch, "auto")
+    assert lt.failed is not None and "PTX compile failed" in lt.failed
+    assert sum("GPU kernels failed" in r.message for r in caplog.records) == 1  # once: then they are off
+    assert torch.allclose(fallback.model.U, reference.model.U, rtol=0, atol=1e-13)
