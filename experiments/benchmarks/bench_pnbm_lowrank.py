@@ -10,6 +10,9 @@ Rows (``--rows``):
 * ``syn20m``: synthetic data of ML-20M's size (138,493 users x 26,744 items, 20M ratings), 10 steps at q = 0.01
   (seconds a step; meant for a GPU).
 
+As ``train.py`` does, the device's warm-up thread (``dprec_torch.device.warm_up``: the CUDA context, Triton's import)
+starts before the data is read (``load_s``, reported apart from the set-up).
+
 Writes one JSON line per row to stdout and, with ``--out``, appends it to that file (JSON lines: a rerun adds
 lines, and ``publish.py`` reads the last line of a row). Each row names its ``machine`` (``bench.py``'s line, the GPU
 included on ``--device cuda``) and the 1-minute load average after it.
