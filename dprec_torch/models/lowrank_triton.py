@@ -32,8 +32,10 @@ import torch
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-#: ratings a program reads at once
+#: ratings a program reads at once, at most (fewer for wide ranks: :func:`_shape`)
 BLOCK = 128
+#: float64 entries of a [BLOCK, D] tile of rows u_j, at most (registers, not spills)
+TILE = 2048
 #: why the kernels were turned off in this process (a launch raised: e.g. a GPU or Triton they do not compile for)
 failed: str | None = None
 triton: Any = None  # imported by _kernels() on first use; module globals, as the JIT resolves them there
@@ -171,9 +173,11 @@ def guarded(launch: Callable[[], T]) -> T | None:
         return None
 
 
-def _width(d: int) -> int:
-    """The tile's column count: the power of two >= d (at least 2)."""
-    return max(2, 1 << (int(d) - 1).bit_length())
+def _shape(d: int) -> dict[str, int]:
+    """The tile's ``D`` (the power of two >= d, at least 2) and ``BLOCK`` (ratings a loop step: 128 up to D = 16,
+    halved for each doubling of D beyond it, at least 16)."""
+    width = max(2, 1 << (int(d) - 1).bit_length())
+    return {"D": width, "BLOCK": max(16, min(BLOCK, TILE // width))}
 
 
 def _mask_args(row_mask: torch.Tensor | None, seg: torch.Tensor) -> tuple[torch.Tensor, bool]:
@@ -189,8 +193,7 @@ def forward_sums(U: torch.Tensor, items: torch.Tensor, seg: torch.Tensor, y: tor
     f = torch.empty(int(items.numel()), dtype=torch.float64, device=U.device)
     if n > 0:
         sampled, masked = _mask_args(row_mask, seg)
-        _kernels()[0][(n,)](U.contiguous(), items, seg, y, w, sampled, p_sum, f, d, MASKED=masked, D=_width(d),
-                            BLOCK=BLOCK)
+        _kernels()[0][(n,)](U.contiguous(), items, seg, y, w, sampled, p_sum, f, d, MASKED=masked, **_shape(d))
     return p_sum, f
 
 
@@ -204,7 +207,7 @@ def gradient_norms(U: torch.Tensor, items: torch.Tensor, seg: torch.Tensor, y: t
     if n > 0:
         sampled, masked = _mask_args(row_mask, seg)
         _kernels()[1][(n,)](U.contiguous(), items, seg, y, e.contiguous(), p_sum, inv_sqrt, sampled, q, norms, d,
-                            L1=bool(l1), MASKED=masked, D=_width(d), BLOCK=BLOCK)
+                            L1=bool(l1), MASKED=masked, **_shape(d))
     return q, norms
 
 
@@ -217,5 +220,5 @@ def scatter_clipped(U: torch.Tensor, items: torch.Tensor, seg: torch.Tensor, y: 
     if n > 0:
         sampled, masked = _mask_args(row_mask, seg)
         _kernels()[2][(n,)](U.contiguous(), items, seg, y, e.contiguous(), p_sum, inv_sqrt, q,
-                            factor.double().contiguous(), sampled, grad, d, MASKED=masked, D=_width(d), BLOCK=BLOCK)
+                            factor.double().contiguous(), sampled, grad, d, MASKED=masked, **_shape(d))
     return grad

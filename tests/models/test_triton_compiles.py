@@ -58,13 +58,13 @@ def test_the_pair_norm_kernel_compiles(terms: bool, square: bool) -> None:
 
 
 @pytest.mark.parametrize("masked", [False, True])
-@pytest.mark.parametrize("d", [3, 8])
+@pytest.mark.parametrize("d", [1, 3, 8, 33])
 def test_the_lowrank_kernels_compile(masked: bool, d: int) -> None:
     from dprec_torch.models import lowrank_triton
 
     forward, norms, scatter = lowrank_triton._kernels()
     mask = "*i1" if masked else "*i64"
-    shape = {"MASKED": masked, "D": lowrank_triton._width(d), "BLOCK": lowrank_triton.BLOCK}
+    shape = {"MASKED": masked, **lowrank_triton._shape(d)}
     base = {"U": "*fp64", "items": "*i64", "seg": "*i64", "y": "*fp32"}
     assert ".entry forward_sums" in _ptx(forward, {**base, "w": "*fp32", "sampled": mask, "p_sum": "*fp64",
                                                    "f": "*fp64", "d": "i32"}, shape)
