@@ -274,6 +274,9 @@ class LazyStatistic:
     def __float__(self) -> float:
         return float(self.value())
 
+    def __reduce__(self) -> tuple:  # pickled or deep-copied as its number (the closure is not picklable)
+        return float, (float(self),)
+
     def __repr__(self) -> str:
         return f"LazyStatistic({float(self)!r})"
 

@@ -133,6 +133,10 @@ def test_a_lazy_statistic_is_computed_once_when_read_and_checkpointed_as_a_numbe
     frac, top = both.part(0), both.part(1)
     assert not calls
     assert float(frac) == 0.25 and float(top) == 3.0 and float(frac) == 0.25 and calls == [1]
+    import copy
+    import pickle
+
+    assert pickle.loads(pickle.dumps(top)) == 3.0 and copy.deepcopy(frac) == 0.25  # as numbers
     data = random_ratings(1)
     model = bound_model(data)
     opt = GaussianPNBM(model.parameters(), _context(data, model), float("inf"), sampling_ratio=1.0, model=model)
