@@ -17,7 +17,8 @@ Numbers: each sum is in float64, as the torch path's, in another order (a block'
 f, the norms and the gradient agree with the torch path to float64 rounding, not bit for bit. The clip's factor is
 computed from these norms and applied to the rows the same helper recomputes; a user's released part has norm
 <= C up to float64 rounding (as the GPU's atomic sums, whose order is not fixed, already were).
-``TRITON_INTERPRET=1`` with ``DPREC_LOWRANK_KERNEL=triton`` runs the kernels on the CPU (tests).
+``TRITON_INTERPRET=1`` with ``DPREC_LOWRANK_KERNEL=triton`` runs the kernels on the CPU (tests);
+``DPREC_LOWRANK_KERNEL=torch`` turns them off, and so does a launch that raises (:func:`guarded`, logged once).
 """
 
 from __future__ import annotations
