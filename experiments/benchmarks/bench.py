@@ -328,6 +328,27 @@ def machine(gpu: bool = False) -> str:
     return line + (f", GPU {torch.cuda.get_device_name(0)}" if gpu and torch.cuda.is_available() else "")
 
 
+def code_version() -> str | None:
+    """The commit the benchmark ran (``DPREC_CODE_VERSION`` where the caller names it, e.g. a copy without git history
+    on a lent GPU; else ``git rev-parse``), with ``+changes`` when tracked files differ from it; None where unknown."""
+    named = os.environ.get("DPREC_CODE_VERSION")
+    if named:
+        return named
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], cwd=root, capture_output=True, text=True,
+                              timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True,
+                               text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+
+
 def _status_total_gb() -> float:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():

@@ -121,7 +121,7 @@ def run_row(name: str, device: str, profile_path: Path | None = None) -> dict:
         with profile_path.open("a") as f:
             f.write(f"\nset-up under cProfile ({setup_s:.3f} s with the profiler), top 30 by cumulative time\n"
                     + setup_profile)
-    from bench import machine  # experiments/benchmarks/ is the script's folder
+    from bench import code_version, machine  # experiments/benchmarks/ is the script's folder
 
     return {"row": name, "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu",
             "device_type": dev.type, "machine": machine(gpu=dev.type == "cuda"), "load_avg": round(os.getloadavg()[0], 2),
@@ -130,7 +130,7 @@ def run_row(name: str, device: str, profile_path: Path | None = None) -> dict:
             "steps_s": round(steps_s, 3), "s_per_step": round(steps_s / steps, 5),
             "setup_plus_steps_s": round(setup_s + steps_s, 3), "test_rmse_after": round(rmse, 4),
             "epsilon": setup.optimizer.privacy_report()["epsilon"],
-            "masked_batches": bool(getattr(setup.sampler, "masked", False)),
+            "masked_batches": bool(getattr(setup.sampler, "masked", False)), "code": code_version(),
             "lowrank_kernel": os.environ.get("DPREC_LOWRANK_KERNEL", "auto")}
 
 

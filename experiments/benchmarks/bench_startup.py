@@ -169,9 +169,10 @@ def main() -> None:
     result = measure(args.root.resolve(), args.overrides, args.repeat)
     result["bytecode_cache"] = BYTECODE.get("PYTHONPYCACHEPREFIX")
     result["env_dont_write_bytecode"] = os.environ.get("PYTHONDONTWRITEBYTECODE")
-    from bench import machine  # imports torch: after the runs
+    from bench import code_version, machine  # imports torch: after the runs
 
-    result.update(machine=machine(gpu="device=cpu" not in args.overrides), omp_num_threads=os.environ.get("OMP_NUM_THREADS"))
+    result.update(machine=machine(gpu="device=cpu" not in args.overrides), omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
+                  code=code_version())
     text = json.dumps(result, indent=2)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,8 @@
 # The stages run in the order of what is least measured; each has its own time limit.
 # Each writes its file to $OUT (the device call's return folder), named as docs/results/benchmarks/ names it.
 # Before (on the CPU machine): DPREC_DATA=/work/shared/data bash experiments/benchmarks/prepare_gpu_pylibs.sh
-# Then:   run(command="bash experiments/benchmarks/gpu_targets.sh", carry=[".gpu_pylibs", ".gpu_data"], timeout_s=560)
+# Then:   run(command="DPREC_CODE_VERSION=$(git rev-parse --short=10 HEAD) bash experiments/benchmarks/gpu_targets.sh",
+#             carry=[".gpu_pylibs", ".gpu_data"], timeout_s=560)   (type the commit in: the rows record it as `code`)
 # Back:   cp <files_at>/*.json docs/results/benchmarks/ && python experiments/benchmarks/publish.py
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"

@@ -451,6 +451,11 @@ def _on_h200(verdict: str, machine: str) -> str:
     return verdict if "H200" in machine else f"{verdict} (on another GPU than the target's H200)"
 
 
+def _code(record: dict) -> str:
+    """"; code <commit>" where the benchmark recorded the commit it ran (``bench.code_version``), else nothing."""
+    return f"; code {record['code']}" if record.get("code") else ""
+
+
 def _startup_row(data: dict | None, key: str, device: str) -> tuple[str, str]:
     """Figure and verdict of `python train.py mechanism=sgld epsilon=20` on ML-100K (``bench_startup.py``'s JSON)."""
     if data is None:
@@ -470,7 +475,7 @@ def _startup_row(data: dict | None, key: str, device: str) -> tuple[str, str]:
     threads = f"OMP_NUM_THREADS={data['omp_num_threads']}, " if data.get("omp_num_threads") else ""
     figure = (f"{e2e:.2f} s end to end vs {torch_s:.2f} s for `import torch` in the same run = {ratio:.2f}× "
               f"(minimum of {n} runs, the first warms the caches; {threads}1-min load {data.get('load_avg', float('nan')):.1f}; "
-              f"{machine})")
+              f"{machine}{_code(data)})")
     if device == "cpu":
         return figure, yes(ratio <= SPEED_TARGETS["startup_ratio"])
     return figure, _on_h200(yes(e2e <= SPEED_TARGETS["startup_gpu_s"]), machine)
@@ -507,7 +512,8 @@ def _designcard_row(data: dict | None, key: str, device: str, limit_s: float) ->
         return _missing(key, f"`{SPEED_JSON[key]}` was measured on {machine}, not on the {device}")
     threads = f"OMP_NUM_THREADS={data['omp_num_threads']}, " if data.get("omp_num_threads") else ""
     figure = (f"{data['end_to_end']:.2f} s end to end, {data['to_first_epoch']:.2f} s to the first epoch (minimum of {n} "
-              f"runs, the first warms the caches; {threads}1-min load {data.get('load_avg', float('nan')):.1f}; {machine})")
+              f"runs, the first warms the caches; {threads}1-min load {data.get('load_avg', float('nan')):.1f}; {machine}"
+              f"{_code(data)})")
     verdict = yes(data["end_to_end"] <= limit_s)
     return figure, (verdict if device == "cpu" else _on_h200(verdict, machine))
 
@@ -528,7 +534,8 @@ def _lowrank_row(rows: list[dict] | None, key: str, device: str, step_s: float, 
     load = f", 1-min load {r['load_avg']:.1f}" if r.get("load_avg") is not None else ""
     figure = (f"{1e3 * step:.2f} ms a step ({'met' if ok_step else 'not met'}), {total:.2f} s with set-up "
               f"({'met' if ok_total else 'not met'}: set-up {r['setup_s_incl_calibration']:.2f} s + {r['steps']} steps "
-              f"{r['steps_s']:.2f} s; reading the data {r['load_s']:.2f} s apart); {r.get('threads', '?')} threads{load}; {machine}")
+              f"{r['steps_s']:.2f} s; reading the data {r['load_s']:.2f} s apart); {r.get('threads', '?')} threads{load}; {machine}"
+              f"{_code(r)}")
     if r.get("runs"):  # --repeat: the median run, beside every run's figures
         runs = ", ".join(f"{1e3 * a:.2f} ms / {b:.2f} s" for a, b in r["runs"])
         figure = f"median of {len(r['runs'])} runs, each in a fresh process ({runs}): " + figure

@@ -394,6 +394,16 @@ def test_the_gpu_start_up_row_is_judged_on_the_bytecode_cached_run_with_the_imag
     assert verdict(speed(tmp_path), STARTUP_GPU) == "**not met**"
 
 
+def test_a_row_names_the_commit_its_benchmark_ran_where_recorded(tmp_path: Path) -> None:
+    write(tmp_path, "lowrank-cpu.json", lowrank_line(0.01, 5.0))
+    assert "; code " not in next(l for l in speed(tmp_path).splitlines() if l.startswith(LOWRANK_CPU))
+    write(tmp_path, "lowrank-cpu.json", json.dumps({**json.loads(lowrank_line(0.01, 5.0)), "code": "0123456789"}))
+    write(tmp_path, "startup-cpu-ml100k-sgld.json", {**startup_json(1.9), "code": "abcdef0123+changes"})
+    table = speed(tmp_path)
+    assert "; code 0123456789" in next(l for l in table.splitlines() if l.startswith(LOWRANK_CPU))
+    assert "; code abcdef0123+changes" in next(l for l in table.splitlines() if l.startswith(STARTUP_CPU))
+
+
 def test_performance_page_lists_each_speed_command_above_its_block() -> None:
     text = (ROOT / "docs" / "performance.md").read_text()
     start = text.index("<!-- speed-targets:start -->")
