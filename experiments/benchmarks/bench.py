@@ -330,7 +330,8 @@ def machine(gpu: bool = False) -> str:
 
 def code_version() -> str | None:
     """The commit the benchmark ran (``DPREC_CODE_VERSION`` where the caller names it, e.g. a copy without git history
-    on a lent GPU; else ``git rev-parse``), with ``+changes`` when tracked files differ from it; None where unknown."""
+    on a lent GPU; else ``git rev-parse``), with ``+changes`` when tracked files outside docs/ differ from it; None where
+    unknown."""
     named = os.environ.get("DPREC_CODE_VERSION")
     if named:
         return named
@@ -340,8 +341,8 @@ def code_version() -> str | None:
     try:
         head = subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], cwd=root, capture_output=True, text=True,
                               timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True,
-                               text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs"], cwd=root,
+                               capture_output=True, text=True, timeout=10)  # (docs/: results, not code)
     except (OSError, subprocess.SubprocessError):
         return None
     if head.returncode != 0:
