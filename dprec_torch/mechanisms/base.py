@@ -109,10 +109,7 @@ class MechanismOptimizer(Optimizer):
                      counted: torch.Tensor | None = None) -> torch.Tensor:
         """Per-example clipping as residual scaling: e_ui min(1, c / ||g||), c = ``self.clip_norm``. ``norms``: per target,
         or per user with ``rows`` mapping each target to its user's norm (:meth:`unit_clip_factors`)."""
-        factor = self.unit_clip_factors(norms, counted)
-        if rows is not None:
-            factor = factor.index_select(0, rows)
-        return (residuals.double() * factor).to(residuals.dtype)
+        return scale_residuals(residuals, self.unit_clip_factors(norms, counted), rows)
 
     def unit_clip_factors(self, norms: torch.Tensor, counted: torch.Tensor | None = None) -> torch.Tensor:
         """min(1, c / ||g||) per unit in float64 (:func:`clip_factors`). Records the clipped fraction and the largest
@@ -242,6 +239,14 @@ class MechanismOptimizer(Optimizer):
         if release is not None:
             self.mean_release = release
         self.prepared = True
+
+
+def scale_residuals(residuals: torch.Tensor, factor: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """e_ui factor in float64, rounded once to e's dtype; ``factor`` per target, or per unit with ``rows`` mapping each
+    target to its unit."""
+    if rows is not None:
+        factor = factor.index_select(0, rows)
+    return (residuals.double() * factor).to(residuals.dtype)
 
 
 def _clip_statistics(norms: torch.Tensor, factor: torch.Tensor, counted: torch.Tensor | None, bound: float

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from dprec_torch.errors import ConfigError
+from dprec_torch.mechanisms.base import scale_residuals
 from dprec_torch.models.pnbm_lowrank import LowRankPNBM
 from dprec_torch.privacy.calibration import calibrate_gaussian
 from dprec_torch.privacy.item_means import ItemMeansRelease, ItemMeansSpec, install_item_means, release_item_means
@@ -62,7 +63,7 @@ def clip_lowrank(mechanism: Any, residuals: torch.Tensor, batch: Any, model: Low
     gradient of U (:meth:`LowRankPNBM.per_user_gradient_rows`, the explicit rows; L2 = Frobenius or L1)."""
     rows, norms = model.per_user_gradient_rows(batch, residuals, p=int(p), deferred=True)
     factor = mechanism.unit_clip_factors(norms, batch.row_mask)
-    clipped = (residuals.double() * factor.index_select(0, batch.rows)).to(residuals.dtype)
+    clipped = scale_residuals(residuals, factor, batch.rows)
     # the released gradient is these rows times each user's factor (float64): its user parts have norm <= c exactly
     model.stash_clipped_rows(batch, clipped, rows, factor)
     return clipped

@@ -243,14 +243,10 @@ class DeferredRowsTriton(_RowTerms):
         return torch.repeat_interleave(torch.arange(self.seg.numel() - 1, device=self.seg.device), self.seg.diff())
 
     def materialize(self) -> torch.Tensor:
-        """The rows ``[R, d]`` float64 (the torch path's formula on the kernels' q_u)."""
-        users = self._users()
-        w = self.inv_sqrt.index_select(0, users)
-        ui = self.U.index_select(0, self.items)
-        yw = (self.y.to(self.U.dtype) * w)[:, None]
-        p = (self.p_sum * self.inv_sqrt[:, None]).index_select(0, users)
-        rows = p.sub_(torch.mul(ui, 2.0).mul_(yw)).mul_(self.e[:, None])
-        return rows.add_(self.q.index_select(0, users).mul_(yw)).mul_(-2.0)
+        """The rows ``[R, d]`` float64: :func:`per_user_gradients`'s torch path at the same e and n_u^(-1/2) (its p_u and
+        q_u summed again, equal to the kernels' to float64 rounding)."""
+        return per_user_gradients(self._users(), self.items, self.y, self.U, int(self.seg.numel()) - 1, self.e,
+                                  inv_sqrt=self.inv_sqrt)[0]
 
     def clipped_sum(self, factor: torch.Tensor) -> torch.Tensor:
         """sum_u factor_u g_u as ``[M, d]`` float64 (atomic adds: the order of each item's sum is not fixed); on the

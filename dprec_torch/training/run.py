@@ -159,7 +159,7 @@ class TrainingSetup:
     rule: dict[str, Any] | None = None  # the size rule's record when it set any knob (privacy/size_rule.py)
 
 
-def masked_steps(model: BaseModel, device: torch.device, ratio: float) -> bool:
+def masked_steps(model: BaseModel, device: torch.device) -> bool:
     """Whether a user-level step runs on one fixed full batch with its sampled users marked (:attr:`.UserBatch.row_mask`;
     at q = 1 the same batch, unmasked): off the CPU, for a model that allows it. The same users and numbers as a
     compacted batch (a test checks the bits on the CPU); on a GPU no step waits for the device to size its batch, and
@@ -195,7 +195,7 @@ def setup_training(cfg: DictConfig, fold: Fold, device: torch.device, prepare: b
     sampler_seed = cfg.get("noise_seed") if mech_cls.private else int(cfg.seed)
     sampler = PoissonBatchSampler(train, model.item_means if model.centres_on_item_means else train.item_means(),
                                   ratio, unit, noise_generator(sampler_seed, device, SAMPLER_STREAM),
-                                  history=bool(model.reads_history), masked=masked_steps(model, device, ratio))
+                                  history=bool(model.reads_history), masked=masked_steps(model, device))
     return TrainingSetup(fold, model, sampler, optimizer, epochs, rule)
 
 

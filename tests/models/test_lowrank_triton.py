@@ -72,7 +72,7 @@ from dprec_torch.training.trainer import Trainer
 from tests.helpers import tiny_cfg, tiny_fold
 from tests.models.test_pnbm_lowrank import BASE, DPSGD, GAUSSIAN
 
-run_module.masked_steps = lambda model, dev, ratio: True
+run_module.masked_steps = lambda model, dev: True
 for name, mech in (("gaussian", GAUSSIAN), ("dpsgd", DPSGD)):
     finals = {}
     for mode in ("torch", "triton" if device.type == "cpu" else "auto"):

@@ -23,7 +23,7 @@ STEPS = 5
 
 def _run(overrides: list[str], masked: bool, monkeypatch, kernel: str) -> tuple[Trainer, list]:
     monkeypatch.setenv("DPREC_LOWRANK_KERNEL", kernel)
-    monkeypatch.setattr(run_module, "masked_steps", lambda model, device, ratio: masked)
+    monkeypatch.setattr(run_module, "masked_steps", lambda model, device: masked)
     setup = setup_training(tiny_cfg(*BASE, *overrides, "epsilon=5", "noise_seed=3"), tiny_fold(), torch.device("cpu"))
     assert setup.sampler.masked is masked
     trainer = Trainer(setup.model, setup.optimizer, setup.sampler, 1)
