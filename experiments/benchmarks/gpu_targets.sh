@@ -17,6 +17,8 @@
 # Then:   run(command="DPREC_CODE_VERSION=$(git rev-parse --short=10 HEAD) bash experiments/benchmarks/gpu_targets.sh",
 #             carry=[".gpu_pylibs", ".gpu_data"], timeout_s=560)   (type the commit in: the rows record it as `code`)
 # Back:   cp <files_at>/*.json docs/results/benchmarks/ && python experiments/benchmarks/publish.py
+# GPU_TARGETS_STAGES="tests lowrank startup" runs only those stages (names: bytecode tests lowrank startup designcard
+# fulls image); unset, all of them.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
@@ -29,10 +31,13 @@ PY="$(command -v python || command -v python3)"
 B=experiments/benchmarks
 T0=$(date +%s)
 stamp() { echo "== [$(( $(date +%s) - T0 )) s] $*"; }
+STAGES=" ${GPU_TARGETS_STAGES:-bytecode tests lowrank startup designcard fulls image} "
+want() { [[ "$STAGES" == *" $1 "* ]]; }
 stamp "gpu_targets $(date -u +%FT%TZ) DPREC_DATA=${DPREC_DATA:-unset}"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 "$PY" -c "import torch, hydra, opacus; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" || exit 3
 
+if want bytecode; then
 stamp "bytecode"
 "$PY" - <<'PY' 2>&1 | tee "$OUT_DIR/bytecode.txt"
 import importlib.util, os, sys
@@ -45,15 +50,19 @@ PY
 for i in 1 2; do /usr/bin/time -f "import torch %e s" "$PY" -c "import torch" 2>&1 | tail -1; done | tee -a "$OUT_DIR/bytecode.txt"
 for i in 1 2; do env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=/tmp/dprec-pyc /usr/bin/time -f "import torch, bytecode written under a PYTHONPYCACHEPREFIX, run $i: %e s" "$PY" -c "import torch" 2>&1 | tail -1; done | tee -a "$OUT_DIR/bytecode.txt"
 
+fi
+if want tests; then
 stamp "pytest -m gpu"
 # -v and tee: each test's line reaches $OUT as it finishes, so a stage killed at its limit still says which passed
-timeout 180 "$PY" -m pytest -v -m gpu -p no:cacheprovider -rs ${GPU_TARGETS_PYTEST:-tests/models/test_lowrank_triton.py \
+timeout ${GPU_TARGETS_TEST_LIMIT:-180} "$PY" -m pytest -v -m gpu -p no:cacheprovider -rs ${GPU_TARGETS_PYTEST:-tests/models/test_lowrank_triton.py \
   tests/models/test_pair_triton.py \
   tests/privacy/test_secret_keys.py tests/privacy/test_secure_noise.py \
   tests/models/test_gpu.py::test_lowrank_pnbm_trains_on_cuda_like_the_cpu \
   "tests/models/test_gpu.py::test_every_pnbm_mechanism_same_rmse_on_cuda[gaussian_pnbm]"} 2>&1 \
   | tee "$OUT_DIR/gpu-tests.txt" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" | tail -20
 
+fi
+if want lowrank; then
 stamp "low-rank step, ML-1M"
 line=$(timeout 60 "$PY" $B/bench_pnbm_lowrank.py --rows ml1m-400 --device cuda --repeat 2 --out "$OUT_DIR/lowrank-gpu.json" 2>&1 | tail -3)
 echo "$line"
@@ -63,19 +72,28 @@ case "$line" in *'"row"'*) ;; *)  # the kernels failed: measure the masked torch
 esac
 timeout 40 "$PY" $B/bench_pnbm_lowrank.py --rows ml1m-400 --device cuda --profile "$OUT_DIR/lowrank-gpu-profile.txt" 2>&1 | tail -1
 
+fi
+if want startup; then
 stamp "start-up, ML-100K, bytecode cached"
 timeout 90 "$PY" $B/bench_startup.py --repeat 3 --bytecode-cache /tmp/dprec-pyc \
   --out "$OUT_DIR/startup-gpu-ml100k-sgld-bytecode.json" -- mechanism=sgld epsilon=20 data=ml-100k device=cuda 2>&1 | tail -2
+fi
+if want designcard; then
 stamp "design card, ML-1M, as typed"
 timeout 80 "$PY" $B/bench_startup.py --repeat 2 --out "$OUT_DIR/designcard-gpu-ml1m-sgld.json" \
   -- mechanism=sgld epsilon=20 data=ml-1m 2>&1 | tail -2
+fi
+if want fulls; then
 stamp "full-S mechanisms, ML-1M"
 timeout 120 "$PY" $B/gpu_bench.py --budget 100 --stages mechanisms --out "$OUT_DIR/gpu-mechanisms.json" 2>&1 | tail -2
 timeout 40 "$PY" $B/gpu_probe.py --out "$OUT_DIR/gaussian-profile.txt" -- data=ml-1m model=pnbm mechanism=gaussian_pnbm \
   mechanism.epochs=4 2>&1 | tail -2
 
+fi
+if want image; then
 stamp "start-up, ML-100K, the image as it is"
 timeout 70 "$PY" $B/bench_startup.py --repeat 2 --out "$OUT_DIR/startup-gpu-ml100k-sgld.json" \
   -- mechanism=sgld epsilon=20 data=ml-100k device=cuda 2>&1 | tail -2
 
+fi
 stamp "done"
