@@ -16,10 +16,14 @@ in the key buffer: a float literal in a kernel is float32.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 import triton
 import triton.language as tl
+
+from dprec_torch import key_feed
 
 BLOCK = 128  # ChaCha blocks per program
 TWO_M53 = tl.constexpr(2.0 ** -53)  # exact in any float width (a kernel reads only constexpr globals)
@@ -167,15 +171,23 @@ def uniform_fill(key, out, n, MODE: tl.constexpr, BLOCK: tl.constexpr):  # pragm
         tl.store(out + e, v, mask=e < n)
 
 
+def _words(key: np.ndarray, constants: tuple[int, ...], value: float | None = None) -> np.ndarray:
+    """:func:`_buffer`'s words on the host, as int32."""
+    parts = [np.asarray(key, np.uint32), np.asarray(constants, np.uint32)]
+    if value is not None:
+        parts.append(np.array([value, TWO_PI], np.float64).view(np.uint32))
+    return np.concatenate(parts).view(np.int32).copy()
+
+
 def _buffer(key: np.ndarray, constants: tuple[int, ...], device: torch.device, value: float | None = None) -> torch.Tensor:
     """key (8 words), constants (4), and, with ``value``, the float64 bits of ``value`` and 2 pi (2 words each), as one
     uint32 tensor on ``device`` (one copy to it, from pinned memory without waiting: a copy from pageable memory makes
     torch wait for the device, a host round trip in every noised step; the caching host allocator keeps the pinned
     block until the copy has run)."""
-    parts = [np.asarray(key, np.uint32), np.asarray(constants, np.uint32)]
-    if value is not None:
-        parts.append(np.array([value, TWO_PI], np.float64).view(np.uint32))
-    host = torch.from_numpy(np.concatenate(parts).view(np.int32).copy())
+    feed = key_feed.observing()
+    if feed is not None:  # a step being captured (CUDA graph): a fixed slot, given each replay's fresh key
+        return feed.slot(key, functools.partial(_words, constants=constants, value=value))
+    host = torch.from_numpy(_words(key, constants, value))
     if torch.device(device).type == "cuda":
         host = host.pin_memory()
     return host.to(device, non_blocking=True).view(torch.uint32)

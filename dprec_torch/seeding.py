@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dprec_torch import chacha
+from dprec_torch import chacha, key_feed
 
 
 def seed_everything(seed: int) -> None:
@@ -107,7 +107,11 @@ class SecretGenerator:
         """The ChaCha key of the next draw (8 uint32 words); advances the counter."""
         sub = _blake(self.counter.to_bytes(8, "little"), key=self._key, person=b"dprec-draw")
         self.counter += 1
-        return chacha.as_key(sub)
+        key = chacha.as_key(sub)
+        feed = key_feed.observing()
+        if feed is not None:  # a step being captured in a CUDA graph: each replay feeds this draw a fresh key
+            feed.drew(self, key)
+        return key
 
     def spawn(self, *labels: Any) -> "SecretGenerator":
         """An independent child stream (key derived from this one's and ``labels``)."""

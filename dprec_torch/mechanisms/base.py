@@ -186,9 +186,21 @@ class MechanismOptimizer(Optimizer):
         self.add_noise()
         self.scale_grad()
         self.apply_update()
+        self.host_step()
+        return loss
+
+    def host_step(self) -> None:
+        """A step's bookkeeping on the host, after its device work: the step count and the accountant's record. A step
+        replayed from a CUDA graph (:mod:`dprec_torch.training.step_graph`) runs no Python but this."""
         self.state["mechanism"]["t"] += 1
         self.account()
-        return loss
+
+    def graph_constants(self) -> tuple | None:
+        """The host numbers a step's kernels are launched with (step size, noise scale, clip bound, ...), where they are
+        the same every step: a step captured in a CUDA graph is replayed only while they are unchanged. None (the
+        default): the mechanism's step is not replayed from a graph (its host work is more than :meth:`host_step`, or
+        its numbers change from step to step)."""
+        return None
 
     # ----------------------------------------------------------------- reporting
     def step_size(self) -> float:
@@ -264,7 +276,8 @@ class LazyStatistic:
     CPU a step records it without launching its kernels or waiting for the device. :meth:`part` reads one item of a
     tuple-valued statistic (computed once for all its parts)."""
 
-    def __init__(self, compute: Callable[[], Any]) -> None:
+    def __init__(self, compute: Callable[[], Any], parent: "LazyStatistic | None" = None) -> None:
+        self._formula, self._parent = compute, parent
         self._compute: Callable[[], Any] | None = compute
         self._value: Any = None
 
@@ -274,7 +287,14 @@ class LazyStatistic:
         return self._value
 
     def part(self, index: int) -> "LazyStatistic":
-        return LazyStatistic(lambda: self.value()[index])
+        return LazyStatistic(lambda: self.value()[index], parent=self)
+
+    def reset(self) -> None:
+        """Forget the value read: the next read computes it again from the same tensors (which a replayed CUDA graph
+        has rewritten with its step's numbers)."""
+        self._compute, self._value = self._formula, None
+        if self._parent is not None:
+            self._parent.reset()
 
     def __float__(self) -> float:
         return float(self.value())

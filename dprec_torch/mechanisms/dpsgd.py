@@ -197,7 +197,7 @@ class ClippedLaplaceDPSGD(MapSGD):
         return self.clip_by_norm(residuals, norms, batch.rows if self.unit == "user" else None)
 
     def add_noise(self) -> None:
-        """Step 3: diag(G) := 0 (PNBM), then Lap(c/eps_s) on every entry; notify the accountant."""
+        """Step 3: diag(G) := 0 (PNBM), then Lap(c/eps_s) on every entry (:meth:`account` records it)."""
         b = self.noise_scale
         self.state["mechanism"]["noise_scale"] = b
         for group in self.param_groups:
@@ -208,8 +208,21 @@ class ClippedLaplaceDPSGD(MapSGD):
                     zero_diagonal_(p.grad)
                 if b > 0:
                     add_laplace_noise_(p.grad, b, self.generator)
-        if b > 0:
+
+    def account(self) -> None:
+        """The step's (eps_s, q) in the accountant's history (a noiseless step releases nothing private: none)."""
+        if self.noise_scale > 0:
             self.accountant.step(self.step_epsilon, self.sampling_ratio)
+
+    def graph_constants(self) -> tuple | None:
+        """(this step's eta_t, beta, weight decay, Laplace scale, c, q): a captured step is replayed while they hold (an
+        ``lr_decay`` changes eta_t once an epoch: the step is captured again). None with ``per_rating_step`` or
+        ``rating_reg`` (their host work reads each batch)."""
+        if self.per_rating_step or self.rating_reg:
+            return None
+        group = self.param_groups[0]
+        return (self.current_lr(float(group["lr"])), float(group["beta"]), float(group.get("weight_decay", 0.0)),
+                float(self.noise_scale), self.clip_norm, self.sampling_ratio)
 
     # ---------------------------------------------------------- reporting
     def epsilon_spent(self) -> float:

@@ -141,11 +141,20 @@ class GaussianDPSGD(MechanismOptimizer):
         return self.clip_by_norm(residuals, norms, batch.rows if self.unit == "user" else None)
 
     def add_noise(self) -> None:
-        """Step 3: G += N(0, (sigma c)^2) on every parameter entry; then notify the accountant."""
+        """Step 3: G += N(0, (sigma c)^2) on every parameter entry (:meth:`account` records it)."""
         std = self.noise_std
         self.state["mechanism"]["noise_scale"] = std
         self.add_gaussian_noise_(std)
+
+    def account(self) -> None:
+        """The step's (sigma, q) in the accountant's history."""
         self.accountant.step(noise_multiplier=self.noise_multiplier, sample_rate=self.sampling_ratio)
+
+    def graph_constants(self) -> tuple | None:
+        """(lr, weight decay, noise std, c, q): fixed for the run, so a captured step may be replayed."""
+        group = self.param_groups[0]
+        return (float(group["lr"]), float(group.get("weight_decay", 0.0)), float(self.noise_std), self.clip_norm,
+                self.sampling_ratio)
 
     # ---------------------------------------------------------- reporting
     def planned_epsilon(self) -> float:
@@ -291,7 +300,7 @@ class GaussianPNBM(GaussianDPSGD):
         return self.clip_by_norm(residuals, per_user_grad_norms(model, batch, residuals, p=2), batch.rows)
 
     def add_noise(self) -> None:
-        """diag(G) := 0, then the parent's N(0, (sigma c)^2) on every entry and the accountant step."""
+        """diag(G) := 0, then the parent's N(0, (sigma c)^2) on every entry."""
         for g in self.grads():
             if not self.lowrank and g.dim() == 2 and g.shape[0] == g.shape[1]:
                 zero_diagonal_(g)

@@ -29,6 +29,7 @@ from dprec_torch.models.base import BaseModel
 from dprec_torch.models.batching import PoissonBatchSampler
 from dprec_torch.seeding import set_rng_state
 from dprec_torch.training.checkpoint import CheckpointWriter, load_checkpoint
+from dprec_torch.training.step_graph import StepGraph, graphed_steps
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,7 @@ class Trainer:
             raise ConfigError(f"checkpoint_every={checkpoint_every!r}: must be auto, end or an integer >= 1")
         self.checkpoint_every, self.auto_checkpoint_seconds = checkpoint_every, float(auto_checkpoint_seconds)
         self.checkpoints = CheckpointWriter()  # saves overlap the next epoch; finish() waits for the last
+        self._graph: StepGraph | None | bool = False  # decided at the first step (graphed_steps)
 
     def checkpoint_due(self, epoch: int, seconds_since_last: float) -> bool:
         """Whether to checkpoint after ``epoch`` (see the class doc)."""
@@ -89,6 +91,14 @@ class Trainer:
         return epoch % int(self.checkpoint_every) == 0
 
     def _step(self) -> tuple[torch.Tensor, int | torch.Tensor]:
+        """One mechanism step (:meth:`_eager_step`), replayed from a CUDA graph where :func:`graphed_steps` allows."""
+        if self._graph is False:
+            device = next(self.model.parameters()).device
+            self._graph = (StepGraph(self._eager_step, self.optimizer, self.sampler, list(self.model.parameters()), device)
+                           if graphed_steps(self.optimizer, self.sampler, device) else None)
+        return self._eager_step() if self._graph is None else self._graph()
+
+    def _eager_step(self) -> tuple[torch.Tensor, int | torch.Tensor]:
         """One mechanism step; returns (sum of squared unclipped errors, on the device; #targets, an int or on the
         device for a masked batch).
 

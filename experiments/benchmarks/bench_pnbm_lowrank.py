@@ -131,7 +131,9 @@ def run_row(name: str, device: str, profile_path: Path | None = None) -> dict:
             "setup_plus_steps_s": round(setup_s + steps_s, 3), "test_rmse_after": round(rmse, 4),
             "epsilon": setup.optimizer.privacy_report()["epsilon"],
             "masked_batches": bool(getattr(setup.sampler, "masked", False)), "code": code_version(),
-            "lowrank_kernel": os.environ.get("DPREC_LOWRANK_KERNEL", "auto")}
+            "lowrank_kernel": os.environ.get("DPREC_LOWRANK_KERNEL", "auto"),
+            # steps replayed from a CUDA graph (training.step_graph; 0: every step eager), and why not, if it failed
+            "graph_replays": getattr(trainer._graph, "replays", 0), "graph_failed": getattr(trainer._graph, "failed", None)}
 
 
 def repeated_row(name: str, device: str, repeat: int) -> dict:

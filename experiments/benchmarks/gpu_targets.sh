@@ -53,17 +53,21 @@ for i in 1 2; do env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=/tmp/dprec-p
 fi
 if want tests; then
 stamp "pytest -m gpu"
-# -v and tee: each test's line reaches $OUT as it finishes, so a stage killed at its limit still says which passed
-timeout ${GPU_TARGETS_TEST_LIMIT:-180} "$PY" -m pytest -v -m gpu -p no:cacheprovider -rs ${GPU_TARGETS_PYTEST:-tests/models/test_lowrank_triton.py \
-  tests/models/test_pair_triton.py \
-  tests/privacy/test_secret_keys.py tests/privacy/test_secure_noise.py \
-  tests/models/test_gpu.py::test_lowrank_pnbm_trains_on_cuda_like_the_cpu \
-  "tests/models/test_gpu.py::test_every_pnbm_mechanism_same_rmse_on_cuda[gaussian_pnbm]"} 2>&1 \
-  | tee "$OUT_DIR/gpu-tests.txt" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" | tail -20
-
+# the newest kernels' tests alone first, their failures printed (a stage killed at its limit prints no summary);
+# -v and tee: each test's line reaches $OUT as it finishes
+timeout ${GPU_TARGETS_TEST_LIMIT:-150} "$PY" -m pytest -v -m gpu -p no:cacheprovider --tb=short -rfEs \
+  ${GPU_TARGETS_PYTEST:-tests/training/test_step_graph.py tests/models/test_lowrank_triton.py} 2>&1 \
+  | tee "$OUT_DIR/gpu-tests.txt" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|^E |Error" | tail -40
+if [ -n "${GPU_TARGETS_MORE_TESTS:-}" ]; then
+  timeout ${GPU_TARGETS_MORE_LIMIT:-120} "$PY" -m pytest -v -m gpu -p no:cacheprovider --tb=short -rfEs $GPU_TARGETS_MORE_TESTS 2>&1 \
+    | tee "$OUT_DIR/gpu-tests-more.txt" | grep -E "PASSED|FAILED|ERROR|passed|failed|^E " | tail -30
+fi
 fi
 if want lowrank; then
 stamp "low-rank step, ML-1M"
+# the eager step first (DPREC_STEP_GRAPH=0: the comparison), then the row: publish.py reads a row's last line
+DPREC_STEP_GRAPH=0 timeout 40 "$PY" $B/bench_pnbm_lowrank.py --rows ml1m-400 --device cuda \
+  --out "$OUT_DIR/lowrank-gpu.json" 2>&1 | tail -1
 line=$(timeout 60 "$PY" $B/bench_pnbm_lowrank.py --rows ml1m-400 --device cuda --repeat 2 --out "$OUT_DIR/lowrank-gpu.json" 2>&1 | tail -3)
 echo "$line"
 case "$line" in *'"row"'*) ;; *)  # the kernels failed: measure the masked torch path (its line says lowrank_kernel=torch)

@@ -88,6 +88,7 @@ def test_noise_scale_and_exact_accounting():
         assert rep[key]
     model.S.grad = torch.zeros_like(model.S)
     opt.add_noise()
+    opt.account()  # (the step's record: step() calls it after the update)
     assert float(model.S.grad.abs().mean()) == pytest.approx(0.7 / eps_s, rel=0.02)  # Laplace scale = E|X|
     assert opt.epsilon_spent() == pytest.approx(eps0 + amplified_epsilon(eps_s, q))
 
