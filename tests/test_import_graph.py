@@ -7,7 +7,8 @@ never run (annotations only). Hydra ``_target_`` strings are not imports either.
 
 :data:`LAYERS` lists the units bottom to top; a unit may import only units on lower layers. Each layer, low to high:
 
-0. ``chacha_triton``: the CSPRNG's GPU kernel (Triton; imports no package unit, ``chacha`` imports it);
+0. ``key_feed``: the secret keys fed to a step replayed from a CUDA graph (imports no package unit);
+0b. ``chacha_triton``: the CSPRNG's GPU kernel (Triton; ``chacha`` imports it);
 1. ``errors``: the two exception types every layer raises; ``chacha``: the CSPRNG's kernels; ``populations``: whose
    people a data config holds; ``config_domains``: the config's value domains (none imports a package unit);
 2. plumbing with no domain knowledge: ``io`` (atomic writes), ``seeding``, ``device``, ``config`` (Hydra glue,
@@ -45,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "dprec_torch"
 
 LAYERS: list[set[str]] = [
+    {"key_feed"},
     {"chacha_triton"},
     {"errors", "chacha", "populations", "config_domains", "forms"},
     {"io", "seeding", "device", "config", "sweep_cache", "startup"},
