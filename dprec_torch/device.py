@@ -48,8 +48,8 @@ def warm_up(device: torch.device) -> threading.Thread | None:
 
     The first CUDA call of a process creates the context and loads kernels (0.5-1.2 s on an H100/H200). Started as soon
     as the device is known, it overlaps with reading the data; torch's lazy-init lock makes the main thread's first CUDA
-    call wait for it rather than race it. It then imports Triton and defines the package's kernels (the first noise
-    draw of the set-up would), where Triton is installed.
+    call wait for it rather than race it. A second thread readies Triton where it is installed (:func:`_warm_triton`).
+    Returns the CUDA thread.
     """
     if device.type != "cuda":
         return None
@@ -58,17 +58,31 @@ def warm_up(device: torch.device) -> threading.Thread | None:
         try:
             a = torch.ones(64, 64, device=device)
             (a @ a).sum().item()  # context, cuBLAS handle and the first kernels: not in the first epoch's time
-            from dprec_torch import chacha
-            from dprec_torch.models import lowrank_triton
-
-            chacha._triton(device)  # Triton and the noise kernels' module (the first noise draw would import them)
-            lowrank_triton._kernels()
         except Exception as err:  # noqa: BLE001 - the main thread's own first CUDA call reports it
             log.debug("CUDA warm-up on %s failed: %s", device, err)
 
+    threading.Thread(target=_warm_triton, args=(device,), name="triton-warm-up", daemon=True).start()
     thread = threading.Thread(target=init, name=f"cuda-warm-up-{device}", daemon=True)
     thread.start()
     return thread
+
+
+def _warm_triton(device: torch.device) -> None:
+    """What the set-up's first Triton launch would do first (none of it needs the CUDA context): import Triton, define
+    the package's kernels, and hash Triton's own files into its cache key (``triton_key``: 0.4 s on the H200 image,
+    computed once a process), and import the module its launcher's first call imports (``triton.experimental.gluon``)."""
+    try:
+        from dprec_torch import chacha
+        from dprec_torch.models import lowrank_triton
+
+        if chacha._triton(device) is None or lowrank_triton._kernels() is None:
+            return
+        import triton.experimental.gluon  # noqa: F401 - imported by the first launch's argument specialisation
+        from triton.runtime.cache import triton_key
+
+        triton_key()  # (functools.lru_cache: the first compile-or-load in this process then reads it)
+    except Exception as err:  # noqa: BLE001 - a Triton without these: the first launch does what it must
+        log.debug("Triton warm-up failed: %s", err)
 
 
 @contextlib.contextmanager

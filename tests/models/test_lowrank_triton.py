@@ -83,7 +83,7 @@ for name, mech in (("gaussian", GAUSSIAN), ("dpsgd", DPSGD)):
         os.environ["DPREC_LOWRANK_KERNEL"] = mode
         cfg = tiny_cfg(*[o if o != "device=cpu" else f"device={device.type}" for o in BASE], *mech, "epsilon=5",
                        "noise_seed=3")
-        setup = setup_training(cfg, tiny_fold(), device)
+        setup = setup_training(cfg, tiny_fold().to(device), device)
         trainer = Trainer(setup.model, setup.optimizer, setup.sampler, 1)
         sq = [float(trainer._step()[0]) for _ in range(3)]
         finals[mode] = (setup.model.U.detach().cpu(), sq, float(setup.optimizer.state["mechanism"]["clipped_fraction"]))

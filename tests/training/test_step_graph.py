@@ -100,8 +100,8 @@ def test_a_reset_lazy_statistic_reads_its_tensors_again():
 def _setup(mechanism: list[str], device: str, monkeypatch, *extra: str):
     monkeypatch.setattr(run_module, "masked_steps", lambda model, dev: True)
     overrides = [o if o != "device=cpu" else f"device={device}" for o in BASE]
-    return setup_training(tiny_cfg(*overrides, *mechanism, "epsilon=5", "noise_seed=3", *extra), tiny_fold(),
-                          torch.device(device))
+    return setup_training(tiny_cfg(*overrides, *mechanism, "epsilon=5", "noise_seed=3", *extra),
+                          tiny_fold().to(device), torch.device(device))
 
 
 @pytest.mark.parametrize("mechanism,graphed", [(GAUSSIAN, True), (DPSGD, True), (SGLD, False)],
