@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The speed issue's GPU rows and the design card's GPU wall time in one device call (< 8 minutes on one H100/H200):
+# The speed issue's GPU rows and the design card's GPU wall time in one device call (400 s on an H200, 2026-11-28):
 #   0. what the image does with bytecode (why `import torch` takes seconds there) and `import torch` with its bytecode
 #      written under a PYTHONPYCACHEPREFIX (writing on), second run;
-#   1. the `-m gpu` tests of the fused kernels (keystream, noise, pair norms) and the low-rank model (GPU_TARGETS_PYTEST;
-#      the whole log in $OUT/gpu-tests.txt; 2026-11-28 they needed more than 75 s on the H200);
-#   2. the low-rank step: bench_pnbm_lowrank.py --rows ml1m-400 --device cuda --repeat 2 (the first compiles the kernels), then 20 profiled steps;
+#   1. the `-m gpu` tests of the newest GPU code (GPU_TARGETS_PYTEST; default: the CUDA-graph steps and the low-rank
+#      kernels), their failures printed (the whole log in $OUT/gpu-tests.txt); GPU_TARGETS_MORE_TESTS: more, after them;
+#   2. the low-rank step: bench_pnbm_lowrank.py --rows ml1m-400 --device cuda once with DPREC_STEP_GRAPH=0 (eager steps,
+#      the comparison), then --repeat 2 (the row; the first run compiles the kernels), then 20 profiled steps;
 #   3. start-up: `python train.py mechanism=sgld epsilon=20 data=ml-100k device=cuda` (bench_startup.py), 3 runs with
 #      the bytecode cached (--bytecode-cache: the table's row);
 #   4. the design card on ML-1M as typed, `python train.py mechanism=sgld epsilon=20 data=ml-1m` (device=auto), 2 runs;
@@ -16,7 +17,9 @@
 # Before (on the CPU machine): DPREC_DATA=/work/shared/data bash experiments/benchmarks/prepare_gpu_pylibs.sh
 # Then:   run(command="DPREC_CODE_VERSION=$(git rev-parse --short=10 HEAD) bash experiments/benchmarks/gpu_targets.sh",
 #             carry=[".gpu_pylibs", ".gpu_data"], timeout_s=560)   (type the commit in: the rows record it as `code`)
-# Back:   cp <files_at>/*.json docs/results/benchmarks/ && python experiments/benchmarks/publish.py
+# Back:   cp <files_at>/*.json docs/results/benchmarks/ (lowrank-gpu.json is JSON lines: append it) &&
+#         python experiments/benchmarks/publish.py --only speed-targets
+# (at most 8 files come back from a device call: the bytecode stage prints, it writes no file)
 # GPU_TARGETS_STAGES="tests lowrank startup" runs only those stages (names: bytecode tests lowrank startup designcard
 # fulls image); unset, all of them.
 set -uo pipefail
@@ -39,7 +42,7 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,dri
 
 if want bytecode; then
 stamp "bytecode"
-"$PY" - <<'PY' 2>&1 | tee "$OUT_DIR/bytecode.txt"
+"$PY" - <<'PY' 2>&1
 import importlib.util, os, sys
 spec = importlib.util.find_spec("torch")
 pkg = os.path.dirname(spec.origin)
@@ -47,8 +50,8 @@ print("dont_write_bytecode", sys.dont_write_bytecode, "PYTHONDONTWRITEBYTECODE",
       "pycache_prefix", sys.pycache_prefix, "torch dir writable", os.access(pkg, os.W_OK),
       "torch/__pycache__ exists", os.path.isdir(os.path.join(pkg, "__pycache__")))
 PY
-for i in 1 2; do /usr/bin/time -f "import torch %e s" "$PY" -c "import torch" 2>&1 | tail -1; done | tee -a "$OUT_DIR/bytecode.txt"
-for i in 1 2; do env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=/tmp/dprec-pyc /usr/bin/time -f "import torch, bytecode written under a PYTHONPYCACHEPREFIX, run $i: %e s" "$PY" -c "import torch" 2>&1 | tail -1; done | tee -a "$OUT_DIR/bytecode.txt"
+for i in 1 2; do /usr/bin/time -f "import torch %e s" "$PY" -c "import torch" 2>&1 | tail -1; done
+for i in 1 2; do env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=/tmp/dprec-pyc /usr/bin/time -f "import torch, bytecode written under a PYTHONPYCACHEPREFIX, run $i: %e s" "$PY" -c "import torch" 2>&1 | tail -1; done
 
 fi
 if want tests; then
