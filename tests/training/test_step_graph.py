@@ -107,8 +107,9 @@ def _setup(mechanism: list[str], device: str, monkeypatch, *extra: str):
 @pytest.mark.parametrize("mechanism,graphed", [(GAUSSIAN, True), (DPSGD, True), (SGLD, False)],
                          ids=["gaussian", "dpsgd", "sgld"])
 def test_which_steps_are_replayed(mechanism, graphed, monkeypatch):
-    """A CUDA device, masked batches below q = 1, and a mechanism that declares its host numbers (SGLD's eta_t changes
-    every step: not replayed); ``DPREC_STEP_GRAPH=0`` turns graphs off; never on the CPU."""
+    """A CUDA device, masked batches below q = 1, and a mechanism that declares its host numbers (the clipped SGLD
+    chain does not yet: its graphed steps have not run on a GPU); ``DPREC_STEP_GRAPH=0`` turns graphs off; never on
+    the CPU."""
     s = _setup(mechanism, "cpu", monkeypatch)
     cuda = torch.device("cuda")
     assert step_graph.graphed_steps(s.optimizer, s.sampler, cuda) is graphed
