@@ -106,7 +106,8 @@ class DPMeansOffset(BasePredictor):
 
     def fit(self, train: Ratings) -> "DPMeansOffset":
         train = self._prepare(train)
-        gen = noise_generator(self.seed, "cpu", stream=DP_REFERENCE_STREAM)  # never the run's own noise
+        # never the run's own noise; drawn on the data's device (on a GPU: no CPU kernels loaded for the reference)
+        gen = noise_generator(self.seed, train.device, stream=DP_REFERENCE_STREAM)
         spec = ItemMeansSpec("posterior", self.relation, "laplace", self.prior_std)
         release = release_item_means(train, spec, gen, epsilon=self.epsilon)
         self.item_avg_, self.global_avg_ = release.means.to(train.device), release.global_mean
