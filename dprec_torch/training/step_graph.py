@@ -43,8 +43,7 @@ def graphed_steps(optimizer: Any, sampler: Any, device: torch.device) -> bool:
     """Whether a Trainer replays its steps from a CUDA graph: a CUDA device, a masked user-level sampler below q = 1
     (fixed shapes, no host wait), a mechanism that declares its step's host numbers, and ``DPREC_STEP_GRAPH`` not 0."""
     return (device.type == "cuda" and os.environ.get("DPREC_STEP_GRAPH", "1") != "0"
-            and bool(getattr(sampler, "masked", False)) and float(getattr(sampler, "ratio", 1.0)) < 1
-            and optimizer.graph_constants() is not None)
+            and sampler.masked and sampler.ratio < 1 and optimizer.graph_constants() is not None)
 
 
 class StepGraph:
@@ -96,7 +95,7 @@ class StepGraph:
             self.failed = f"{type(err).__name__}: {err}"
             log.warning("capturing the training step in a CUDA graph failed (%s); steps run eagerly "
                         "(DPREC_STEP_GRAPH=0 chooses that from the start)", self.failed)
-            self.graph = None
+            self.graph = None  # (a recapture's failure drops the graph of the old numbers too)
             self.optimizer.load_state_dict(saved[0])  # what the capture's Python did: its draws, count, accountant
             self.sampler.generator.set_state(saved[1])
             return self.step()
