@@ -14,6 +14,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from dprec_torch.cli import exit_on_bad_command_line, report_error
+from dprec_torch.device import warm_up_early
 from dprec_torch.errors import DprecError
 from dprec_torch.training.run import comparison_table, train
 
@@ -42,6 +43,8 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
-    exit_on_bad_command_line("config")  # one line + exit 2 where Hydra would print its multi-line report
+    checked = exit_on_bad_command_line("config")  # one line + exit 2 where Hydra would print its multi-line report
+    if checked is not None:
+        warm_up_early(checked.device, sys.argv[1:])  # the CUDA context is made while Hydra sets the run up
     main()
     fast_exit()  # the results are written: skip the interpreter's teardown (dprec_torch/startup.py)

@@ -22,8 +22,9 @@ From a word w: v = ((w >> 11) + 1) 2^-53 in (0, 1] (53 bits, never 0, so log v i
 
 On the CPU both noises are added in place, in float64, to a float32 or float64 tensor, the keystream made and
 consumed group by group in a few KiB of scratch (no M^2 float64 temporaries); numba ``@njit(parallel=True,
-cache=True)``. On any other device (CUDA) the keystream is computed by torch's integer kernels on that device, in
-chunks, and transformed there: no host round trip, and no torch generator (Philox's seed has 64 bits). Where Triton
+cache=True)`` in :mod:`dprec_torch.chacha_numba`, imported on the first CPU draw (a GPU run never loads numba). On
+any other device (CUDA) the keystream is computed by torch's integer kernels on that device, in chunks, and
+transformed there: no host round trip, and no torch generator (Philox's seed has 64 bits). Where Triton
 imports (CUDA builds of torch), one kernel (:mod:`dprec_torch.chacha_triton`) computes the same words, and for a
 contiguous float32/float64 target one kernel also transforms them and adds the noise in place (the torch path's
 formula in float64, rounded once to the target's dtype; no temporaries, one launch where the torch path made about
@@ -46,18 +47,8 @@ import os
 import numpy as np
 import torch
 
-import numba
-from numba import njit, prange
-
-if "NUMBA_THREADING_LAYER" not in os.environ:
-    numba.config.THREADING_LAYER = "workqueue"  # sleeping workers (see dprec_torch.models.pair_numba)
-
 ELEMENTS_PER_BLOCK = 8  # 64-byte block = eight 64-bit words, one per element (Box-Muller: two per pair)
-GROUP = 64  # blocks made per pass: the keystream scratch is 4 KiB
-GROUPS_PER_PIECE = 16  # a piece (one unit of parallel work) is 16 groups = 8192 elements
 TORCH_CHUNK_BLOCKS = 1 << 20  # blocks per chunk of the torch kernels: 16 M words of int64 temporaries at most
-_U32 = np.uint32
-_U64 = np.uint64
 _TWO_M53 = 2.0 ** -53
 _TWO_M24 = 2.0 ** -24
 _TWO_PI = 2.0 * np.pi
@@ -77,15 +68,26 @@ def as_key(key: np.ndarray | bytes) -> np.ndarray:
     return key
 
 
-def _set_threads() -> None:
-    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+@functools.lru_cache(maxsize=None)
+def _numba():  # noqa: ANN202 - the module dprec_torch.chacha_numba
+    """:mod:`dprec_torch.chacha_numba`, the CPU kernels, imported on the first CPU draw: a run that draws only on a GPU
+    never loads numba. Its threads follow torch's (``torch.get_num_threads()``) at each draw."""
+    from dprec_torch import chacha_numba
+
+    return chacha_numba
+
+
+def _cpu_kernels():  # noqa: ANN202 - the module dprec_torch.chacha_numba, its threads set for this draw
+    kernels = _numba()
+    kernels.set_threads(torch.get_num_threads())
+    return kernels
 
 
 def chacha20_block(key: np.ndarray, counter: int, nonce: tuple[int, int, int]) -> np.ndarray:
     """RFC 8439 section 2.3: the 16 output words of the ChaCha20 block function (serialise little-endian)."""
     out = np.empty((16, 1), np.uint32)
     n0, n1, n2 = (int(x) & 0xFFFFFFFF for x in nonce)
-    _blocks(as_key(key), (n0 << 32) | (int(counter) & 0xFFFFFFFF), _U32(n1), _U32(n2), 1, out)
+    _numba().blocks(as_key(key), (n0 << 32) | (int(counter) & 0xFFFFFFFF), np.uint32(n1), np.uint32(n2), 1, out)
     return out[:, 0].copy()
 
 
@@ -93,8 +95,7 @@ def keystream_words(key: np.ndarray, n: int) -> np.ndarray:
     """The first ``n`` 64-bit words of the draw keyed ``key`` (word i is element i's), as uint64 (CPU, numba)."""
     out = np.empty(int(n), np.uint64)
     if n:
-        _set_threads()
-        _words(as_key(key), out)
+        _cpu_kernels().words(as_key(key), out)
     return out
 
 
@@ -190,11 +191,12 @@ def uniform(key: np.ndarray, n: int, device: torch.device | str = "cpu", dtype: 
     return ((top >> 29).to(torch.float32) * _TWO_M24).to(dtype)
 
 
-def _in_place(target: torch.Tensor, kernel, value: float, key: np.ndarray) -> torch.Tensor:
+def _in_place(target: torch.Tensor, kernel_name: str, value: float, key: np.ndarray) -> torch.Tensor:
+    """The CPU's in-place noise: :mod:`~dprec_torch.chacha_numba`'s ``kernel_name`` on ``target`` (float32/64)."""
     if target.numel() == 0 or value == 0:
         return target
     key = as_key(key)
-    _set_threads()
+    kernel = getattr(_cpu_kernels(), kernel_name)
     if target.is_contiguous() and target.dtype in (torch.float32, torch.float64):
         kernel(target.detach().view(-1).numpy(), key, float(value))
         return target
@@ -217,7 +219,7 @@ def add_laplace_(target: torch.Tensor, scale: float, key: np.ndarray) -> torch.T
                 return fused.add_laplace_(target, float(scale), as_key(key), _CONSTANTS)
         with torch.no_grad():
             return target.add_(laplace_noise(key, target.numel(), scale, target.device).view(target.shape).to(target.dtype))
-    return _in_place(target, _add_laplace, scale, key)
+    return _in_place(target, "add_laplace", scale, key)
 
 
 def laplace_noise(key: np.ndarray, n: int, scale: float, device: torch.device | str) -> torch.Tensor:
@@ -240,7 +242,7 @@ def add_gaussian_(target: torch.Tensor, std: float, key: np.ndarray) -> torch.Te
                 return fused.add_gaussian_(target, float(std), as_key(key), _CONSTANTS)
         with torch.no_grad():
             return target.add_(gaussian_noise(key, n, std, target.device).view(target.shape).to(target.dtype))
-    return _in_place(target, _add_gaussian, std, key)
+    return _in_place(target, "add_gaussian", std, key)
 
 
 def gaussian_noise(key: np.ndarray, n: int, std: float, device: torch.device | str) -> torch.Tensor:
@@ -251,198 +253,3 @@ def gaussian_noise(key: np.ndarray, n: int, std: float, device: torch.device | s
     r = float(std) * torch.sqrt(-2.0 * torch.log((top[0::2] + 1).double() * _TWO_M53))
     theta = _TWO_PI * (top[1::2].double() * _TWO_M53)
     return torch.stack([r * torch.cos(theta), r * torch.sin(theta)], dim=1).reshape(-1)[:n]
-
-
-# fdlibm __ieee754_log (e_log.c): log(x) = k ln2 + log(1 + f), 1 + f in [sqrt(2)/2, sqrt(2)), error < 1 ulp
-_LN2_HI, _LN2_LO = 6.93147180369123816490e-01, 1.90821492927058770002e-10
-_LG1, _LG2, _LG3 = 6.666666666666735130e-01, 3.999999999940941908e-01, 2.857142874366239149e-01
-_LG4, _LG5, _LG6, _LG7 = 2.222219843214978396e-01, 1.818357216161805012e-01, 1.531383769920937332e-01, 1.479819860511658591e-01
-
-# fdlibm __kernel_sin / __kernel_cos (k_sin.c, k_cos.c) on [-pi/4, pi/4]
-_S1, _S2, _S3 = -1.66666666666666324348e-01, 8.33333333332248946124e-03, -1.98412698298579493134e-04
-_S4, _S5, _S6 = 2.75573137070700676789e-06, -2.50507602534068634195e-08, 1.58969099521155010221e-10
-_C1, _C2, _C3 = 4.16666666666666019037e-02, -1.38888888888741095749e-03, 2.48015872894767294178e-05
-_C4, _C5, _C6 = -2.75573143513906633035e-07, 2.08757232129817482790e-09, -1.13596475577881948265e-11
-
-_FAST = dict(cache=True, nogil=True, error_model="numpy")  # numpy's error model: no branch on division
-
-@njit(**_FAST)
-def _rotl(x, n):  # pragma: no cover - compiled
-    return _U32(_U32(x << n) | _U32(x >> (32 - n)))
-
-@njit(**_FAST)
-def _quarter(a, b, c, d):  # pragma: no cover - compiled
-    """RFC 8439 section 2.1 (every step truncated to 32 bits: numba widens small integers)."""
-    a = _U32(a + b)
-    d = _rotl(_U32(d ^ a), 16)
-    c = _U32(c + d)
-    b = _rotl(_U32(b ^ c), 12)
-    a = _U32(a + b)
-    d = _rotl(_U32(d ^ a), 8)
-    c = _U32(c + d)
-    b = _rotl(_U32(b ^ c), 7)
-    return a, b, c, d
-
-@njit(**_FAST)
-def _double_round(x):  # pragma: no cover - compiled
-    """A column round and a diagonal round (RFC 8439 section 2.3)."""
-    x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15 = x
-    x0, x4, x8, x12 = _quarter(x0, x4, x8, x12)
-    x1, x5, x9, x13 = _quarter(x1, x5, x9, x13)
-    x2, x6, x10, x14 = _quarter(x2, x6, x10, x14)
-    x3, x7, x11, x15 = _quarter(x3, x7, x11, x15)
-    x0, x5, x10, x15 = _quarter(x0, x5, x10, x15)
-    x1, x6, x11, x12 = _quarter(x1, x6, x11, x12)
-    x2, x7, x8, x13 = _quarter(x2, x7, x8, x13)
-    x3, x4, x9, x14 = _quarter(x3, x4, x9, x14)
-    return x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15
-
-@njit(**_FAST)
-def _blocks(key, ctr0, w14, w15, n, out):  # pragma: no cover - compiled
-    """out[w, l] = word w of the ChaCha20 block with 64-bit counter ctr0 + l (words 12-13), l < n.
-
-    One block per iteration of the l loop, written out as straight-line code (ten double rounds) so LLVM
-    vectorises the loop across blocks (one SIMD lane per block; the unsigned index avoids numba's
-    wraparound select, which would turn the stores into scatters)."""
-    k0, k1, k2, k3, k4, k5, k6, k7 = key[0], key[1], key[2], key[3], key[4], key[5], key[6], key[7]
-    c0, c1, c2, c3 = _U32(0x61707865), _U32(0x3320646E), _U32(0x79622D32), _U32(0x6B206574)
-    for li in range(n):
-        c = _U64(ctr0) + _U64(li)
-        i12, i13 = _U32(c & _U64(0xFFFFFFFF)), _U32(c >> _U64(32))
-        x = (c0, c1, c2, c3, k0, k1, k2, k3, k4, k5, k6, k7, i12, i13, w14, w15)
-        x = _double_round(x)
-        x = _double_round(x)
-        x = _double_round(x)
-        x = _double_round(x)
-        x = _double_round(x)
-        x = _double_round(x)
-        x = _double_round(x)
-        x = _double_round(x)
-        x = _double_round(x)
-        x = _double_round(x)
-        ll = _U64(li)
-        out[0, ll] = x[0] + c0
-        out[1, ll] = x[1] + c1
-        out[2, ll] = x[2] + c2
-        out[3, ll] = x[3] + c3
-        out[4, ll] = x[4] + k0
-        out[5, ll] = x[5] + k1
-        out[6, ll] = x[6] + k2
-        out[7, ll] = x[7] + k3
-        out[8, ll] = x[8] + k4
-        out[9, ll] = x[9] + k5
-        out[10, ll] = x[10] + k6
-        out[11, ll] = x[11] + k7
-        out[12, ll] = x[12] + i12
-        out[13, ll] = x[13] + i13
-        out[14, ll] = x[14] + w14
-        out[15, ll] = x[15] + w15
-
-@njit(**_FAST)
-def _group(key, g, ks, flat):  # pragma: no cover - compiled
-    """The keystream of group g (blocks g GROUP ..), in stream order: ``flat`` viewed as uint64 words."""
-    _blocks(key, g * GROUP, _U32(0), _U32(0), GROUP, ks)
-    for li in range(GROUP):
-        for w in range(16):
-            flat[_U64(li * 16 + w)] = ks[w, li]
-    return flat.view(np.uint64)
-
-@njit(**_FAST)
-def _log(x):  # pragma: no cover - compiled
-    """fdlibm's log for a positive normal double, branch-free (so the element loops vectorise)."""
-    bits = np.float64(x).view(np.uint64)
-    hx = bits >> _U64(32)
-    k = np.int64(hx >> _U64(20)) - 1023
-    hm = hx & _U64(0xFFFFF)
-    i = (hm + _U64(0x95F64)) & _U64(0x100000)  # 1 + f >= sqrt(2): halve it
-    k += np.int64(i >> _U64(20))
-    f = _U64(((hm | (i ^ _U64(0x3FF00000))) << _U64(32)) | (bits & _U64(0xFFFFFFFF))).view(np.float64) - 1.0
-    s = f / (2.0 + f)
-    dk = np.float64(k)
-    z = s * s
-    w = z * z
-    r = z * (_LG1 + w * (_LG3 + w * (_LG5 + w * _LG7))) + w * (_LG2 + w * (_LG4 + w * _LG6))
-    hfsq = 0.5 * f * f
-    return dk * _LN2_HI - ((hfsq - (s * (hfsq + r) + dk * _LN2_LO)) - f)
-
-@njit(**_FAST)
-def _cos_sin_turn(k):  # pragma: no cover - compiled
-    """(cos, sin)(2 pi k 2^-53) for a 53-bit integer k, branch-free: the quadrant q = round(4 k 2^-53) comes from
-    the integer, the rest y = 2 pi (k 2^-53 - q / 4) in [-pi/4, pi/4] goes to fdlibm's kernels (< 1 ulp)."""
-    q = (k + _U64(1 << 50)) >> _U64(51)  # round(k / 2^51) = round(4 u): 0 .. 4
-    y = _TWO_PI * (np.float64(np.int64(k) - np.int64(q << _U64(51))) * _TWO_M53)
-    z = y * y
-    sn = y + (y * z) * (_S1 + z * (_S2 + z * (_S3 + z * (_S4 + z * (_S5 + z * _S6)))))
-    cs = 1.0 - (0.5 * z - z * (z * (_C1 + z * (_C2 + z * (_C3 + z * (_C4 + z * (_C5 + z * _C6)))))))
-    q = np.int64(q & _U64(3))  # (cos, sin)(y + q pi/2): q = 1 -> (-s, c), 2 -> (-c, -s), 3 -> (s, -c)
-    odd = (q & 1) == 1
-    c = np.float64(1 - 2 * (((q + 1) >> 1) & 1)) * (sn if odd else cs)
-    s = np.float64(1 - 2 * (q >> 1)) * (cs if odd else sn)
-    return c, s
-
-@njit(**_FAST)
-def _open_unit(w):  # pragma: no cover - compiled
-    """((w >> 11) + 1) 2^-53: in (0, 1]."""
-    return np.float64((w >> _U64(11)) + _U64(1)) * _TWO_M53
-
-@njit(inline="always", **_FAST)
-def _layout(n):  # pragma: no cover - compiled
-    """(elements a group holds, groups, pieces of GROUPS_PER_PIECE groups) of an n-element draw."""
-    per = GROUP * ELEMENTS_PER_BLOCK
-    n_groups = (n + per - 1) // per
-    return per, n_groups, (n_groups + GROUPS_PER_PIECE - 1) // GROUPS_PER_PIECE
-
-@njit(parallel=True, **_FAST)
-def _words(key, out):  # pragma: no cover - compiled
-    n = out.size
-    per, n_groups, n_pieces = _layout(n)
-    for p in prange(n_pieces):
-        ks = np.empty((16, GROUP), np.uint32)
-        flat = np.empty(GROUP * 16, np.uint32)
-        for g in range(p * GROUPS_PER_PIECE, min(n_groups, (p + 1) * GROUPS_PER_PIECE)):
-            w64 = _group(key, g, ks, flat)
-            base = g * per
-            for e in range(min(per, n - base)):
-                out[_U64(base + e)] = w64[_U64(e)]
-
-@njit(parallel=True, **_FAST)
-def _add_laplace(target, key, b):  # pragma: no cover - compiled
-    """target[i] += -b s_i log v_i (module docstring), in float64, rounded once to target's dtype."""
-    n = target.size
-    per, n_groups, n_pieces = _layout(n)
-    for p in prange(n_pieces):
-        ks = np.empty((16, GROUP), np.uint32)
-        flat = np.empty(GROUP * 16, np.uint32)
-        for g in range(p * GROUPS_PER_PIECE, min(n_groups, (p + 1) * GROUPS_PER_PIECE)):
-            w64 = _group(key, g, ks, flat)
-            base = g * per
-            for e in range(min(per, n - base)):
-                w = w64[_U64(e)]
-                sign = np.float64(1 - 2 * np.int64(w & _U64(1)))  # bit 0: the sign of u
-                i = _U64(base + e)
-                target[i] = target[i] + (-b * sign) * _log(_open_unit(w))
-
-@njit(parallel=True, **_FAST)
-def _add_gaussian(target, key, std):  # pragma: no cover - compiled
-    """Box-Muller on word pairs (module docstring), in float64, rounded once to target's dtype."""
-    n = target.size
-    per, n_groups, n_pieces = _layout(n)  # per is even: a pair never straddles two groups
-    for p in prange(n_pieces):
-        ks = np.empty((16, GROUP), np.uint32)
-        flat = np.empty(GROUP * 16, np.uint32)
-        for g in range(p * GROUPS_PER_PIECE, min(n_groups, (p + 1) * GROUPS_PER_PIECE)):
-            w64 = _group(key, g, ks, flat)
-            base = g * per
-            m = min(per, n - base)
-            for h in range(m // 2):  # whole pairs: no branch, so the loop vectorises
-                e = _U64(2 * h)
-                r = std * np.sqrt(-2.0 * _log(_open_unit(w64[e])))
-                c, s = _cos_sin_turn(w64[e + _U64(1)] >> _U64(11))
-                i = _U64(base) + e
-                target[i] = target[i] + r * c
-                target[i + _U64(1)] = target[i + _U64(1)] + r * s
-            if m % 2:  # the draw's last element, alone: the cosine half of its pair
-                e = _U64(m - 1)
-                r = std * np.sqrt(-2.0 * _log(_open_unit(w64[e])))
-                c, s = _cos_sin_turn(w64[e + _U64(1)] >> _U64(11))
-                target[_U64(base) + e] = target[_U64(base) + e] + r * c

@@ -46,12 +46,13 @@ def _one_line(err: Exception) -> str:
     return "; ".join(ln for ln in lines if not ln.startswith(("full_key", "object_type")))
 
 
-def check_command_line(config_name: str, argv: list[str]) -> None:
+def check_command_line(config_name: str, argv: list[str]) -> DictConfig | None:
     """Compose ``conf/<config_name>.yaml`` with the command-line overrides (the first value of each sweep)
     and check it (:func:`check_config`, then :func:`check_relation_preprocessing`); raises :class:`ConfigError` with
-    one line. Command lines with Hydra flags other than ``-m`` (``--cfg``, ``--help``, ...) are left to Hydra."""
+    one line, else returns the composed config. Command lines with Hydra flags other than ``-m`` (``--cfg``,
+    ``--help``, ...) are left to Hydra (None)."""
     if any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
-        return
+        return None
     args = [a for a in argv if not a.startswith("-")]
     try:
         parsed = OverridesParser.create().parse_overrides(args)
@@ -73,6 +74,7 @@ def check_command_line(config_name: str, argv: list[str]) -> None:
     if "data" in cfg:
         check_config(cfg)
         check_relation_preprocessing(cfg)
+    return cfg
 
 
 def _misspelt_key_retry(config_name: str, overrides: list[str], err: Exception) -> ConfigError | None:
@@ -93,10 +95,11 @@ def _misspelt_key_retry(config_name: str, overrides: list[str], err: Exception) 
     return ConfigError(f"{key} is not in the composed config: add it with +{key}=<value>")
 
 
-def exit_on_bad_command_line(config_name: str) -> None:
-    """For ``if __name__ == "__main__"`` of the CLI scripts: one line on stderr and exit 2 on a bad command line."""
+def exit_on_bad_command_line(config_name: str) -> DictConfig | None:
+    """For ``if __name__ == "__main__"`` of the CLI scripts: one line on stderr and exit 2 on a bad command line;
+    else the composed config (:func:`check_command_line`)."""
     try:
-        check_command_line(config_name, sys.argv[1:])
+        return check_command_line(config_name, sys.argv[1:])
     except ConfigError as err:
         report_error(err)
         sys.exit(2)

@@ -53,16 +53,45 @@ def warm_up(device: torch.device) -> threading.Thread | None:
     """
     if device.type != "cuda":
         return None
+    with _WARMING_LOCK:  # once a device per process: the command-line check may have started it (warm_up_early)
+        if str(device) in _WARMING:
+            return _WARMING[str(device)]
 
-    def init() -> None:
+        def init() -> None:
+            try:
+                a = torch.ones(64, 64, device=device)
+                (a @ a).sum().item()  # context, cuBLAS handle and the first kernels: not in the first epoch's time
+            except Exception as err:  # noqa: BLE001 - the main thread's own first CUDA call reports it
+                log.debug("CUDA warm-up on %s failed: %s", device, err)
+
+        threading.Thread(target=_warm_triton, args=(device,), name="triton-warm-up", daemon=True).start()
+        thread = threading.Thread(target=init, name=f"cuda-warm-up-{device}", daemon=True)
+        thread.start()
+        _WARMING[str(device)] = thread
+        return thread
+
+
+#: the devices :func:`warm_up` has started in this process, by ``str(device)``, and its lock
+_WARMING: dict[str, threading.Thread] = {}
+_WARMING_LOCK = threading.Lock()
+
+
+def warm_up_early(device_name: str, argv: list[str]) -> threading.Thread | None:
+    """:func:`warm_up` of a single run's ``device`` as soon as its command line is checked, on a background thread
+    (``device=auto`` asks the driver for a GPU there too), so the CUDA context is made while Hydra composes the config
+    twice more and sets up the run directory, not after. Nothing for a multirun (a job may be pinned to another GPU;
+    :func:`claimed_device`) or a command line that sets ``hydra.job.env_set`` (it may change ``CUDA_VISIBLE_DEVICES``
+    for the job); the run's own :func:`claimed_device` then starts it. Returns the thread, or None."""
+    if str(device_name).lower() == "cpu" or any(a in ("-m", "--multirun") or "env_set" in a for a in argv):
+        return None
+
+    def start() -> None:
         try:
-            a = torch.ones(64, 64, device=device)
-            (a @ a).sum().item()  # context, cuBLAS handle and the first kernels: not in the first epoch's time
-        except Exception as err:  # noqa: BLE001 - the main thread's own first CUDA call reports it
-            log.debug("CUDA warm-up on %s failed: %s", device, err)
+            warm_up(resolve_device(device_name))
+        except Exception as err:  # noqa: BLE001 - a bad device name is the run's own error to report
+            log.debug("early warm-up of %s skipped: %s", device_name, err)
 
-    threading.Thread(target=_warm_triton, args=(device,), name="triton-warm-up", daemon=True).start()
-    thread = threading.Thread(target=init, name=f"cuda-warm-up-{device}", daemon=True)
+    thread = threading.Thread(target=start, name="device-warm-up", daemon=True)
     thread.start()
     return thread
 

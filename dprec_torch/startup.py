@@ -23,10 +23,13 @@ from __future__ import annotations
 
 import atexit
 import gc
+import importlib
 import logging
 import os
 import sys
 import threading
+import types
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -82,3 +85,30 @@ def fast_exit(code: int = 0) -> None:
         except (OSError, ValueError):  # a closed or broken stream: nothing left to flush
             pass
     os._exit(code)
+
+
+class DeferredModule:
+    """Stands for ``import name`` until an attribute is read, then imports the module and reads every attribute from
+    it (so a test's ``monkeypatch`` of the module is seen). Not a module and not in ``sys.modules``: scans of
+    ``sys.modules`` (``inspect.getmodule`` reads ``__file__`` of every entry, which would run a ``LazyLoader``
+    module's body) never import it."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._module: types.ModuleType | None = None
+
+    def __getattr__(self, attr: str) -> Any:  # only for what the instance lacks: the module's attributes
+        if self._module is None:
+            self._module = importlib.import_module(self._name)
+        return getattr(self._module, attr)
+
+    def __repr__(self) -> str:
+        return f"<deferred import of {self._name!r}>"
+
+
+def lazy_import(name: str) -> types.ModuleType | DeferredModule:
+    """``import name``, deferred to the first attribute read (:class:`DeferredModule`), or the module where it is
+    imported already: the numba kernel modules of the models load numba (about 0.2 s) only in a process that runs a
+    CPU kernel, not in a GPU run."""
+    module = sys.modules.get(name)
+    return module if module is not None else DeferredModule(name)

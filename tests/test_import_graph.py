@@ -8,7 +8,7 @@ never run (annotations only). Hydra ``_target_`` strings are not imports either.
 :data:`LAYERS` lists the units bottom to top; a unit may import only units on lower layers. Each layer, low to high:
 
 0. ``key_feed``: the secret keys fed to a step replayed from a CUDA graph (imports no package unit);
-0b. ``chacha_triton``: the CSPRNG's GPU kernel (Triton; ``chacha`` imports it);
+0b. ``chacha_triton``, ``chacha_numba``: the CSPRNG's GPU (Triton) and CPU (numba) kernels (``chacha`` imports them);
 1. ``errors``: the two exception types every layer raises; ``chacha``: the CSPRNG's kernels; ``populations``: whose
    people a data config holds; ``config_domains``: the config's value domains (none imports a package unit);
 2. plumbing with no domain knowledge: ``io`` (atomic writes), ``seeding``, ``device``, ``config`` (Hydra glue,
@@ -47,7 +47,7 @@ PACKAGE = "dprec_torch"
 
 LAYERS: list[set[str]] = [
     {"key_feed"},
-    {"chacha_triton"},
+    {"chacha_triton", "chacha_numba"},
     {"errors", "chacha", "populations", "config_domains", "forms"},
     {"io", "seeding", "device", "config", "sweep_cache", "startup"},
     {"data"},
@@ -81,7 +81,18 @@ def _imports(tree: ast.AST):
             continue
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
+        elif _lazy_import_of(node) is not None:  # lazy_import("dprec_torch.x"): an import whose body runs later
+            yield ast.Import(names=[ast.alias(name=_lazy_import_of(node))], lineno=node.lineno)
         stack.extend(ast.iter_child_nodes(node))
+
+
+def _lazy_import_of(node: ast.AST) -> str | None:
+    """The module named by a ``lazy_import("...")`` call (:func:`dprec_torch.startup.lazy_import`), else None."""
+    if not (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)):
+        return None
+    func = node.func
+    name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+    return node.args[0].value if name == "lazy_import" and isinstance(node.args[0].value, str) else None
 
 
 def _unit(module: str) -> str | None:
@@ -186,7 +197,7 @@ def test_at_most_one_import_runs_back_up_the_layers():
 
 def test_the_checks_catch_a_cycle_and_a_function_level_import(tmp_path):
     """The detector itself: a function-level import back up is an edge, a cycle and an upward import;
-    the same import under ``if TYPE_CHECKING:`` is not."""
+    the same import under ``if TYPE_CHECKING:`` is not; a ``lazy_import("...")`` is."""
     pkg = tmp_path / PACKAGE
     (pkg / "privacy").mkdir(parents=True)
     (pkg / "mechanisms").mkdir()
@@ -203,6 +214,8 @@ def test_the_checks_catch_a_cycle_and_a_function_level_import(tmp_path):
     assert edges[("privacy", "mechanisms")] == [f"{PACKAGE}/privacy/cases.py:2"]
     assert cycles(edges) == [["mechanisms", "privacy"]]
     assert list(upward(edges)) == [("privacy", "mechanisms")]
+    (pkg / "privacy" / "lazy.py").write_text('dpsgd = lazy_import("dprec_torch.mechanisms.dpsgd")\n')  # deferred, still an edge
+    assert f"{PACKAGE}/privacy/lazy.py:1" in import_edges(tmp_path)[("privacy", "mechanisms")]
 
 
 # ------------------------------------------------------------------------------------------- modules

@@ -1,5 +1,5 @@
-"""``dprec_torch.startup``: the exit without teardown still finishes what an exit must, and the composition the
-command line's check made is recalled only for exactly the same command."""
+"""``dprec_torch.startup``: the exit without teardown still finishes what an exit must, the composition the
+command line's check made is recalled only for exactly the same command, and numba loads only for a CPU kernel."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 from dprec_torch.config import recall_composed, remember_composed
 from dprec_torch.api import compose_config
+from dprec_torch.startup import lazy_import
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,3 +73,48 @@ def test_setup_training_never_imports_dynamo() -> None:
     proc = subprocess.run([sys.executable, "-c", NO_DYNAMO], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().splitlines()[-1] == "False"
+
+
+NUMBA_ON_DEMAND = r"""
+import sys
+import dprec_torch.training.run, dprec_torch.models.pnbm_topk, dprec_torch.privacy.pnbm_clipping  # what runs import
+loaded = lambda: "numba" in sys.modules
+print(loaded())
+import torch
+from dprec_torch import chacha
+lap = chacha.laplace_noise(bytes(32), 4, 1.0, "meta")  # off the CPU: the torch path (meta: shapes only), no numba
+print(loaded())
+chacha.add_gaussian_(torch.zeros(8), 1.0, bytes(32))  # the first CPU draw loads the numba kernels
+print(loaded())
+"""
+
+
+def test_numba_loads_with_the_first_cpu_kernel_only() -> None:
+    """A run imports every model and the CSPRNG, but numba (about 0.2 s) loads only when a CPU kernel runs, so a run
+    whose draws and steps are all on a GPU never loads it (``chacha_numba``, ``lazy_import``)."""
+    proc = subprocess.run([sys.executable, "-c", NUMBA_ON_DEMAND], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["False", "False", "True"]
+
+
+def test_lazy_import_runs_the_module_at_its_first_use(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "lazy_pkg").mkdir()
+    (tmp_path / "lazy_pkg" / "__init__.py").write_text("")
+    (tmp_path / "lazy_pkg" / "heavy.py").write_text("import sys\nsys.lazy_pkg_ran = True\nVALUE = 7\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delattr(sys, "lazy_pkg_ran", raising=False)
+    try:
+        heavy = lazy_import("lazy_pkg.heavy")
+        assert not hasattr(sys, "lazy_pkg_ran") and "lazy_pkg.heavy" not in sys.modules  # not run, not registered
+        import inspect
+
+        inspect.getmodule(inspect.currentframe())  # scans sys.modules (as torch's op registration does): still not run
+        assert not hasattr(sys, "lazy_pkg_ran")
+        assert heavy.VALUE == 7 and sys.lazy_pkg_ran  # the first read imports it
+        module = sys.modules["lazy_pkg.heavy"]
+        monkeypatch.setattr(module, "VALUE", 8)
+        assert heavy.VALUE == 8  # every read goes to the module (a test's monkeypatch is seen)
+        assert lazy_import("lazy_pkg.heavy") is module  # imported: the module itself
+    finally:
+        for name in ("lazy_pkg.heavy", "lazy_pkg"):
+            sys.modules.pop(name, None)

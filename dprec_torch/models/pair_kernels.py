@@ -33,7 +33,17 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dprec_torch.models import pair_numba
+from dprec_torch.startup import lazy_import
+
+pair_numba = lazy_import("dprec_torch.models.pair_numba")  # numba loads with the first CPU kernel, not in a GPU run
+
+BACKENDS = ("auto", "torch", "numba")  # the sparse-pair kernels: auto (numba on the CPU where it imports), torch, numba
+
+
+def use_numba(backend: str, S: torch.Tensor) -> bool:
+    """Whether ``backend`` runs :mod:`.pair_numba`'s kernels for this S (:func:`.pair_numba.use_numba`); False for a
+    tensor off the CPU without loading that module (and numba)."""
+    return S.device.type == "cpu" and pair_numba.use_numba(backend, S)
 
 LENGTH_RATIO = 1.25
 DEFAULT_BUDGET = 1 << 19  # pairs per chunk (2 MiB per float32 chunk tensor)
@@ -153,7 +163,7 @@ class PairPlan:
         return lay
 
     def _numba(self, S: torch.Tensor) -> bool:
-        return self.row_block is None and self.t_rows is not None and pair_numba.use_numba(self.backend, S)
+        return self.row_block is None and self.t_rows is not None and use_numba(self.backend, S)
 
     # ------------------------------------------------------------ per chunk
     def _chunk(self, b: int, s: int, e: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:

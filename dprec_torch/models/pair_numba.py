@@ -39,12 +39,12 @@ except Exception as exc:  # pragma: no cover - exercised only without numba
 else:
     _IMPORT_ERROR = None
 
-if numba is not None and "NUMBA_THREADING_LAYER" not in os.environ:
+if numba is not None and "NUMBA_THREADING_LAYER" not in os.environ and numba.config.THREADING_LAYER == "default":
     # numba's default OpenMP layer leaves its threads spin-waiting after each kernel, stealing the cores from torch's
     # next ops on a small CPU (the Laplace noise after a backward took 6-45x more CPU time); workqueue's threads sleep.
+    # A layer chosen before this module loads (lowrank_numba.prefer_openmp) stands.
     numba.config.THREADING_LAYER = "workqueue"
 
-BACKENDS = ("auto", "torch", "numba")
 PIECES_PER_THREAD = 8
 
 

@@ -38,10 +38,8 @@ from dprec_torch.data.ratings import Ratings, _to_csr
 from dprec_torch.errors import ConfigError
 from dprec_torch.models.base import BaseModel, check_settings
 from dprec_torch.models.batching import UserBatch, dense_gemm_wins, rows_times, same_key
-from dprec_torch.models.pair_kernels import (DEFAULT_BUDGET, HistoryTables, PairPlan, build_history, build_plan,
-                                             centred_history, device_budget, pair_sums)
-from dprec_torch.models import pair_numba
-from dprec_torch.models.pair_numba import BACKENDS
+from dprec_torch.models.pair_kernels import (BACKENDS, DEFAULT_BUDGET, HistoryTables, PairPlan, build_history, build_plan,
+                                             centred_history, device_budget, pair_numba, pair_sums, use_numba)
 from dprec_torch.models.history import BindsHistory
 
 GRADIENTS = ("exact", "paper_eq5")
@@ -173,7 +171,7 @@ class PNBM(BindsHistory, BaseModel):
         :func:`~.pair_numba.symmetrize_` (the same float operations) unless ``compiled=False`` (the constructor).
         """
         s = self.S.data
-        if compiled and s.is_contiguous() and pair_numba.use_numba(self.pair_backend, s):
+        if compiled and s.is_contiguous() and use_numba(self.pair_backend, s):
             pair_numba.symmetrize_(s)
             return
         m = s.shape[0]

@@ -51,9 +51,12 @@ from dprec_torch.data.ratings import Ratings
 from dprec_torch.errors import ConfigError
 from dprec_torch.models.base import BaseModel
 from dprec_torch.models.batching import UserBatch
-from dprec_torch.models import lowrank_numba, lowrank_triton
+from dprec_torch.models import lowrank_triton
 from dprec_torch.models.history import BindsHistory
 from dprec_torch.models.content import check_item_features, public_features_text, resolve_item_features, feature_systems
+from dprec_torch.startup import lazy_import
+
+lowrank_numba = lazy_import("dprec_torch.models.lowrank_numba")  # numba loads with the first CPU kernel, not in a GPU run
 
 DENOMINATOR_RULE = "n_u^(1/2)"  # d_ui of Eq. (2) in the low-rank form (module docstring)
 

@@ -44,10 +44,9 @@ from dprec_torch.data.ratings import Ratings
 from dprec_torch.errors import ConfigError
 from dprec_torch.models.base import BaseModel, check_settings
 from dprec_torch.models.batching import UserBatch, same_key
-from dprec_torch.models import pair_numba
 from dprec_torch.models.history import BindsHistory
-from dprec_torch.models.pair_kernels import (DEFAULT_BUDGET, PairPlan, build_plan, centred_history, gram_row_blocks,
-                                              row_groups, sign_table)
+from dprec_torch.models.pair_kernels import (BACKENDS, DEFAULT_BUDGET, PairPlan, build_plan, centred_history,
+                                              gram_row_blocks, pair_numba, row_groups, sign_table, use_numba)
 from dprec_torch.models.pnbm import GRADIENTS, PNBM, batch_history, denominator_mask, floored
 
 log = logging.getLogger(__name__)
@@ -147,7 +146,7 @@ class TopKPairSums(torch.autograd.Function):
         ctx.save_for_backward(values, neighbors)
         key = (weakref.ref(values), values._version, values.dtype, neighbors._version, neighbors.data_ptr())
         hit = plan.cached_sums(key, need_lin)
-        if hit is None and pair_numba.use_numba(plan.backend, values):
+        if hit is None and use_numba(plan.backend, values):
             pair_numba.set_threads(torch.get_num_threads())
             out = pair_numba.topk_sums(plan.numba_layout(), values, neighbors, need_lin)
             plan._cache["sums"] = (key, need_lin, out)
@@ -168,7 +167,7 @@ class TopKPairSums(torch.autograd.Function):
         if g_num is None and g_abs is None and g_lin is None:
             return None, None, None, None
         plan: PairPlan = ctx.plan
-        if pair_numba.use_numba(plan.backend, values):
+        if use_numba(plan.backend, values):
             pair_numba.set_threads(torch.get_num_threads())
             return pair_numba.topk_grad(plan.numba_layout(), values, neighbors, g_num, g_abs, g_lin), None, None, None
         m, k = values.shape
@@ -204,7 +203,7 @@ class PNBMTopK(BindsHistory, BaseModel):
                  gradient: str = "exact", seed: int = 0, block_budget: int = 1 << 20, pair_budget: int = DEFAULT_BUDGET,
                  pair_backend: str = "auto") -> None:
         super().__init__()
-        check_settings(("gradient", gradient, GRADIENTS), ("pair_backend", pair_backend, pair_numba.BACKENDS),
+        check_settings(("gradient", gradient, GRADIENTS), ("pair_backend", pair_backend, BACKENDS),
                        ("support", support, SUPPORTS))
         if not 0 < int(sparse_k) < int(n_items):
             raise ConfigError(f"model.sparse_k must be in [1, M - 1] = [1, {int(n_items) - 1}], got {sparse_k}")

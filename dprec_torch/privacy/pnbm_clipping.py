@@ -42,8 +42,9 @@ from typing import Any
 import torch
 
 from dprec_torch.errors import ConfigError
-from dprec_torch.models import pair_numba, pair_triton
+from dprec_torch.models import pair_triton
 from dprec_torch.models.batching import rows_times
+from dprec_torch.models.pair_kernels import pair_numba, use_numba
 from dprec_torch.models.pnbm import PNBM
 
 DEFAULT_CHUNK_PAIRS = 1 << 22  # (target, history) pairs per chunk on the CPU: ~0.5 GB of temporaries
@@ -137,7 +138,7 @@ def per_user_grad_norms(model: Any, batch: Any, residuals: torch.Tensor, p: floa
         if p != 2:
             raise ConfigError("the closed form exists for the L2 norm only")
         return _closed_form_l2(model, batch, residuals, include_diagonal).sqrt()
-    kernel = (pair_numba if p == 1 and pair_numba.use_numba(model.pair_backend, model.S)  # the same bits, compiled (CPU)
+    kernel = (pair_numba if p == 1 and use_numba(model.pair_backend, model.S)  # the same bits, compiled (CPU)
               else pair_triton if triton_ok else None)  # fused, no pair temporaries (GPU)
     if kernel is pair_triton:  # d_t, a_t summed in the kernel, under the batch's shared [D >= C] mask
         crow, cols, xv = _history(batch)

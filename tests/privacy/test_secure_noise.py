@@ -16,6 +16,7 @@ import torch
 from scipy import stats
 
 from dprec_torch import chacha as noise
+from dprec_torch import chacha_numba
 
 KEY = np.arange(8, dtype=np.uint32) * np.uint32(0x01010101)
 N = 1_000_000
@@ -85,9 +86,15 @@ def test_uniforms_lie_in_the_half_open_unit_interval() -> None:
     assert np.all(np.modf(u * 2.0**53)[0] == 0)  # on the 2^-53 grid
 
 
+def test_the_cpu_kernels_read_the_same_layout_and_scaling() -> None:
+    """chacha_numba compiles its own copies of chacha's constants (chacha imports it only on a CPU draw)."""
+    assert chacha_numba.ELEMENTS_PER_BLOCK == noise.ELEMENTS_PER_BLOCK
+    assert (chacha_numba._TWO_M53, chacha_numba._TWO_PI) == (noise._TWO_M53, noise._TWO_PI)
+
+
 def test_log_is_accurate_to_an_ulp() -> None:
     x = np.concatenate([noise.uniform(KEY, 20_000, open_interval=True).numpy(), [2.0**-53, 2.0**-52, 0.5, 1 - 2.0**-53, 1.0, np.sqrt(0.5)]])
-    got = np.array([noise._log(v) for v in x])
+    got = np.array([chacha_numba._log(v) for v in x])
     ref = np.log(x)
     assert np.all(np.abs(got - ref) <= np.spacing(np.abs(ref)) + 1e-300)
 
@@ -95,7 +102,7 @@ def test_log_is_accurate_to_an_ulp() -> None:
 def test_box_muller_angle_is_accurate() -> None:
     k = np.concatenate([noise.keystream_words(KEY, 20_000) >> np.uint64(11),
                         np.array([0, 1, 2**50 - 1, 2**50, 2**51, 2**52, 3 * 2**51, 7 * 2**50, 2**53 - 1], dtype=np.uint64)])
-    got = np.array([noise._cos_sin_turn(np.uint64(x)) for x in k])
+    got = np.array([chacha_numba._cos_sin_turn(np.uint64(x)) for x in k])
     theta = 2 * np.pi * (k.astype(np.float64) * 2.0**-53)  # np.cos / np.sin of the rounded angle: within ~1e-15
     assert np.abs(got[:, 0] - np.cos(theta)).max() < 2e-15 and np.abs(got[:, 1] - np.sin(theta)).max() < 2e-15
 

@@ -204,7 +204,9 @@ def test_command_line_errors_are_one_line() -> None:
         check_command_line("config", ["mechanism.lerning_rate=0.1"])
     with pytest.raises(ConfigError, match=r"mechanism\.epochs=0 is invalid"):
         check_command_line("config", ["-m", "epsilon=1,2", "mechanism.epochs=0"])
-    check_command_line("config", ["-m", "epsilon=1,2", "model=pcc"])  # a valid sweep passes
+    assert check_command_line("config", ["-m", "epsilon=1,2", "model=pcc"]).epsilon == 1  # a valid sweep: its first job
+    assert check_command_line("config", ["device=cpu", "epsilon=20"]).device == "cpu"  # train.py warms this device up early
+    assert check_command_line("config", ["--cfg", "job"]) is None  # Hydra's own flags are left to Hydra
 
 
 @pytest.mark.parametrize("args, key", [
