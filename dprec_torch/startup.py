@@ -68,11 +68,20 @@ def fast_exit(code: int = 0) -> None:
     """End the process without the interpreter's module teardown (module docstring). Non-daemon threads are joined
     first (as the interpreter's own shutdown does), then the ``atexit`` handlers run (logging's flush and close, temp
     files, torch's and numba's handlers), then stdout and stderr are flushed. For a CLI's last line only: a function
-    registered with ``atexit`` after this call, or code that expected to run after it, would not run."""
-    current = threading.current_thread()
-    for thread in threading.enumerate():
-        if thread is not current and not thread.daemon:
-            thread.join()
+    registered with ``atexit`` after this call, or code that expected to run after it, would not run.
+
+    The threads end as at the interpreter's own exit: ``threading._shutdown`` first runs the hooks registered with
+    ``threading._register_atexit``, which tell executors' worker and management threads to stop (concurrent.futures;
+    joblib's loky, behind ``hydra/launcher=joblib``), and then joins the non-daemon threads. Joining them without
+    those hooks waits forever for an idle executor."""
+    shutdown_threads = getattr(threading, "_shutdown", None)  # CPython's; elsewhere, join them
+    if shutdown_threads is not None:
+        shutdown_threads()
+    else:
+        current = threading.current_thread()
+        for thread in threading.enumerate():
+            if thread is not current and not thread.daemon:
+                thread.join()
     run_handlers = getattr(atexit, "_run_exitfuncs", None)  # CPython's; elsewhere, logging's own shutdown
     if run_handlers is not None:
         run_handlers()

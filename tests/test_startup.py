@@ -40,6 +40,25 @@ def test_fast_exit_joins_threads_runs_atexit_and_flushes(tmp_path: Path) -> None
     assert "logged last" in (tmp_path / "log.txt").read_text()
 
 
+EXECUTOR_LEFT_OPEN = r"""
+import concurrent.futures, sys
+from dprec_torch.startup import fast_exit
+threads = concurrent.futures.ThreadPoolExecutor(2)
+processes = concurrent.futures.ProcessPoolExecutor(2)  # a management thread, as joblib's loky executor keeps
+assert threads.submit(pow, 2, 5).result() == 32 and processes.submit(pow, 3, 2).result() == 9
+sys.stdout.write("jobs done")
+fast_exit(0)  # neither executor shut down: their idle threads must be told to stop, as the interpreter's exit does
+"""
+
+
+def test_fast_exit_stops_executors_left_open() -> None:
+    """``train.py -m hydra/launcher=joblib`` hung after its last job: the executor's idle threads were joined without
+    the threading-atexit hooks that tell them to stop."""
+    proc = subprocess.run([sys.executable, "-c", EXECUTOR_LEFT_OPEN], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert (proc.returncode, proc.stdout) == (0, "jobs done"), proc.stderr[-2000:]
+
+
 def test_a_remembered_composition_is_recalled_for_the_same_command_only() -> None:
     cfg = compose_config(["mechanism=sgld", "epsilon=20"])
     remember_composed("config", ["mechanism=sgld", "epsilon=20"], cfg)
