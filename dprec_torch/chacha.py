@@ -68,26 +68,20 @@ def as_key(key: np.ndarray | bytes) -> np.ndarray:
     return key
 
 
-@functools.lru_cache(maxsize=None)
-def _numba():  # noqa: ANN202 - the module dprec_torch.chacha_numba
-    """:mod:`dprec_torch.chacha_numba`, the CPU kernels, imported on the first CPU draw: a run that draws only on a GPU
-    never loads numba. Its threads follow torch's (``torch.get_num_threads()``) at each draw."""
+def _cpu_kernels():  # noqa: ANN202 - the module dprec_torch.chacha_numba
+    """:mod:`dprec_torch.chacha_numba`, the CPU kernels, imported on the first CPU draw (a run that draws only on a GPU
+    never loads numba), its threads set to torch's (``torch.get_num_threads()``) for this draw."""
     from dprec_torch import chacha_numba
 
+    chacha_numba.set_threads(torch.get_num_threads())
     return chacha_numba
-
-
-def _cpu_kernels():  # noqa: ANN202 - the module dprec_torch.chacha_numba, its threads set for this draw
-    kernels = _numba()
-    kernels.set_threads(torch.get_num_threads())
-    return kernels
 
 
 def chacha20_block(key: np.ndarray, counter: int, nonce: tuple[int, int, int]) -> np.ndarray:
     """RFC 8439 section 2.3: the 16 output words of the ChaCha20 block function (serialise little-endian)."""
     out = np.empty((16, 1), np.uint32)
     n0, n1, n2 = (int(x) & 0xFFFFFFFF for x in nonce)
-    _numba().blocks(as_key(key), (n0 << 32) | (int(counter) & 0xFFFFFFFF), np.uint32(n1), np.uint32(n2), 1, out)
+    _cpu_kernels().blocks(as_key(key), (n0 << 32) | (int(counter) & 0xFFFFFFFF), np.uint32(n1), np.uint32(n2), 1, out)
     return out[:, 0].copy()
 
 
@@ -191,12 +185,11 @@ def uniform(key: np.ndarray, n: int, device: torch.device | str = "cpu", dtype: 
     return ((top >> 29).to(torch.float32) * _TWO_M24).to(dtype)
 
 
-def _in_place(target: torch.Tensor, kernel_name: str, value: float, key: np.ndarray) -> torch.Tensor:
-    """The CPU's in-place noise: :mod:`~dprec_torch.chacha_numba`'s ``kernel_name`` on ``target`` (float32/64)."""
+def _in_place(target: torch.Tensor, kernel, value: float, key: np.ndarray) -> torch.Tensor:
+    """The CPU's in-place noise: a :mod:`~dprec_torch.chacha_numba` kernel on ``target`` (float32/64)."""
     if target.numel() == 0 or value == 0:
         return target
     key = as_key(key)
-    kernel = getattr(_cpu_kernels(), kernel_name)
     if target.is_contiguous() and target.dtype in (torch.float32, torch.float64):
         kernel(target.detach().view(-1).numpy(), key, float(value))
         return target
@@ -219,7 +212,7 @@ def add_laplace_(target: torch.Tensor, scale: float, key: np.ndarray) -> torch.T
                 return fused.add_laplace_(target, float(scale), as_key(key), _CONSTANTS)
         with torch.no_grad():
             return target.add_(laplace_noise(key, target.numel(), scale, target.device).view(target.shape).to(target.dtype))
-    return _in_place(target, "add_laplace", scale, key)
+    return _in_place(target, _cpu_kernels().add_laplace, scale, key)
 
 
 def laplace_noise(key: np.ndarray, n: int, scale: float, device: torch.device | str) -> torch.Tensor:
@@ -242,7 +235,7 @@ def add_gaussian_(target: torch.Tensor, std: float, key: np.ndarray) -> torch.Te
                 return fused.add_gaussian_(target, float(std), as_key(key), _CONSTANTS)
         with torch.no_grad():
             return target.add_(gaussian_noise(key, n, std, target.device).view(target.shape).to(target.dtype))
-    return _in_place(target, "add_gaussian", std, key)
+    return _in_place(target, _cpu_kernels().add_gaussian, std, key)
 
 
 def gaussian_noise(key: np.ndarray, n: int, std: float, device: torch.device | str) -> torch.Tensor:
