@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
 
+from dprec_torch.cuda_driver import open_early, settle_early
 from dprec_torch.startup import fast_exit, pause_gc, resume_gc, skip_dynamo_import
 
+if __name__ == "__main__":  # the GPU's driver and context open on another core while torch imports (cuda_driver.py)
+    open_early(sys.argv[1:], Path(__file__).resolve().parent / "conf" / "config.yaml")
 pause_gc()  # no cyclic collection over the objects torch, numba and Hydra load (~0.3 s; dprec_torch/startup.py)
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -46,5 +50,7 @@ if __name__ == "__main__":
     checked = exit_on_bad_command_line("config")  # one line + exit 2 where Hydra would print its multi-line report
     if checked is not None:
         warm_up_early(checked.device, sys.argv[1:])  # the CUDA context is made while Hydra sets the run up
+    else:
+        settle_early(None)  # a Hydra flag: nothing was opened early; nothing is held
     main()
     fast_exit()  # the results are written: skip the interpreter's teardown (dprec_torch/startup.py)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from dprec_torch import cuda_driver
 from dprec_torch.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -48,8 +49,9 @@ def warm_up(device: torch.device) -> threading.Thread | None:
 
     The first CUDA call of a process creates the context and loads kernels (0.5-1.2 s on an H100/H200). Started as soon
     as the device is known, it overlaps with reading the data; torch's lazy-init lock makes the main thread's first CUDA
-    call wait for it rather than race it. A second thread readies Triton where it is installed (:func:`_warm_triton`).
-    Returns the CUDA thread.
+    call wait for it rather than race it. The driver's initialisation and the context are made first through
+    :func:`cuda_driver.open_device`, which frees the GIL while they run (torch's own call holds it). A second thread
+    readies Triton where it is installed (:func:`_warm_triton`). Returns the CUDA thread.
     """
     if device.type != "cuda":
         return None
@@ -58,6 +60,7 @@ def warm_up(device: torch.device) -> threading.Thread | None:
             return _WARMING[str(device)]
 
         def init() -> None:
+            cuda_driver.open_device(0 if device.index is None else device.index)  # the GIL stays free for the main thread meanwhile
             try:
                 a = torch.ones(64, 64, device=device)
                 (a @ a).sum().item()  # context, cuBLAS handle and the first kernels: not in the first epoch's time
@@ -81,11 +84,17 @@ def warm_up_early(device_name: str, argv: list[str]) -> threading.Thread | None:
     (``device=auto`` asks the driver for a GPU there too), so the CUDA context is made while Hydra composes the config
     twice more and sets up the run directory, not after. Nothing for a multirun (a job may be pinned to another GPU;
     :func:`claimed_device`) or a command line that sets ``hydra.job.env_set`` (it may change ``CUDA_VISIBLE_DEVICES``
-    for the job); the run's own :func:`claimed_device` then starts it. Returns the thread, or None."""
-    if str(device_name).lower() == "cpu" or any(a in ("-m", "--multirun") or "env_set" in a for a in argv):
+    for the job); the run's own :func:`claimed_device` then starts it. The context ``train.py`` opened before its
+    imports (:func:`cuda_driver.open_early`) is kept for this device and released otherwise. Returns the thread, or
+    None."""
+    single = not any(a in ("-m", "--multirun") or "env_set" in a for a in argv)
+    index = cuda_driver.cuda_index_named(str(device_name)) if single else None
+    cuda_driver.settle_early(index)
+    if index is None:
         return None
 
     def start() -> None:
+        cuda_driver.open_device(index)  # before torch asks the driver anything (it would hold the GIL meanwhile)
         try:
             warm_up(resolve_device(device_name))
         except Exception as err:  # noqa: BLE001 - a bad device name is the run's own error to report

@@ -17,6 +17,10 @@ final table on ML-100K (about 9 % of the run), and 0.7 s for a bare ``import tor
 Nothing needs that work: the process is ending. :func:`fast_exit` does what an exit must do -- waits for the
 threads that are still running, runs the ``atexit`` handlers (logging's flush and close among them), flushes the
 standard streams -- and then ends the process with ``os._exit``.
+
+TensorBoard's file layer imports boto3 and fsspec, where they are installed, only to offer ``s3://`` and fsspec log
+directories (0.1-0.2 s of a run on a machine with boto3); a run logs to its local Hydra output directory.
+:func:`summary_writer_class` imports the writer without them.
 """
 
 from __future__ import annotations
@@ -94,6 +98,29 @@ def fast_exit(code: int = 0) -> None:
         except (OSError, ValueError):  # a closed or broken stream: nothing left to flush
             pass
     os._exit(code)
+
+
+#: what TensorBoard's file layer imports for remote log directories (``tensorboard.compat.tensorflow_stub.io.gfile``)
+REMOTE_FILE_SYSTEMS = ("botocore", "boto3", "fsspec")
+
+
+def summary_writer_class() -> type:
+    """``torch.utils.tensorboard.SummaryWriter``, imported while :data:`REMOTE_FILE_SYSTEMS` that nothing has imported
+    yet read as absent (``sys.modules[name] = None``; restored right after). TensorBoard then writes local directories
+    only, for the rest of the process: a program that also logs to ``s3://`` imports ``torch.utils.tensorboard``
+    itself first, which this leaves as it is."""
+    if "torch.utils.tensorboard" in sys.modules:
+        return sys.modules["torch.utils.tensorboard"].SummaryWriter
+    hidden = [name for name in REMOTE_FILE_SYSTEMS if name not in sys.modules]
+    for name in hidden:
+        sys.modules[name] = None  # type: ignore[assignment] - the import system's own "not importable" mark
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    finally:
+        for name in hidden:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]
+    return SummaryWriter
 
 
 class DeferredModule:

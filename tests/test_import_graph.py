@@ -10,7 +10,8 @@ never run (annotations only). Hydra ``_target_`` strings are not imports either.
 0. ``key_feed``: the secret keys fed to a step replayed from a CUDA graph (imports no package unit);
 0b. ``chacha_triton``, ``chacha_numba``: the CSPRNG's GPU (Triton) and CPU (numba) kernels (``chacha`` imports them);
 1. ``errors``: the two exception types every layer raises; ``chacha``: the CSPRNG's kernels; ``populations``: whose
-   people a data config holds; ``config_domains``: the config's value domains (none imports a package unit);
+   people a data config holds; ``config_domains``: the config's value domains; ``cuda_driver``: the CUDA driver's
+   first calls off the GIL (none imports a package unit);
 2. plumbing with no domain knowledge: ``io`` (atomic writes), ``seeding``, ``device``, ``config`` (Hydra glue,
    schema check), ``sweep_cache``, ``startup``;
 3. ``data``: ratings, folds, readers;
@@ -48,7 +49,7 @@ PACKAGE = "dprec_torch"
 LAYERS: list[set[str]] = [
     {"key_feed"},
     {"chacha_triton", "chacha_numba"},
-    {"errors", "chacha", "populations", "config_domains", "forms"},
+    {"errors", "chacha", "populations", "config_domains", "forms", "cuda_driver"},
     {"io", "seeding", "device", "config", "sweep_cache", "startup"},
     {"data"},
     {"interfaces"},

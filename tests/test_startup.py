@@ -137,3 +137,40 @@ def test_lazy_import_runs_the_module_at_its_first_use(tmp_path: Path, monkeypatc
     finally:
         for name in ("lazy_pkg.heavy", "lazy_pkg"):
             sys.modules.pop(name, None)
+
+
+TENSORBOARD_WITHOUT_REMOTE = r"""
+import importlib.util, sys
+from dprec_torch.startup import REMOTE_FILE_SYSTEMS, summary_writer_class
+writer_class = summary_writer_class()
+from torch.utils.tensorboard import SummaryWriter
+assert writer_class is SummaryWriter
+loaded = [name for name in REMOTE_FILE_SYSTEMS if name in sys.modules]
+from tensorboard.compat.tensorflow_stub.io import gfile
+writer = writer_class(log_dir=sys.argv[1])
+writer.add_scalar("test/rmse", 0.94, 1)
+writer.close()
+installed = [name for name in REMOTE_FILE_SYSTEMS if importlib.util.find_spec(name) is not None]
+for name in installed:
+    __import__(name)  # hidden for TensorBoard's import only: the program can still import them
+print(loaded, gfile.S3_ENABLED, gfile.FSSPEC_ENABLED)
+"""
+
+
+def test_the_summary_writer_is_imported_without_remote_file_systems(tmp_path: Path) -> None:
+    """TensorBoard's boto3/fsspec imports (s3:// and fsspec log dirs) are skipped; a local event file is written, and
+    the program may still import both afterwards."""
+    proc = subprocess.run([sys.executable, "-c", TENSORBOARD_WITHOUT_REMOTE, str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["[]", "False", "False"]
+    events = list(tmp_path.glob("events.out.tfevents.*"))
+    assert len(events) == 1 and events[0].stat().st_size > 0
+
+
+def test_the_summary_writer_already_imported_is_left_as_it_is() -> None:
+    code = ("import sys, torch.utils.tensorboard as tb; from tensorboard.compat.tensorflow_stub.io import gfile; "
+            "from dprec_torch.startup import summary_writer_class; s3 = gfile.S3_ENABLED; "
+            "assert summary_writer_class() is tb.SummaryWriter and gfile.S3_ENABLED == s3; print('ok')")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stdout.strip()) == (0, "ok"), proc.stderr[-2000:]

@@ -39,7 +39,7 @@ from dprec_torch.privacy.relations import check_privacy_units, check_relation_pr
 from dprec_torch.privacy import size_rule
 from dprec_torch.privacy.scope import diagnostics_enabled, item_universe_of, privacy_scope, reference_scope
 from dprec_torch.seeding import SAMPLER_STREAM, key_scope, noise_generator, randomness_report, seed_everything
-from dprec_torch.startup import skip_dynamo_import
+from dprec_torch.startup import skip_dynamo_import, summary_writer_class
 from dprec_torch.sweep_cache import shared
 from dprec_torch.evaluation.baselines import (baseline_metrics, dp_reference_metrics, dp_reference_target, log_references, reference_hparams,
                                               reference_info, reference_label)
@@ -226,9 +226,7 @@ def train_fold(cfg: DictConfig, fold: Fold, out: Path, device: torch.device, ref
     log.info("mechanism %s | relation %s | %s", report["mechanism"], report.get("relation"), report["analysis"])
     writer = None
     if cfg.get("tensorboard", True):
-        from torch.utils.tensorboard import SummaryWriter
-
-        writer = SummaryWriter(log_dir=str((out / "tb" / f"fold{fold.index}").absolute()))  # closed later, maybe after a chdir
+        writer = summary_writer_class()(log_dir=str((out / "tb" / f"fold{fold.index}").absolute()))  # closed later, maybe after a chdir
     diagnostics = diagnostics_enabled(cfg.get("log_private_diagnostics"), report)
     trainer = Trainer(model, optimizer, sampler, epochs, path, writer, bool(cfg.resume), config=resolved_config(cfg),
                       private_diagnostics=diagnostics, checkpoint_every=cfg.get("checkpoint_every", "auto"))

@@ -2,8 +2,9 @@
 # The speed issue's GPU rows and the design card's GPU wall time in one device call (400 s on an H200, 2026-11-28):
 #   0. what the image does with bytecode (why `import torch` takes seconds there) and `import torch` with its bytecode
 #      written under a PYTHONPYCACHEPREFIX (writing on), second run;
-#   1. the `-m gpu` tests of the newest GPU code (GPU_TARGETS_PYTEST; default: the CUDA-graph steps and the low-rank
-#      kernels), their failures printed (the whole log in $OUT/gpu-tests.txt); GPU_TARGETS_MORE_TESTS: more, after them;
+#   1. the `-m gpu` tests of the newest GPU code (GPU_TARGETS_PYTEST; default: the CUDA driver opened off the GIL, the
+#      warm-up, the CUDA-graph steps and the low-rank kernels), their failures printed (the whole log in
+#      $OUT/gpu-tests.txt); GPU_TARGETS_MORE_TESTS: more, after them;
 #   2. the low-rank step: bench_pnbm_lowrank.py --rows ml1m-400 --device cuda once with DPREC_STEP_GRAPH=0 (eager steps,
 #      the comparison), then --repeat 2 (the row; the first run compiles the kernels), then 20 profiled steps;
 #   3. start-up: `python train.py mechanism=sgld epsilon=20 data=ml-100k device=cuda` (bench_startup.py), 3 runs with
@@ -59,7 +60,7 @@ stamp "pytest -m gpu"
 # the newest kernels' tests alone first, their failures printed (a stage killed at its limit prints no summary);
 # -v and tee: each test's line reaches $OUT as it finishes
 timeout ${GPU_TARGETS_TEST_LIMIT:-150} "$PY" -m pytest -v -m gpu -p no:cacheprovider --tb=short -rfEs \
-  ${GPU_TARGETS_PYTEST:-tests/training/test_step_graph.py tests/models/test_lowrank_triton.py} 2>&1 \
+  ${GPU_TARGETS_PYTEST:-tests/test_cuda_driver.py tests/training/test_device.py tests/training/test_step_graph.py tests/models/test_lowrank_triton.py} 2>&1 \
   | tee "$OUT_DIR/gpu-tests.txt" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|^E |Error" | tail -40
 if [ -n "${GPU_TARGETS_MORE_TESTS:-}" ]; then
   timeout ${GPU_TARGETS_MORE_LIMIT:-120} "$PY" -m pytest -v -m gpu -p no:cacheprovider --tb=short -rfEs $GPU_TARGETS_MORE_TESTS 2>&1 \
