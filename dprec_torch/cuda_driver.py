@@ -25,6 +25,7 @@ that device (a ``device`` set some other way), and no CPU run keeps a GPU contex
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import logging
 import os
@@ -98,6 +99,24 @@ _DEVICE_LINE = re.compile(r"^device:\s*([^\s#]+)", re.MULTILINE)
 #: the early opening in flight: ``thread``, and ``index`` once a device's context is held
 _EARLY: dict[str, Any] = {}
 
+#: the threads :func:`open_early` and :func:`settle_early` started, joined at exit (:func:`_join_driver_threads`)
+_DRIVER_THREADS: list[threading.Thread] = []
+
+
+@atexit.register
+def _join_driver_threads(timeout: float = 60.0) -> None:
+    """At exit, wait for a driver call still running on one of this module's threads (a bad command line exits
+    within milliseconds): the driver's own exit handlers must not run while another thread is inside ``cuInit``."""
+    for thread in _DRIVER_THREADS:
+        thread.join(timeout)
+
+
+def _start(target: Any, name: str) -> threading.Thread:
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    _DRIVER_THREADS.append(thread)
+    thread.start()
+    return thread
+
 
 def cuda_index_named(name: str) -> int | None:
     """The CUDA ordinal a ``device`` setting names: ``cuda:<n>`` -> n; ``cuda`` and ``auto`` -> 0 (``auto`` is CUDA
@@ -128,10 +147,8 @@ def open_early(argv: list[str], config_file: Path) -> threading.Thread | None:
         if index is not None and open_device(index):
             _EARLY["index"] = index
 
-    thread = threading.Thread(target=open_named, name="cuda-driver-open", daemon=True)
     _EARLY.clear()
-    _EARLY["thread"] = thread
-    thread.start()
+    _EARLY["thread"] = thread = _start(open_named, "cuda-driver-open")
     return thread
 
 
@@ -149,6 +166,4 @@ def settle_early(index: int | None) -> threading.Thread | None:
         if opened is not None and opened != index:
             release_device(opened)
 
-    thread = threading.Thread(target=settle, name="cuda-driver-settle", daemon=True)
-    thread.start()
-    return thread
+    return _start(settle, "cuda-driver-settle")

@@ -228,3 +228,27 @@ def test_torch_uses_the_context_the_driver_warm_up_made() -> None:
     env = {k: v for k, v in os.environ.items() if k != "CUDA_MODULE_LOADING"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+EXIT_DURING_CUINIT = r"""
+import sys, time
+from pathlib import Path
+from dprec_torch import cuda_driver
+class SlowDriver:
+    def cuInit(self, flags):
+        time.sleep(0.5)
+        Path(sys.argv[1]).write_text("cuInit returned")
+        return 100  # no device: nothing more
+cuda_driver._load_driver = lambda: SlowDriver()
+cuda_driver.open_early(["device=cuda"], Path("conf/config.yaml"))
+sys.exit(2)  # as a bad command line does, while the driver thread is still inside cuInit
+"""
+
+
+def test_the_exit_waits_for_a_driver_call_in_flight(tmp_path) -> None:
+    """The driver's exit handlers must not run while another thread is inside cuInit: the exit joins that thread."""
+    marker = tmp_path / "marker.txt"
+    proc = subprocess.run([sys.executable, "-c", EXIT_DURING_CUINIT, str(marker)], capture_output=True, text=True,
+                          timeout=60, cwd=Path(__file__).resolve().parents[1])
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert marker.read_text() == "cuInit returned"
