@@ -51,6 +51,6 @@ if __name__ == "__main__":
     if checked is not None:
         warm_up_early(checked.device, sys.argv[1:])  # the CUDA context is made while Hydra sets the run up
     else:
-        settle_early(None)  # a Hydra flag: nothing was opened early; nothing is held
+        settle_early(None)  # Hydra flags: open_early opened nothing; no GPU context outlives the check regardless
     main()
     fast_exit()  # the results are written: skip the interpreter's teardown (dprec_torch/startup.py)

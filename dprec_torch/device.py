@@ -60,7 +60,7 @@ def warm_up(device: torch.device) -> threading.Thread | None:
             return _WARMING[str(device)]
 
         def init() -> None:
-            cuda_driver.open_device(0 if device.index is None else device.index)  # the GIL stays free for the main thread meanwhile
+            cuda_driver.open_device(device.index or 0)  # with the GIL free for the main thread meanwhile
             try:
                 a = torch.ones(64, 64, device=device)
                 (a @ a).sum().item()  # context, cuBLAS handle and the first kernels: not in the first epoch's time
