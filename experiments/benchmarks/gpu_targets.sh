@@ -7,8 +7,9 @@
 #      $OUT/gpu-tests.txt); GPU_TARGETS_MORE_TESTS: more, after them;
 #   2. the low-rank step: bench_pnbm_lowrank.py --rows ml1m-400 --device cuda once with DPREC_STEP_GRAPH=0 (eager steps,
 #      the comparison), then --repeat 2 (the row; the first run compiles the kernels), then 20 profiled steps;
-#   3. start-up: `python train.py mechanism=sgld epsilon=20 data=ml-100k device=cuda` (bench_startup.py), 3 runs with
-#      the bytecode cached (--bytecode-cache: the table's row);
+#   3. start-up: first probe_cuda_init.py (torch's CUDA init against the driver opened through ctypes: seconds, and
+#      whether the GIL is held meanwhile), then `python train.py mechanism=sgld epsilon=20 data=ml-100k device=cuda`
+#      (bench_startup.py), 3 runs with the bytecode cached (--bytecode-cache: the table's row);
 #   4. the design card on ML-1M as typed, `python train.py mechanism=sgld epsilon=20 data=ml-1m` (device=auto), 2 runs;
 #   5. full-S mechanisms on ML-1M (gpu_bench.py's `mechanisms` stage: the `gaussian_pnbm` row among them), and one
 #      gaussian_pnbm run under torch.profiler (gpu_probe.py);
@@ -82,6 +83,9 @@ timeout 40 "$PY" $B/bench_pnbm_lowrank.py --rows ml1m-400 --device cuda --profil
 
 fi
 if want startup; then
+stamp "the first CUDA work of a process: torch's init against the driver opened through ctypes (GIL held or free)"
+timeout 60 env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=/tmp/dprec-pyc "$PY" $B/probe_cuda_init.py --repeat 2 \
+  --out "$OUT_DIR/cuda-init-probe.json" 2>&1 | tail -6
 stamp "start-up, ML-100K, bytecode cached"
 timeout 90 "$PY" $B/bench_startup.py --repeat 3 --bytecode-cache /tmp/dprec-pyc \
   --out "$OUT_DIR/startup-gpu-ml100k-sgld-bytecode.json" -- mechanism=sgld epsilon=20 data=ml-100k device=cuda 2>&1 | tail -2
