@@ -84,8 +84,8 @@ timeout 40 "$PY" $B/bench_pnbm_lowrank.py --rows ml1m-400 --device cuda --profil
 fi
 if want startup; then
 stamp "the first CUDA work of a process: torch's init against the driver opened through ctypes (GIL held or free)"
-timeout 60 env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=/tmp/dprec-pyc "$PY" $B/probe_cuda_init.py --repeat 2 \
-  --out "$OUT_DIR/cuda-init-probe.json" 2>&1 | tail -6
+# its six lines go to the call's log, not to a file (a device call returns at most 8 files; the stages write 8)
+timeout 60 env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=/tmp/dprec-pyc "$PY" $B/probe_cuda_init.py --repeat 2 2>&1 | tail -6
 stamp "start-up, ML-100K, bytecode cached"
 timeout 90 "$PY" $B/bench_startup.py --repeat 3 --bytecode-cache /tmp/dprec-pyc \
   --out "$OUT_DIR/startup-gpu-ml100k-sgld-bytecode.json" -- mechanism=sgld epsilon=20 data=ml-100k device=cuda 2>&1 | tail -2
