@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -252,3 +253,42 @@ def test_the_exit_waits_for_a_driver_call_in_flight(tmp_path) -> None:
                           timeout=60, cwd=Path(__file__).resolve().parents[1])
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert marker.read_text() == "cuInit returned"
+
+
+FAKE_LIBCUDA = r"""
+#include <unistd.h>
+/* The four driver entry points open_device/release_device call, with the driver's C signatures: CUresult is an int,
+   CUdevice an int handle, CUcontext a pointer. cuInit sleeps as a real first cuInit takes time. */
+static int init_flags = -1, got_ordinal = -1, retained_device = -1, retains = 0, releases = 0;
+static int context_storage;
+int cuInit(unsigned int flags) { usleep(300000); init_flags = (int)flags; return 0; }
+int cuDeviceGet(int *device, int ordinal) { got_ordinal = ordinal; *device = 100 + ordinal; return 0; }
+int cuDevicePrimaryCtxRetain(void **context, int device) {
+    retained_device = device; retains++; *context = &context_storage; return 0; }
+int cuDevicePrimaryCtxRelease_v2(int device) { return device == retained_device ? (releases++, 0) : 201; }
+int fake_state(int what) {
+    return what == 0 ? init_flags : what == 1 ? got_ordinal : what == 2 ? retained_device : what == 3 ? retains : releases; }
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or shutil.which("cc") is None, reason="needs a C compiler on Linux")
+def test_open_device_through_a_compiled_driver_with_the_c_signatures(monkeypatch, tmp_path) -> None:
+    """The ctypes calls as the driver's C ABI sees them (pointers written, the device handle passed back by value),
+    with the GIL free during the slow cuInit, through the same loading path as libcuda.so.1."""
+    source, library = tmp_path / "fakecuda.c", tmp_path / "libfakecuda.so"
+    source.write_text(FAKE_LIBCUDA)
+    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(library), str(source)], check=True, timeout=60)
+    monkeypatch.setattr(cuda_driver, "DRIVER_LIBRARY", {sys.platform: str(library)})
+    monkeypatch.delenv("CUDA_MODULE_LOADING", raising=False)
+    state = ctypes.CDLL(str(library)).fake_state
+    opened: list[bool] = []
+    thread = threading.Thread(target=lambda: opened.append(cuda_driver.open_device(3)))
+    thread.start()
+    time.sleep(0.02)  # inside cuInit's sleep now
+    t0, spins = time.perf_counter(), 0
+    while thread.is_alive() and time.perf_counter() - t0 < 5:
+        spins += 1
+    thread.join()
+    assert opened == [True] and spins > 10_000  # the main thread ran while the driver call slept
+    assert [state(i) for i in range(5)] == [0, 3, 103, 1, 0]  # cuInit(0); ordinal 3; its handle retained once
+    assert cuda_driver.release_device(3) and state(4) == 1
