@@ -27,15 +27,12 @@ from __future__ import annotations
 
 import atexit
 import ctypes
-import logging
 import os
 import re
 import sys
 import threading
 from pathlib import Path
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 #: the driver library's name by platform (the runtime links the same one)
 DRIVER_LIBRARY = {"linux": "libcuda.so.1", "win32": "nvcuda.dll"}
@@ -60,20 +57,19 @@ def open_device(index: int) -> bool:
     if driver is None:
         return False
     os.environ.setdefault("CUDA_MODULE_LOADING", "LAZY")  # read by cuInit: torch's own default, set first
-    device = ctypes.c_int()
     context = ctypes.c_void_p()
-    calls = (("cuInit", lambda: driver.cuInit(0)),
-             ("cuDeviceGet", lambda: driver.cuDeviceGet(ctypes.byref(device), int(index))),
-             ("cuDevicePrimaryCtxRetain", lambda: driver.cuDevicePrimaryCtxRetain(ctypes.byref(context), device)))
-    for name, call in calls:
-        try:
-            status = call()
-        except AttributeError:  # a driver without the symbol: torch's own calls decide
-            status = "missing"
-        if status != 0:  # CUDA_SUCCESS; anything else is left to torch's own first call to report
-            log.debug("CUDA driver warm-up: %s returned %s", name, status)
+    try:  # each call returns CUDA_SUCCESS (0) or an error that torch's own first call then reports
+        if driver.cuInit(0) != 0 or (device := _device_handle(driver, index)) is None:
             return False
-    return True
+        return driver.cuDevicePrimaryCtxRetain(ctypes.byref(context), device) == 0
+    except AttributeError:  # a driver without the symbol: torch's own calls decide
+        return False
+
+
+def _device_handle(driver: Any, index: int) -> ctypes.c_int | None:
+    """``cuDeviceGet``: the driver's handle of device ``index``, or None where it has no such device."""
+    device = ctypes.c_int()
+    return device if driver.cuDeviceGet(ctypes.byref(device), int(index)) == 0 else None
 
 
 def release_device(index: int) -> bool:
@@ -82,12 +78,10 @@ def release_device(index: int) -> bool:
     driver = _load_driver()
     if driver is None:
         return False
-    device = ctypes.c_int()
     try:
-        if driver.cuDeviceGet(ctypes.byref(device), int(index)) != 0:
-            return False
+        device = _device_handle(driver, index)
         release = getattr(driver, "cuDevicePrimaryCtxRelease_v2", None) or driver.cuDevicePrimaryCtxRelease
-        return release(device) == 0
+        return device is not None and release(device) == 0
     except AttributeError:
         return False
 

@@ -86,6 +86,19 @@ def test_open_device_without_a_driver_or_with_an_old_one(monkeypatch) -> None:
     assert not cuda_driver.open_device(0)
 
 
+def main_thread_turns_while(call) -> int:
+    """Loop turns the main thread makes while ``call`` runs on another thread (entered 20 ms before counting starts):
+    millions where the call frees the GIL, a handful of switch-interval turns where it holds it."""
+    thread = threading.Thread(target=call)
+    thread.start()
+    time.sleep(0.02)  # the thread is inside the slow C call now
+    t0, turns = time.perf_counter(), 0
+    while thread.is_alive() and time.perf_counter() - t0 < 5:
+        turns += 1
+    thread.join()
+    return turns
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="loads the C library by its Linux name")
 def test_the_driver_library_is_called_with_the_gil_released(monkeypatch) -> None:
     """What the module is for: the library ``_load_driver`` returns (libc standing in for libcuda) releases the GIL
@@ -93,21 +106,7 @@ def test_the_driver_library_is_called_with_the_gil_released(monkeypatch) -> None
     monkeypatch.setattr(cuda_driver, "DRIVER_LIBRARY", {sys.platform: "libc.so.6"})
     libc = cuda_driver._load_driver()
     assert libc is not None
-    started = threading.Event()
-
-    def blocking_call() -> None:
-        started.set()
-        libc.usleep(400_000)  # 0.4 s inside C, as cuInit would be
-
-    thread = threading.Thread(target=blocking_call)
-    thread.start()
-    started.wait()
-    time.sleep(0.02)  # the thread is inside usleep now
-    t0, spins = time.perf_counter(), 0
-    while thread.is_alive() and time.perf_counter() - t0 < 5:
-        spins += 1
-    thread.join()
-    assert spins > 10_000  # millions where the GIL is free; a handful of switches where it is held
+    assert main_thread_turns_while(lambda: libc.usleep(400_000)) > 10_000  # 0.4 s inside C, as cuInit would be
 
 
 def test_the_early_warm_up_opens_the_device_before_torch_asks_the_driver(monkeypatch) -> None:
@@ -282,13 +281,7 @@ def test_open_device_through_a_compiled_driver_with_the_c_signatures(monkeypatch
     monkeypatch.delenv("CUDA_MODULE_LOADING", raising=False)
     state = ctypes.CDLL(str(library)).fake_state
     opened: list[bool] = []
-    thread = threading.Thread(target=lambda: opened.append(cuda_driver.open_device(3)))
-    thread.start()
-    time.sleep(0.02)  # inside cuInit's sleep now
-    t0, spins = time.perf_counter(), 0
-    while thread.is_alive() and time.perf_counter() - t0 < 5:
-        spins += 1
-    thread.join()
-    assert opened == [True] and spins > 10_000  # the main thread ran while the driver call slept
+    assert main_thread_turns_while(lambda: opened.append(cuda_driver.open_device(3))) > 10_000  # ran during cuInit
+    assert opened == [True]
     assert [state(i) for i in range(5)] == [0, 3, 103, 1, 0]  # cuInit(0); ordinal 3; its handle retained once
     assert cuda_driver.release_device(3) and state(4) == 1
